@@ -1,0 +1,119 @@
+"""Converge the links, addresses and routes of one load balancer.
+
+Two pure-ish functions, each run on a namespace thread with a netlink socket
+of that namespace: `converge_namespace` inside `lb-<id>`, `converge_host`
+in the host namespace. Both observe first and write only the difference.
+"""
+
+from __future__ import annotations
+
+import errno
+from dataclasses import dataclass
+
+from lbagent.counters import count_write
+from lbagent.naming import InterfaceNames
+from lbagent.ovnhost import ethtool
+from lbagent.ovnhost.errors import LinkNotFound
+from lbagent.ovnhost.iplib import Address, Link, Netlink, Route
+from lbagent.ovnhost.netns import write_sysctl
+
+LINK_LOCAL_PREFIX = 16
+DEFAULT_ROUTE = "0.0.0.0/0"
+
+
+@dataclass(frozen=True)
+class LinkSpec:
+    """What the kernel must hold for one load balancer."""
+
+    names: InterfaceNames
+    mac: str
+    vip: str
+    prefixlen: int
+    gateway: str
+    mtu: int
+    routes: tuple[tuple[str, str], ...]  # extra (cidr, nexthop) routes of the subnet
+    inner: str
+    outer: str
+    tx_checksum_off: bool  # integration bridge on the userspace (netdev) datapath
+
+
+def converge_namespace(spec: LinkSpec, host_netns_fd: int) -> None:
+    names = spec.names
+    with Netlink.open() as nl:
+        links = nl.links()
+        for ns_end, host_end in ((names.ovn_ns, names.ovn_host), (names.haproxy_ns, names.haproxy_host)):
+            if ns_end not in links:
+                nl.add_veth(ns_end, host_end, host_netns_fd)
+        links = nl.links()
+        _ensure_link(nl, links["lo"], up=True)
+        ovn = _ensure_link(nl, links[names.ovn_ns], up=True, mtu=spec.mtu, mac=spec.mac)
+        haproxy = _ensure_link(nl, links[names.haproxy_ns], up=True)
+        _ensure_addresses(nl, ovn, {Address(spec.vip, spec.prefixlen, False)})
+        _ensure_addresses(nl, haproxy, {Address(spec.inner, LINK_LOCAL_PREFIX, False)})
+        wanted = {Route(DEFAULT_ROUTE, spec.gateway, ovn.index, None)}
+        wanted |= {Route(cidr, nexthop, ovn.index, None) for cidr, nexthop in spec.routes}
+        _ensure_gateway_routes(nl, wanted)
+        if spec.tx_checksum_off:
+            ethtool.ensure_tx_checksum_off(names.ovn_ns)
+        # A fresh namespace does not forward; both directions route through it.
+        if write_sysctl("net/ipv4/ip_forward", "1"):
+            count_write("netlink")
+
+
+def converge_host(spec: LinkSpec) -> None:
+    names = spec.names
+    with Netlink.open() as nl:
+        links = nl.links()
+        missing = [n for n in (names.ovn_host, names.haproxy_host) if n not in links]
+        if missing:
+            raise LinkNotFound("find link", errno.ENODEV, ", ".join(missing))
+        _ensure_link(nl, links[names.ovn_host], up=True, mtu=spec.mtu)
+        haproxy = _ensure_link(nl, links[names.haproxy_host], up=True)
+        # noprefixroute: every load balancer's OUTER lives in 169.254/16 on the
+        # host; only the /32 towards its own INNER may route there.
+        _ensure_addresses(nl, haproxy, {Address(spec.outer, LINK_LOCAL_PREFIX, True)})
+        route = Route(f"{spec.inner}/32", None, haproxy.index, spec.outer)
+        if route not in {r for r in nl.routes() if r.dst == route.dst}:
+            nl.replace_route(route)
+
+
+def delete_host_links(names: InterfaceNames) -> list[str]:
+    """Delete the host ends (and so the pairs); returns what was deleted."""
+    deleted = []
+    with Netlink.open() as nl:
+        links = nl.links()
+        for name in (names.ovn_host, names.haproxy_host):
+            if name in links:
+                nl.delete_link(name)
+                deleted.append(name)
+    return deleted
+
+
+def _ensure_link(nl: Netlink, link: Link, *, up: bool, mtu: int | None = None, mac: str | None = None) -> Link:
+    changes: dict = {}
+    if mac is not None and link.mac.lower() != mac.lower():
+        changes["mac"] = mac
+    if mtu is not None and link.mtu != mtu:
+        changes["mtu"] = mtu
+    if link.up != up:
+        changes["up"] = up
+    if changes:
+        nl.set_link(link, **changes)
+    return link
+
+
+def _ensure_addresses(nl: Netlink, link: Link, wanted: set[Address]) -> None:
+    observed = nl.addresses(link.index)
+    for addr in observed - wanted:
+        nl.delete_address(link, addr)
+    for addr in wanted - observed:
+        nl.add_address(link, addr)
+
+
+def _ensure_gateway_routes(nl: Netlink, wanted: set[Route]) -> None:
+    # Connected routes belong to the kernel; we own the routes via a gateway.
+    observed = {r for r in nl.routes() if r.gateway is not None}
+    for route in observed - wanted:
+        nl.delete_route(route)
+    for route in sorted(wanted - observed, key=lambda r: r.dst != DEFAULT_ROUTE):
+        nl.replace_route(route)

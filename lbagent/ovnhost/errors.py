@@ -1,0 +1,52 @@
+"""Typed errors raised at the edges of the host: netlink, namespaces, iptables, OVSDB.
+
+Reconcile logic catches these per load balancer, records `str(error)` as the
+readable `last_error` and retries with backoff; nothing here is fatal to the
+agent.
+"""
+
+from __future__ import annotations
+
+import errno as errno_mod
+import os
+
+
+class HostError(Exception):
+    """A kernel or OVS operation for one load balancer failed."""
+
+
+class NetlinkError(HostError):
+    def __init__(self, op: str, code: int, target: str = ""):
+        self.op = op
+        self.code = code
+        self.target = target
+        name = errno_mod.errorcode.get(code, str(code))
+        where = f" {target}" if target else ""
+        super().__init__(f"netlink {op}{where}: {name} ({os.strerror(code)})")
+
+
+class LinkNotFound(NetlinkError):
+    pass
+
+
+class AlreadyExists(NetlinkError):
+    pass
+
+
+class NamespaceError(HostError):
+    pass
+
+
+class IptablesError(HostError):
+    pass
+
+
+class OvsdbError(HostError):
+    pass
+
+
+def translate_netlink(op: str, exc: BaseException, target: str = "") -> NetlinkError:
+    """Turn pyroute2's NetlinkError (or an OSError) into our typed exception."""
+    code = getattr(exc, "code", None) or getattr(exc, "errno", None) or errno_mod.EIO
+    cls = {errno_mod.ENODEV: LinkNotFound, errno_mod.EEXIST: AlreadyExists}.get(code, NetlinkError)
+    return cls(op, code, target)

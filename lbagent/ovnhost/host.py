@@ -1,0 +1,94 @@
+"""`OvnHost`: everything one load balancer needs on this host, converged in one pass.
+
+It owns the namespace `lb-<id>`, both veth pairs, addresses and routes, the
+integration-bridge port bound by `iface-id`, and the NAT rules. It knows
+nothing of haproxy or of the desired-state model: the supervisor hands it a
+`HostSpec` and gets back what it observed.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import os
+from dataclasses import dataclass
+
+from lbagent.naming import InterfaceNames, iface_id
+from lbagent.ovnhost import datapath, iptables
+from lbagent.ovnhost.datapath import LinkSpec
+from lbagent.ovnhost.errors import AlreadyExists
+from lbagent.ovnhost.iplib import Netlink
+from lbagent.ovnhost.nat import NatRule
+from lbagent.ovnhost.netns import NamespaceExecutor, netns_exists
+from lbagent.ovnhost.ovs import LB_KEY, OvsClient
+
+log = logging.getLogger(__name__)
+
+NETDEV = "netdev"
+
+
+@dataclass(frozen=True)
+class HostSpec:
+    lb_id: str
+    netns: str
+    links: LinkSpec
+    nat: tuple[NatRule, ...]
+
+
+@dataclass(frozen=True)
+class HostObservation:
+    ovs_port: str
+    ovn_installed: bool
+
+
+class OvnHost:
+    def __init__(self, ovs: OvsClient, namespaces: NamespaceExecutor, iptc: NamespaceExecutor):
+        self._ovs = ovs
+        self._namespaces = namespaces
+        self._iptc = iptc
+        self._host_fd = os.open("/proc/self/ns/net", os.O_RDONLY | os.O_CLOEXEC)
+
+    async def host_addresses(self) -> set[str]:
+        return await self._namespaces.run(None, _read_host_addresses)
+
+    async def bridge_is_netdev(self) -> bool:
+        return await asyncio.to_thread(self._ovs.datapath_type) == NETDEV
+
+    async def converge(self, spec: HostSpec) -> HostObservation:
+        if not netns_exists(spec.netns):
+            log.info("action=create object=netns lb=%s netns=%s", spec.lb_id, spec.netns)
+            await self._namespaces.create(spec.netns)
+        try:
+            await self._namespaces.run(spec.netns, datapath.converge_namespace, spec.links, self._host_fd)
+        except AlreadyExists:
+            # A host end left over from an earlier life of this namespace
+            # blocks the new pair: remove it and build the pair again.
+            await self._namespaces.run(None, datapath.delete_host_links, spec.links.names)
+            await self._namespaces.run(spec.netns, datapath.converge_namespace, spec.links, self._host_fd)
+        await self._namespaces.run(None, datapath.converge_host, spec.links)
+        await self._iptc.run(spec.netns, iptables.sync_nat, list(spec.nat))
+        port = spec.links.names.ovn_host
+        observed = await asyncio.to_thread(self._ovs.observe_port, port)
+        wanted_ids = {"iface-id": iface_id(spec.lb_id), LB_KEY: spec.lb_id}
+        if await asyncio.to_thread(self._ovs.ensure_port, port, wanted_ids, observed):
+            observed = await asyncio.to_thread(self._ovs.observe_port, port)
+        return HostObservation(port, bool(observed and observed.ovn_installed))
+
+    async def observe(self, names: InterfaceNames) -> HostObservation:
+        observed = await asyncio.to_thread(self._ovs.observe_port, names.ovn_host)
+        return HostObservation(names.ovn_host, bool(observed and observed.ovn_installed))
+
+    async def remove(self, lb_id: str, netns: str, names: InterfaceNames) -> None:
+        """Remove everything converge() made; safe on partial or absent state."""
+        if await asyncio.to_thread(self._ovs.delete_port, names.ovn_host):
+            log.info("action=delete object=ovs_port lb=%s port=%s", lb_id, names.ovn_host)
+        for link in await self._namespaces.run(None, datapath.delete_host_links, names):
+            log.info("action=delete object=link lb=%s link=%s", lb_id, link)
+        if netns_exists(netns) or os.path.exists(f"/run/netns/{netns}"):
+            await self._namespaces.delete(netns)
+            log.info("action=delete object=netns lb=%s netns=%s", lb_id, netns)
+
+
+def _read_host_addresses() -> set[str]:
+    with Netlink.open() as nl:
+        return nl.all_addresses()

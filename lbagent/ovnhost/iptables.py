@@ -1,0 +1,118 @@
+"""python-iptables, confined to one thread, converging the nat table of a namespace.
+
+libiptc keeps process-wide table handles with no locking, and a handle
+remembers the namespace it was opened in. So every iptc call runs on the one
+thread of an `iptc` NamespaceExecutor; a pass refreshes the handle after
+entering the namespace, stages all changes with autocommit off, commits once
+(libiptc swaps the whole table: atomic) and closes the handle before leaving.
+"""
+
+from __future__ import annotations
+
+import errno
+
+import iptc
+
+from lbagent.counters import count_write
+from lbagent.ovnhost.errors import IptablesError
+from lbagent.ovnhost.nat import CHAIN_HOOKS, NatRule, comment_hash
+
+COMMIT_ATTEMPTS = 3
+
+
+def sync_nat(rules: list[NatRule]) -> int:
+    """Make the agent's rules in this namespace's nat table exactly `rules`.
+
+    Only rules with our hash comments are touched in the built-in chains; our
+    own chains are ours entirely. Returns the number of rules changed.
+    """
+    for attempt in range(COMMIT_ATTEMPTS):
+        table = iptc.Table(iptc.Table.NAT, autocommit=False)
+        try:
+            table.refresh()
+            changes = _stage(table, rules)
+            if changes:
+                table.commit()
+                count_write("iptables", changes)
+            return changes
+        except iptc.IPTCError as exc:
+            # A concurrent writer makes commit fail with EAGAIN: start over.
+            if attempt + 1 < COMMIT_ATTEMPTS and _is_eagain(exc):
+                continue
+            raise IptablesError(f"iptables nat: {exc}") from exc
+        finally:
+            table.close()
+    raise AssertionError("unreachable")
+
+
+def observed_hashes() -> set[str]:
+    table = iptc.Table(iptc.Table.NAT, autocommit=False)
+    try:
+        table.refresh()
+        return {h for chain in table.chains for _, h in _hashed_rules(chain)}
+    except iptc.IPTCError as exc:
+        raise IptablesError(f"iptables nat: {exc}") from exc
+    finally:
+        table.close()
+
+
+def _is_eagain(exc: Exception) -> bool:
+    return "Resource temporarily unavailable" in str(exc) or getattr(exc, "errno", None) == errno.EAGAIN
+
+
+def _stage(table: iptc.Table, rules: list[NatRule]) -> int:
+    changes = 0
+    for chain_name in CHAIN_HOOKS:
+        if not table.is_chain(chain_name):
+            table.create_chain(chain_name)
+            changes += 1
+    by_chain: dict[str, dict[str, NatRule]] = {}
+    for rule in rules:
+        by_chain.setdefault(rule.chain, {})[rule.hash] = rule
+    for chain_name in set(by_chain) | set(CHAIN_HOOKS) | set(CHAIN_HOOKS.values()):
+        chain = iptc.Chain(table, chain_name)
+        wanted = by_chain.get(chain_name, {})
+        owned = chain_name in CHAIN_HOOKS
+        seen: set[str] = set()
+        for rule, rule_hash in list(_hashed_rules(chain, include_foreign=owned)):
+            if rule_hash in wanted and rule_hash not in seen:
+                seen.add(rule_hash)
+                continue
+            chain.delete_rule(rule)  # unknown hash, duplicate, or foreign rule in our chain
+            changes += 1
+        for rule_hash, rule in wanted.items():
+            if rule_hash not in seen:
+                chain.append_rule(_to_iptc(rule))
+                changes += 1
+    return changes
+
+
+def _hashed_rules(chain: iptc.Chain, include_foreign: bool = False):
+    for rule in chain.rules:
+        comment = next((m.comment for m in rule.matches if m.name == "comment"), None)
+        rule_hash = comment_hash(comment) if comment else None
+        if rule_hash is not None or include_foreign:
+            yield rule, rule_hash
+
+
+def _to_iptc(spec: NatRule) -> iptc.Rule:
+    rule = iptc.Rule()
+    if spec.in_interface:
+        rule.in_interface = spec.in_interface
+    if spec.out_interface:
+        rule.out_interface = spec.out_interface
+    if spec.dst:
+        rule.dst = spec.dst
+    if spec.protocol:
+        rule.protocol = spec.protocol
+        if spec.dport:
+            match = rule.create_match(spec.protocol)
+            match.dport = str(spec.dport)
+    comment = rule.create_match("comment")
+    comment.comment = spec.comment
+    target = rule.create_target(spec.target)
+    if spec.target == "DNAT":
+        target.to_destination = spec.to
+    elif spec.target == "SNAT":
+        target.to_source = spec.to
+    return rule

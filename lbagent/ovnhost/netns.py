@@ -1,0 +1,138 @@
+"""Network namespaces and the threads that work inside them.
+
+setns() changes the namespace of the calling thread only, so namespace-bound
+work runs on threads owned by a `NamespaceExecutor`: a call enters the target
+namespace, runs, and always returns to the host namespace before the thread
+takes the next job. A thread that cannot get back is never reused: the
+process aborts rather than act on the wrong namespace (systemd restarts it
+and the agent adopts what exists).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import ctypes
+import errno
+import functools
+import logging
+import os
+from concurrent.futures import ThreadPoolExecutor
+from typing import Callable, TypeVar
+
+from pyroute2 import netns as pyroute_netns
+
+from lbagent.ovnhost.errors import NamespaceError
+
+log = logging.getLogger(__name__)
+
+NETNS_DIR = "/run/netns"
+CLONE_NEWNET = 0x40000000
+_libc = ctypes.CDLL(None, use_errno=True)
+T = TypeVar("T")
+
+
+def netns_path(name: str) -> str:
+    return os.path.join(NETNS_DIR, name)
+
+
+def netns_exists(name: str) -> bool:
+    # A bind-mounted nsfs file, not just a leftover empty file from an
+    # interrupted create.
+    return os.path.ismount(netns_path(name))
+
+
+def list_netns(prefix: str = "") -> list[str]:
+    try:
+        names = os.listdir(NETNS_DIR)
+    except FileNotFoundError:
+        return []
+    return sorted(n for n in names if n.startswith(prefix))
+
+
+def _setns(fd: int, what: str) -> None:
+    if _libc.setns(fd, CLONE_NEWNET) != 0:
+        code = ctypes.get_errno()
+        raise NamespaceError(f"setns into {what}: {os.strerror(code)}")
+
+
+class NamespaceExecutor:
+    """A fixed set of threads that run callables inside named namespaces."""
+
+    def __init__(self, name: str, workers: int = 1):
+        # Opened on the constructing thread, which is in the host namespace.
+        self._host_fd = os.open("/proc/thread-self/ns/net", os.O_RDONLY | os.O_CLOEXEC)
+        self._pool = ThreadPoolExecutor(max_workers=workers, thread_name_prefix=name)
+
+    async def run(self, netns: str | None, fn: Callable[..., T], *args) -> T:
+        loop = asyncio.get_running_loop()
+        return await loop.run_in_executor(self._pool, functools.partial(self.call, netns, fn, *args))
+
+    def call(self, netns: str | None, fn: Callable[..., T], *args) -> T:
+        """Run fn inside netns (None: the host namespace) on the current thread."""
+        if netns is None:
+            return fn(*args)
+        try:
+            fd = os.open(netns_path(netns), os.O_RDONLY | os.O_CLOEXEC)
+        except FileNotFoundError:
+            raise NamespaceError(f"namespace {netns} does not exist") from None
+        try:
+            _setns(fd, netns)
+        finally:
+            os.close(fd)
+        try:
+            return fn(*args)
+        finally:
+            self._return_home()
+
+    def _return_home(self) -> None:
+        try:
+            _setns(self._host_fd, "the host namespace")
+        except NamespaceError:
+            log.critical("a namespace thread could not return to the host namespace; aborting")
+            os.abort()
+
+    async def create(self, name: str) -> None:
+        await asyncio.get_running_loop().run_in_executor(self._pool, self._create, name)
+
+    def _create(self, name: str) -> None:
+        if os.path.exists(netns_path(name)) and not netns_exists(name):
+            os.unlink(netns_path(name))  # stale file from an interrupted create
+        if _libc.unshare(CLONE_NEWNET) != 0:
+            raise NamespaceError(f"create namespace {name}: {os.strerror(ctypes.get_errno())}")
+        try:
+            # /proc/self would name the main thread's namespace; this thread's is new.
+            pyroute_netns.attach(name, "thread-self")
+        except OSError as exc:
+            raise NamespaceError(f"create namespace {name}: {exc}") from exc
+        finally:
+            self._return_home()
+
+    async def delete(self, name: str) -> None:
+        await asyncio.get_running_loop().run_in_executor(self._pool, delete_netns, name)
+
+    def shutdown(self) -> None:
+        self._pool.shutdown(wait=True)
+        os.close(self._host_fd)
+
+
+def delete_netns(name: str) -> None:
+    path = netns_path(name)
+    if _libc.umount2(path.encode(), 2) != 0:  # MNT_DETACH
+        code = ctypes.get_errno()
+        if code not in (errno.EINVAL, errno.ENOENT):
+            raise NamespaceError(f"delete namespace {name}: {os.strerror(code)}")
+    try:
+        os.unlink(path)
+    except FileNotFoundError:
+        pass
+
+
+def write_sysctl(path: str, value: str) -> bool:
+    """Set a sysctl in the calling thread's namespace; True if it changed."""
+    full = os.path.join("/proc/sys", path)
+    with open(full) as f:
+        if f.read().strip() == value:
+            return False
+    with open(full, "w") as f:
+        f.write(value)
+    return True

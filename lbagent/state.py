@@ -1,0 +1,108 @@
+"""The agent's persisted state: the last accepted desired state and every allocation.
+
+Written atomically (temporary file, fsync, rename, fsync of the directory) so
+a crash leaves either the old or the new file, never a torn one. A file that
+does not parse, or is not ours, raises `StateFileError`; the agent reports it
+and starts from what it finds on the host instead of crashing.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from lbagent.counters import STATE_WRITES
+
+FORMAT = "lbagent-state"
+VERSION = 1
+
+
+class StateFileError(Exception):
+    pass
+
+
+@dataclass
+class Allocation:
+    inner: str
+    outer: str
+    salt: int = 0
+    ports: dict[str, int] = field(default_factory=dict)
+
+    def to_json(self) -> dict:
+        return {"inner": self.inner, "outer": self.outer, "salt": self.salt, "ports": dict(self.ports)}
+
+    @classmethod
+    def from_json(cls, data: dict) -> "Allocation":
+        ports = data.get("ports", {})
+        if not isinstance(ports, dict) or not all(isinstance(p, int) for p in ports.values()):
+            raise StateFileError("allocation ports must map keys to integers")
+        return cls(str(data["inner"]), str(data["outer"]), int(data.get("salt", 0)), dict(ports))
+
+
+@dataclass
+class PersistedState:
+    desired: dict | None = None  # the raw body of the last accepted refresh
+    allocations: dict[str, Allocation] = field(default_factory=dict)
+
+
+class StateStore:
+    def __init__(self, state_dir: Path):
+        self.path = Path(state_dir) / "state.json"
+
+    def load(self) -> PersistedState:
+        try:
+            raw = self.path.read_bytes()
+        except FileNotFoundError:
+            return PersistedState()
+        try:
+            data = json.loads(raw)
+            if not isinstance(data, dict) or data.get("format") != FORMAT:
+                raise StateFileError(f"{self.path} is not an lbagent state file")
+            if data.get("version") != VERSION:
+                raise StateFileError(f"{self.path} has unsupported version {data.get('version')!r}")
+            allocations = {str(k): Allocation.from_json(v) for k, v in data.get("allocations", {}).items()}
+            desired = data.get("desired")
+            if desired is not None and not isinstance(desired, dict):
+                raise StateFileError(f"{self.path}: desired state is not an object")
+            return PersistedState(desired, allocations)
+        except StateFileError:
+            raise
+        except (ValueError, KeyError, TypeError, AttributeError) as exc:
+            raise StateFileError(f"{self.path} is corrupt: {exc}") from exc
+
+    def quarantine(self) -> Path | None:
+        """Move a bad file aside (kept for the operator), so the next save starts clean."""
+        if not self.path.exists():
+            return None
+        target = self.path.with_name(f"{self.path.name}.bad-{int(time.time())}")
+        os.replace(self.path, target)
+        return target
+
+    def save(self, state: PersistedState) -> None:
+        data = {
+            "format": FORMAT,
+            "version": VERSION,
+            "desired": state.desired,
+            "allocations": {k: a.to_json() for k, a in sorted(state.allocations.items())},
+        }
+        self.path.parent.mkdir(parents=True, exist_ok=True, mode=0o700)
+        tmp = self.path.with_name(f".{self.path.name}.tmp")
+        fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+        try:
+            with os.fdopen(fd, "wb") as f:
+                f.write(json.dumps(data, separators=(",", ":")).encode())
+                f.flush()
+                os.fsync(f.fileno())
+            os.replace(tmp, self.path)
+        finally:
+            if tmp.exists():
+                tmp.unlink()
+        dir_fd = os.open(self.path.parent, os.O_RDONLY)
+        try:
+            os.fsync(dir_fd)
+        finally:
+            os.close(dir_fd)
+        STATE_WRITES.inc()

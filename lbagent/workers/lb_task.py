@@ -1,0 +1,117 @@
+"""The schedule of one load balancer: when its reconcile runs, and what came of it.
+
+Kept apart from what a pass does (`OvnWorker.reconcile`): this module only
+decides *when* — on a kick (refresh, dependency change), on a jittered
+periodic resync that repairs drift, or after an exponential backoff following
+a failure — and records the outcome for status.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import random
+import time
+from datetime import datetime, timezone
+from typing import Awaitable, Callable
+
+from lbagent.counters import RECONCILE_ERRORS, RECONCILE_SECONDS
+
+log = logging.getLogger(__name__)
+
+BACKOFF_START = 1.0
+BACKOFF_MAX = 300.0
+JITTER = 0.2
+DONE = -1  # what reconcile returns once the load balancer is gone for good
+
+
+def backoff_delay(retries: int, start: float = BACKOFF_START, cap: float = BACKOFF_MAX) -> float:
+    return min(cap, start * 2 ** max(0, retries - 1))
+
+
+def now_iso() -> str:
+    return datetime.now(timezone.utc).isoformat(timespec="milliseconds")
+
+
+class LbTask:
+    def __init__(
+        self,
+        lb_id: str,
+        reconcile: Callable[[str], Awaitable[int]],
+        on_pass: Callable[["LbTask"], None],
+        resync_interval: float,
+    ):
+        self.lb_id = lb_id
+        self._reconcile = reconcile
+        self._on_pass = on_pass
+        self._resync = resync_interval
+        self._wake = asyncio.Event()
+        self._wake.set()  # first pass right away
+        self.state = "pending"
+        self.deleting = False
+        self.generation: int | None = None  # generation of the last successful pass
+        self.attempted_generation: int | None = None  # of the last pass, success or not
+        self.last_error: str | None = None
+        self.retries = 0
+        self.passes = 0
+        self.last_reconciled_at: str | None = None
+        self.task: asyncio.Task | None = None
+
+    def start(self) -> None:
+        self.task = asyncio.create_task(self._loop(), name=f"lb-{self.lb_id}")
+
+    def kick(self) -> None:
+        self._wake.set()
+
+    async def stop(self) -> None:
+        if self.task is not None:
+            self.task.cancel()
+            try:
+                await self.task
+            except asyncio.CancelledError:
+                pass
+
+    def _next_delay(self) -> float:
+        if self.last_error is not None:
+            return backoff_delay(self.retries)
+        return self._resync * random.uniform(1 - JITTER, 1 + JITTER)
+
+    async def _loop(self) -> None:
+        while True:
+            try:
+                await asyncio.wait_for(self._wake.wait(), timeout=self._next_delay())
+            except asyncio.TimeoutError:
+                pass
+            self._wake.clear()
+            if await self._pass() == DONE:
+                return
+
+    async def _pass(self) -> int | None:
+        started = time.monotonic()
+        try:
+            generation = await self._reconcile(self.lb_id)
+        except asyncio.CancelledError:
+            raise
+        except Exception as exc:  # any failure is this load balancer's alone
+            self.retries += 1
+            self.last_error = str(exc) or type(exc).__name__
+            self.state = "error"
+            self.attempted_generation = getattr(exc, "generation", self.attempted_generation)
+            RECONCILE_ERRORS.inc()
+            log.warning("lb=%s action=reconcile result=error retries=%d error=%r", self.lb_id, self.retries,
+                        self.last_error, exc_info=log.isEnabledFor(logging.DEBUG))
+            self._finish(started)
+            return None
+        if generation != DONE:
+            self.generation = self.attempted_generation = generation
+            self.state = "ready"
+            self.last_error = None
+            self.retries = 0
+        self._finish(started)
+        return generation
+
+    def _finish(self, started: float) -> None:
+        self.passes += 1
+        self.last_reconciled_at = now_iso()
+        RECONCILE_SECONDS.observe(time.monotonic() - started)
+        self._on_pass(self)

@@ -1,0 +1,231 @@
+"""`OvnWorker`: the supervisor of this host's load balancers.
+
+It owns the accepted desired state, the allocations (address pairs, interface
+name salts, backend ports), one `LbTask` per load balancer, and what a pass
+does for one of them (`reconcile`). Everything it allocates is persisted
+before a refresh is acknowledged, so a restarted agent renumbers nothing.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import logging
+from dataclasses import dataclass
+
+from lbagent.haproxy.render import render_loadbalancer
+from lbagent.model import DesiredState, LoadBalancer
+from lbagent.naming import interface_names, netns_name
+from lbagent.ovnhost.host import HostObservation, OvnHost
+from lbagent.state import Allocation, PersistedState, StateStore
+from lbagent.workers import plan
+from lbagent.workers.allocator import AddressPair, PairAllocator, assign_ports
+from lbagent.workers.lb_task import DONE, LbTask
+
+log = logging.getLogger(__name__)
+
+
+class StaleGeneration(Exception):
+    def __init__(self, offered: int, current: int):
+        super().__init__(f"generation {offered} is lower than the accepted generation {current}")
+        self.current = current
+
+
+class ReconcileError(Exception):
+    """A failed pass, remembering which generation it was for."""
+
+    def __init__(self, generation: int, cause: BaseException):
+        super().__init__(str(cause) or type(cause).__name__)
+        self.generation = generation
+
+
+@dataclass
+class LbRuntime:
+    """What the last pass of one load balancer observed."""
+
+    observation: HostObservation | None = None
+    fingerprint: str | None = None  # of the inputs of the last successful pass
+
+
+class OvnWorker:
+    def __init__(self, host: OvnHost, haproxy, store: StateStore, resync_interval: float):
+        self._host = host
+        self._haproxy = haproxy
+        self._store = store
+        self._resync = resync_interval
+        self._lock = asyncio.Lock()
+        self._changed = asyncio.Condition()
+        self.desired: DesiredState | None = None
+        self._raw: dict | None = None
+        self.allocations: dict[str, Allocation] = {}
+        self.tasks: dict[str, LbTask] = {}
+        self.runtime: dict[str, LbRuntime] = {}
+        self._netdev: bool | None = None
+
+    # --- accepting desired state -------------------------------------------
+
+    @property
+    def generation(self) -> int | None:
+        return self.desired.generation if self.desired else None
+
+    def restore(self, persisted: PersistedState, desired: DesiredState | None) -> None:
+        self.allocations = dict(persisted.allocations)
+        if desired is not None:
+            self.desired, self._raw = desired, persisted.desired
+            self._sync_tasks()
+
+    async def apply(self, desired: DesiredState, raw: dict) -> int:
+        """Accept a complete desired state: allocate, persist, then start converging."""
+        async with self._lock:
+            current = self.generation
+            if current is not None and desired.generation < current:
+                raise StaleGeneration(desired.generation, current)
+            allocations = await self._allocate(desired)
+            await asyncio.to_thread(self._store.save, PersistedState(raw, allocations))
+            self.allocations, self.desired, self._raw = allocations, desired, raw
+            self._sync_tasks()
+            return desired.generation
+
+    async def _allocate(self, desired: DesiredState) -> dict[str, Allocation]:
+        allocations = dict(self.allocations)
+        new = [lb for lb in desired.loadbalancers if lb.id not in allocations]
+        if new:
+            pairs = PairAllocator({k: AddressPair(a.inner, a.outer) for k, a in allocations.items()})
+            host_addresses = await self._host.host_addresses()
+            for lb in new:
+                pair = pairs.allocate(lb.id, host_addresses)
+                allocations[lb.id] = Allocation(pair.inner, pair.outer, self._free_salt(lb.id, allocations))
+        for lb in desired.loadbalancers:
+            old = allocations[lb.id]
+            ports = assign_ports(old.ports, plan.member_keys(lb))
+            if ports != old.ports:
+                allocations[lb.id] = Allocation(old.inner, old.outer, old.salt, ports)
+        return allocations
+
+    @staticmethod
+    def _free_salt(lb_id: str, allocations: dict[str, Allocation]) -> int:
+        used = {interface_names(k, a.salt).tag for k, a in allocations.items()}
+        salt = 0
+        while interface_names(lb_id, salt).tag in used:
+            salt += 1
+        return salt
+
+    def _sync_tasks(self) -> None:
+        wanted = {lb.id for lb in self.desired.loadbalancers}
+        for lb_id in wanted:
+            task = self.tasks.get(lb_id)
+            if task is None:
+                task = self.tasks[lb_id] = LbTask(lb_id, self.reconcile, self._pass_done, self._resync)
+                self.runtime[lb_id] = LbRuntime()
+                task.start()
+            elif not self._skip_unchanged(task):
+                task.deleting = False
+                task.kick()
+        for lb_id, task in self.tasks.items():
+            if lb_id not in wanted and not task.deleting:
+                task.deleting = True
+                task.state = "deleting"
+                task.kick()
+
+    def _skip_unchanged(self, task: LbTask) -> bool:
+        """A converged load balancer whose inputs did not change reaches the new
+        generation without a pass; drift is the periodic resync's business."""
+        if task.state != "ready" or task.deleting:
+            return False
+        if self.runtime[task.lb_id].fingerprint != self._fingerprint(task.lb_id):
+            return False
+        task.generation = task.attempted_generation = self.generation
+        return True
+
+    def _fingerprint(self, lb_id: str) -> str:
+        lb = self._lb(lb_id)
+        subnet = self.desired.subnet(lb.network.subnet_id)
+        return json.dumps([lb.model_dump(mode="json"), subnet.model_dump(mode="json"),
+                           self.allocations[lb_id].to_json()], sort_keys=True)
+
+    def _lb(self, lb_id: str) -> LoadBalancer | None:
+        return next((lb for lb in self.desired.loadbalancers if lb.id == lb_id), None) if self.desired else None
+
+    # --- one pass ------------------------------------------------------------
+
+    async def reconcile(self, lb_id: str) -> int:
+        generation = self.generation
+        lb = self._lb(lb_id)
+        try:
+            if lb is None:
+                if await self._teardown(lb_id):
+                    return DONE
+                lb = self._lb(lb_id)  # added again while it was being torn down
+            fingerprint = self._fingerprint(lb_id)
+            if lb.enabled:
+                await self._converge(lb)
+            else:
+                await self._remove_data_path(lb_id)
+                self.runtime[lb_id].observation = None
+            self.runtime[lb_id].fingerprint = fingerprint
+            return generation
+        except Exception as exc:
+            raise ReconcileError(generation, exc) from exc
+
+    async def _converge(self, lb: LoadBalancer) -> None:
+        allocation = self.allocations[lb.id]
+        subnet = self.desired.subnet(lb.network.subnet_id)
+        members = plan.members_by_group(lb, allocation.ports)
+        if self._netdev is None:
+            self._netdev = await self._host.bridge_is_netdev()
+        spec = plan.host_spec(lb, subnet, allocation, members, self._netdev)
+        self.runtime[lb.id].observation = await self._host.converge(spec)
+        text = render_loadbalancer(lb, allocation.outer, members)
+        if await self._haproxy.apply(lb.id, text):
+            log.info("lb=%s object=haproxy action=reload", lb.id)
+
+    async def _remove_data_path(self, lb_id: str) -> None:
+        allocation = self.allocations.get(lb_id)
+        await self._haproxy.apply(lb_id, None)
+        if allocation is not None:
+            await self._host.remove(lb_id, netns_name(lb_id), interface_names(lb_id, allocation.salt))
+
+    async def _teardown(self, lb_id: str) -> bool:
+        await self._remove_data_path(lb_id)
+        async with self._lock:
+            if self._lb(lb_id) is not None:
+                return False
+            self.allocations.pop(lb_id, None)
+            self.tasks.pop(lb_id, None)
+            self.runtime.pop(lb_id, None)
+            await asyncio.to_thread(self._store.save, PersistedState(self._raw, dict(self.allocations)))
+            log.info("lb=%s action=deleted", lb_id)
+            return True
+
+    # --- waiting and shutdown ------------------------------------------------
+
+    def _pass_done(self, task: LbTask) -> None:
+        asyncio.get_running_loop().create_task(self._notify())
+
+    async def _notify(self) -> None:
+        async with self._changed:
+            self._changed.notify_all()
+
+    def settled(self, generation: int) -> bool:
+        """Every load balancer reached `generation` or failed at it; deletions finished."""
+        for task in self.tasks.values():
+            if task.deleting:
+                return False
+            reached = task.attempted_generation is not None and task.attempted_generation >= generation
+            if not reached:
+                return False
+        return True
+
+    def first_pass_done(self) -> bool:
+        return self.desired is not None and all(t.passes > 0 or t.deleting for t in self.tasks.values())
+
+    async def wait_settled(self, generation: int, timeout: float) -> bool:
+        async with self._changed:
+            try:
+                await asyncio.wait_for(self._changed.wait_for(lambda: self.settled(generation)), timeout)
+                return True
+            except asyncio.TimeoutError:
+                return False
+
+    async def stop(self) -> None:
+        await asyncio.gather(*(task.stop() for task in list(self.tasks.values())))

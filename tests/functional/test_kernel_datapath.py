@@ -1,0 +1,109 @@
+"""The kernel half of OvnHost on the real kernel, without OVS: namespaces,
+veths, addresses, routes, NAT rules; converging twice writes nothing."""
+
+import os
+import secrets
+import subprocess
+
+import pytest
+
+from lbagent.counters import write_counts
+from lbagent.members import Member
+from lbagent.naming import interface_names
+from lbagent.ovnhost import datapath, iptables
+from lbagent.ovnhost.datapath import LinkSpec
+from lbagent.ovnhost.nat import NatPlan, nat_rules
+from lbagent.ovnhost.netns import NamespaceExecutor, delete_netns, netns_exists
+
+pytestmark = pytest.mark.skipif(os.geteuid() != 0, reason="needs root")
+
+
+def sh(cmd: str) -> str:
+    return subprocess.run(cmd, shell=True, check=True, capture_output=True, text=True).stdout
+
+
+@pytest.fixture
+async def executors():
+    ns, iptc = NamespaceExecutor("t-netns", 2), NamespaceExecutor("t-iptc", 1)
+    yield ns, iptc
+    ns.shutdown()
+    iptc.shutdown()
+
+
+@pytest.fixture
+def lb():
+    lb_id = "tk" + secrets.token_hex(4)
+    names = interface_names(lb_id)
+    netns = "lb-" + lb_id
+    yield lb_id, names, netns
+    for name in (names.ovn_host, names.haproxy_host):
+        subprocess.run(["ip", "link", "del", name], capture_output=True)
+    if os.path.exists(f"/run/netns/{netns}"):
+        delete_netns(netns)
+
+
+def spec(names, gateway="198.18.0.1", mtu=1442):
+    return LinkSpec(names=names, mac="00:22:0a:00:00:12", vip="198.18.0.12", prefixlen=24, gateway=gateway,
+                    mtu=mtu, routes=(("198.19.0.0/16", "198.18.0.254"),), inner="169.254.0.100",
+                    outer="169.254.0.101", tx_checksum_off=True)
+
+
+def rules(names, backend="198.18.0.21"):
+    return nat_rules(NatPlan(names.ovn_ns, names.haproxy_ns, "198.18.0.12", "169.254.0.100", "169.254.0.101", (80,),
+                             (Member("be-1", backend, 8000, 1, "off", False, 1025),)))
+
+
+async def converge(executors, netns, names, link_spec, nat):
+    ns_exec, iptc_exec = executors
+    host_fd = os.open("/proc/self/ns/net", os.O_RDONLY)
+    try:
+        if not netns_exists(netns):
+            await ns_exec.create(netns)
+        await ns_exec.run(netns, datapath.converge_namespace, link_spec, host_fd)
+        await ns_exec.run(None, datapath.converge_host, link_spec)
+        return await iptc_exec.run(netns, iptables.sync_nat, nat)
+    finally:
+        os.close(host_fd)
+
+
+async def test_converge_builds_the_data_path_and_a_second_pass_writes_nothing(executors, lb):
+    lb_id, names, netns = lb
+    await converge(executors, netns, names, spec(names), rules(names))
+    inside = sh(f"ip netns exec {netns} ip -br addr")
+    assert "198.18.0.12/24" in inside and "169.254.0.100/16" in inside
+    assert "default via 198.18.0.1" in sh(f"ip netns exec {netns} ip route")
+    assert "198.19.0.0/16 via 198.18.0.254" in sh(f"ip netns exec {netns} ip route")
+    assert "tx-checksumming: off" in sh(f"ip netns exec {netns} ethtool -k {names.ovn_ns}")
+    assert sh(f"ip netns exec {netns} sysctl -n net.ipv4.ip_forward").strip() == "1"
+    host_addr = sh(f"ip -d addr show {names.haproxy_host}")
+    assert "169.254.0.101/16" in host_addr and "noprefixroute" in host_addr
+    assert f"169.254.0.100 dev {names.haproxy_host}" in sh("ip route")
+    nat = sh(f"ip netns exec {netns} iptables-legacy-save -t nat")
+    assert "--to-destination 169.254.0.101:80" in nat and "--to-destination 198.18.0.21:8000" in nat
+    assert "-j SNAT --to-source 169.254.0.100" in nat and "-j SNAT --to-source 198.18.0.12" in nat
+
+    before = write_counts()
+    assert await converge(executors, netns, names, spec(names), rules(names)) == 0
+    assert write_counts() == before
+
+
+async def test_changes_and_drift_are_repaired(executors, lb):
+    lb_id, names, netns = lb
+    await converge(executors, netns, names, spec(names), rules(names))
+    # Drift: an edited rule, a foreign rule in our chain, a deleted veth, a removed address.
+    sh(f"ip netns exec {netns} iptables-legacy -t nat -A LBAGENT-PRE -j ACCEPT")
+    sh(f"ip netns exec {netns} iptables-legacy -t nat -F LBAGENT-POST")
+    sh(f"ip link del {names.haproxy_host}")
+    sh(f"ip netns exec {netns} ip addr flush dev {names.ovn_ns}")
+    changed = await converge(executors, netns, names, spec(names, gateway="198.18.0.254", mtu=1400),
+                             rules(names, backend="198.18.0.22"))
+    assert changed > 0
+    nat = sh(f"ip netns exec {netns} iptables-legacy-save -t nat")
+    assert "-j ACCEPT" not in nat
+    assert "198.18.0.22:8000" in nat and "198.18.0.21:8000" not in nat
+    assert "--to-source 169.254.0.100" in nat
+    assert "198.18.0.12/24" in sh(f"ip netns exec {netns} ip -br addr")
+    routes = sh(f"ip netns exec {netns} ip route")
+    assert "default via 198.18.0.254" in routes and "198.18.0.1 " not in routes
+    assert "mtu 1400" in sh(f"ip netns exec {netns} ip link show {names.ovn_ns}")
+    assert f"169.254.0.100 dev {names.haproxy_host}" in sh("ip route")
