@@ -1,0 +1,207 @@
+"""Agent configuration: the TOML file of api.md ("Configuration and command line").
+
+Owns the schema and defaults of every key, reading the file, and the checks
+that let a misconfigured agent fail at start instead of at its first request:
+unknown keys, the listen address, the bearer token of a TCP listener and the
+TLS certificate/key pair. Every key is optional; load_config(None) gives the
+defaults.
+"""
+
+from __future__ import annotations
+
+import ipaddress
+import re
+import socket
+import tomllib
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Annotated, Any, Literal, Optional
+
+from pydantic import AfterValidator, BaseModel, ConfigDict, Field, Strict, ValidationError, model_validator
+
+from lbagent.errors import ConfigError
+from lbagent.validation import Hostname, InterfaceName, check_hostname, clean_message, parse_ipv4, preview
+
+DEFAULT_CONFIG_PATH = Path("/etc/lbagent/lbagent.toml")
+DEFAULT_LISTEN = "127.0.0.1:9680"
+DEFAULT_MAX_BODY_BYTES = 16 * 1024 * 1024
+
+
+@dataclass(frozen=True)
+class ListenAddress:
+    """A parsed "HOST:PORT" or "unix:/PATH"; exactly one of `path` and `host`/`port` is set."""
+
+    path: Path | None = None
+    host: str | None = None
+    port: int | None = None
+
+    @property
+    def is_unix(self) -> bool:
+        return self.path is not None
+
+
+def parse_listen(value: str, *, allow_unix: bool = True) -> ListenAddress:
+    """Parse "HOST:PORT" (HOST an IPv4 address, [IPv6] or a name) or "unix:/PATH"."""
+    if value.startswith("unix:"):
+        path = Path(value.removeprefix("unix:"))
+        if not allow_unix:
+            raise ValueError("must be HOST:PORT")
+        if not path.is_absolute():
+            raise ValueError("must be unix:/ABSOLUTE/PATH")
+        return ListenAddress(path=path)
+    host, sep, port = value.rpartition(":")
+    if not sep or not port.isascii() or not port.isdigit() or not 1 <= int(port) <= 65535:
+        raise ValueError('must be "HOST:PORT" with a port 1-65535' + (' or "unix:/PATH"' if allow_unix else ""))
+    if host.startswith("[") and host.endswith("]"):
+        try:
+            ipaddress.IPv6Address(host[1:-1])
+        except ValueError:
+            raise ValueError("must have a valid IPv6 address inside [ ]") from None
+        return ListenAddress(host=host[1:-1], port=int(port))
+    try:
+        if re.fullmatch(r"[0-9.]+", host):
+            parse_ipv4(host)
+        else:
+            check_hostname(host)
+    except ValueError:
+        raise ValueError("must name a host: an IPv4 address, [IPv6 address] or host name before the ':'") from None
+    return ListenAddress(host=host, port=int(port))
+
+
+def _absolute(path: Path) -> Path:
+    # The agent runs from systemd with / as its working directory; a relative
+    # path would silently mean something else in a test or a shell.
+    if not path.is_absolute():
+        raise ValueError("must be an absolute path")
+    return path
+
+
+def _listen(value: str) -> str:
+    parse_listen(value)
+    return value
+
+
+def _tcp_listen_or_empty(value: str) -> str:
+    if value:
+        parse_listen(value, allow_unix=False)
+    return value
+
+
+def _ovsdb_remote(value: str) -> str:
+    if not re.fullmatch(r"unix:/.+|(?:tcp|ssl):.+:[0-9]{1,5}", value):
+        raise ValueError('must be an OVSDB remote: "unix:/PATH", "tcp:HOST:PORT" or "ssl:HOST:PORT"')
+    return value
+
+
+AbsolutePath = Annotated[Path, AfterValidator(_absolute)]
+NonEmptyStr = Annotated[str, Strict(), Field(min_length=1)]
+
+
+class _Section(BaseModel):
+    # forbid: api.md wants an unknown key to be an error naming it.
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+
+class AgentConfig(_Section):
+    host: Hostname = Field(default_factory=socket.gethostname)
+    state_dir: AbsolutePath = Path("/var/lib/lbagent")
+    run_dir: AbsolutePath = Path("/run/lbagent")
+    resync_interval: Annotated[float, Strict(), Field(gt=0)] = 30.0  # seconds, jittered
+    gc_max_deletions_per_pass: Annotated[int, Strict(), Field(ge=1)] = 50
+    log_format: Literal["text", "json"] = "text"
+    log_level: Literal["debug", "info", "warning", "error", "critical"] = "info"
+
+
+class ApiConfig(_Section):
+    listen: Annotated[str, Strict(), AfterValidator(_listen)] = DEFAULT_LISTEN
+    token_file: AbsolutePath = Path("/etc/lbagent/token")
+    max_body_bytes: Annotated[int, Strict(), Field(ge=1)] = DEFAULT_MAX_BODY_BYTES
+    tls_cert_file: Optional[AbsolutePath] = None
+    tls_key_file: Optional[AbsolutePath] = None
+
+    @model_validator(mode="after")
+    def check_tls_pair(self) -> ApiConfig:
+        if (self.tls_cert_file is None) != (self.tls_key_file is None):
+            raise ValueError("tls_cert_file and tls_key_file must be given together")
+        return self
+
+    @property
+    def address(self) -> ListenAddress:
+        return parse_listen(self.listen)
+
+
+class OvsConfig(_Section):
+    db: Annotated[str, Strict(), AfterValidator(_ovsdb_remote)] = "unix:/var/run/openvswitch/db.sock"
+    integration_bridge: InterfaceName = "br-int"
+
+
+class HaproxyConfig(_Section):
+    binary: NonEmptyStr = "haproxy"  # a name looked up in PATH, or a path
+    prometheus_listen: Annotated[str, Strict(), AfterValidator(_tcp_listen_or_empty)] = ""  # "" is off
+
+    @property
+    def prometheus_address(self) -> ListenAddress | None:
+        return parse_listen(self.prometheus_listen, allow_unix=False) if self.prometheus_listen else None
+
+
+class Config(_Section):
+    agent: AgentConfig = Field(default_factory=AgentConfig)
+    api: ApiConfig = Field(default_factory=ApiConfig)
+    ovs: OvsConfig = Field(default_factory=OvsConfig)
+    haproxy: HaproxyConfig = Field(default_factory=HaproxyConfig)
+
+    def read_token(self) -> str | None:
+        """The API bearer token, stripped; None when the token file does not exist or is empty."""
+        try:
+            token = self.api.token_file.read_text(encoding="utf-8").strip()
+        except FileNotFoundError:
+            return None
+        except (OSError, UnicodeDecodeError) as exc:
+            raise ConfigError(f"cannot read api.token_file {self.api.token_file}: {exc}") from None
+        return token or None
+
+
+def _describe(error: Any, source: str) -> str:
+    key = ".".join(str(part) for part in error["loc"])
+    if error["type"] == "extra_forbidden":
+        return f"unknown key {key} in {source}"
+    if error["type"] in ("model_type", "dict_type"):
+        message = "must be a table"
+    else:
+        message = clean_message(error["msg"])
+    if not isinstance(error["input"], dict):
+        message = f"{message} (got {preview(error['input'])})"
+    return f"invalid {key or 'file'} in {source}: {message}"
+
+
+def _read_toml(path: Path) -> dict[str, Any]:
+    try:
+        text = path.read_text(encoding="utf-8")
+    except FileNotFoundError:
+        raise ConfigError(f"config file {path} does not exist") from None
+    except (OSError, UnicodeDecodeError) as exc:
+        raise ConfigError(f"cannot read config file {path}: {exc}") from None
+    try:
+        return tomllib.loads(text)
+    except tomllib.TOMLDecodeError as exc:
+        raise ConfigError(f"config file {path} is not valid TOML: {exc}") from None
+
+
+def load_config(path: Path | None) -> Config:
+    """Read and check the configuration at `path`; None means every default.
+
+    A TCP API listener needs a readable, non-empty token file at load time
+    (api.md: "required for a TCP listener"); a unix socket relies on its file mode.
+    """
+    data = _read_toml(path) if path is not None else {}
+    source = str(path) if path is not None else "the built-in defaults"
+    try:
+        config = Config.model_validate(data)
+    except ValidationError as exc:
+        raise ConfigError("; ".join(_describe(error, source) for error in exc.errors())) from None
+    if not config.api.address.is_unix and config.read_token() is None:
+        raise ConfigError(
+            f"api.token_file {config.api.token_file} is missing or empty; a TCP listener"
+            f" ({config.api.listen}) needs a bearer token (or listen on unix:/PATH instead)"
+        )
+    return config

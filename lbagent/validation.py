@@ -1,0 +1,462 @@
+"""Single-value rules of api.md ("Values"): the limits and the reusable field types.
+
+Owns every numeric limit of the desired state (one place, below) and the
+Annotated types that lbagent.model composes: ids, names, IPv4 addresses and
+prefixes, MACs, host names, URI paths, cookies, labels, PEM blocks, ports.
+Each type raises ValueError with a message saying what is allowed; it never
+repeats the input, because only the caller knows whether the input may be
+shown (a private key may not) and how much of it. Also owns turning pydantic's
+error locations into JSON pointers and making those messages presentable.
+"""
+
+from __future__ import annotations
+
+import difflib
+import re
+import unicodedata
+from collections.abc import Callable, Iterable
+from ipaddress import IPv4Address, IPv4Network
+from typing import Annotated, Any, get_args
+
+from pydantic import AfterValidator, BaseModel, Field, PlainValidator, Strict, ValidationError, WithJsonSchema
+
+# --- limits ---------------------------------------------------------------
+
+MAX_ID_LEN = 64
+MAX_NAME_LEN = 128
+MAX_IFNAME_LEN = 15  # Linux IFNAMSIZ minus the NUL
+# A provider network's bridge is "br-<name>", which must be an interface name;
+# the contract keeps one character to spare.
+MAX_BRIDGE_SUFFIX_LEN = 11
+MAX_HOSTNAME_LEN = 253
+MAX_URI_LEN = 255
+MAX_PROBE_PAYLOAD_LEN = 255
+MAX_COOKIE_LEN = 64
+MAX_PORT_NAME_LEN = 15  # a Kubernetes-style named port (IANA service name length)
+MAX_NAMESPACE_LEN = 63
+MAX_LABELS = 64
+MAX_LABEL_NAME_LEN = 63
+MAX_LABEL_PREFIX_LEN = 253
+MAX_PEM_BYTES = 64 * 1024
+
+MIN_PORT, MAX_PORT = 1, 65535
+MIN_MTU, MAX_MTU, DEFAULT_MTU = 576, 9000, 1442
+MIN_WEIGHT, MAX_WEIGHT, DEFAULT_WEIGHT = 0, 256, 1
+MAX_RISE_FALL = 100
+MAX_CHECK_SECONDS = 3600
+# haproxy keeps timeouts in milliseconds in a signed 32-bit int (~24.8 days).
+MAX_TIMEOUT_SECONDS = (2**31 - 1) // 1000
+MAX_COOKIE_TIMEOUT = 365 * 24 * 3600
+MAX_RATE = 1_000_000
+# Generations are persisted and compared; keep them inside a signed 64-bit int.
+MAX_GENERATION = 2**63 - 1
+
+MAX_LOADBALANCERS = 4096
+MAX_LISTENERS_PER_LB = 64
+MAX_BACKEND_GROUPS_PER_LB = 256
+MAX_BACKENDS_PER_GROUP = 1024
+MAX_RULES_PER_LISTENER = 256
+MAX_CERTIFICATES_PER_LISTENER = 64
+MAX_ACL_CIDRS = 1024
+MAX_SUBNETS = 4096
+MAX_ROUTES_PER_SUBNET = 64
+MAX_PROVIDER_NETWORKS = 64
+MAX_CUSTOM_INTERFACES = 64
+MAX_HOSTS_PER_LIST = 1024
+MAX_PODS = 65536
+MAX_PORTS_PER_POD = 64
+
+# How much of an offending input value an error message may repeat.
+MAX_ECHO_LEN = 60
+
+# --- building blocks --------------------------------------------------------
+
+
+def int_range(low: int, high: int) -> Any:
+    """A JSON integer (not a bool, not a numeric string) within [low, high]."""
+    return Annotated[int, Strict(), Field(ge=low, le=high)]
+
+
+def text_type(check: Callable[[str], object], schema: dict[str, Any], *, allow_empty: bool = False) -> Any:
+    """A JSON string accepted by `check`; `check` may return a normalised value."""
+
+    def validate(value: str) -> str:
+        if allow_empty and value == "":
+            return value
+        normalised = check(value)
+        return value if normalised is None else normalised
+
+    return Annotated[str, Strict(), AfterValidator(validate), WithJsonSchema({"type": "string", **schema})]
+
+
+def pattern_type(regex: str, what: str, *, allow_empty: bool = False) -> Any:
+    """A JSON string that fully matches `regex`; `what` completes "must be ..."."""
+    compiled = re.compile(regex)
+
+    def check(value: str) -> None:
+        if not compiled.fullmatch(value):
+            raise ValueError(f"must be {what}")
+
+    pattern = f"^({regex})?$" if allow_empty else f"^{regex}$"
+    return text_type(check, {"pattern": pattern}, allow_empty=allow_empty)
+
+
+def _check_length(value: str, limit: int) -> None:
+    if len(value) > limit:
+        raise ValueError(f"must be at most {limit} characters")
+
+
+# --- identifiers and free text ----------------------------------------------
+
+_ID_CHARS = "letters, digits, '_' and '-'"
+Id = pattern_type(rf"[A-Za-z0-9_-]{{1,{MAX_ID_LEN}}}", f"1-{MAX_ID_LEN} characters of {_ID_CHARS}")
+BridgeSuffix = pattern_type(
+    rf"[A-Za-z0-9_-]{{1,{MAX_BRIDGE_SUFFIX_LEN}}}",
+    f"1-{MAX_BRIDGE_SUFFIX_LEN} characters of {_ID_CHARS} (it names the bridge br-<name>)",
+)
+InterfaceName = pattern_type(
+    rf"(?!\.\.?$)[A-Za-z0-9_.-]{{1,{MAX_IFNAME_LEN}}}",
+    f"a network interface name: 1-{MAX_IFNAME_LEN} characters of letters, digits, '_', '.' and '-'",
+)
+Cookie = pattern_type(rf"[A-Za-z0-9_-]{{1,{MAX_COOKIE_LEN}}}", f"1-{MAX_COOKIE_LEN} characters of {_ID_CHARS}")
+# Like Kubernetes' IANA_SVC_NAME: the letter requirement keeps "80" from passing as a name.
+_PORT_NAME = rf"(?=[a-z0-9-]*[a-z])[a-z0-9-]{{1,{MAX_PORT_NAME_LEN}}}"
+_PORT_NAME_WHAT = f"1-{MAX_PORT_NAME_LEN} characters of lowercase letters, digits and '-', with at least one letter"
+PortName = pattern_type(_PORT_NAME, f"a port name: {_PORT_NAME_WHAT}")
+Namespace = pattern_type(
+    rf"[A-Za-z0-9_.-]{{1,{MAX_NAMESPACE_LEN}}}",
+    f"1-{MAX_NAMESPACE_LEN} characters of letters, digits, '_', '.' and '-'",
+)
+LabelKey = pattern_type(
+    rf"(?:[A-Za-z0-9_.-]{{1,{MAX_LABEL_PREFIX_LEN}}}/)?[A-Za-z0-9_.-]{{1,{MAX_LABEL_NAME_LEN}}}",
+    f"a label key: 1-{MAX_LABEL_NAME_LEN} characters of letters, digits, '_', '.' and '-', optionally after one 'prefix/'",
+)
+LabelValue = pattern_type(
+    rf"[A-Za-z0-9_.-]{{0,{MAX_LABEL_NAME_LEN}}}",
+    f"a label value: at most {MAX_LABEL_NAME_LEN} characters of letters, digits, '_', '.' and '-'",
+)
+Labels = Annotated[dict[LabelKey, LabelValue], Field(max_length=MAX_LABELS)]
+
+# Line and paragraph separators end a line in some readers just like "\n" does.
+_BAD_TEXT_CATEGORIES = frozenset({"Cc", "Cs", "Zl", "Zp"})
+
+
+def _check_name(value: str) -> None:
+    _check_length(value, MAX_NAME_LEN)
+    if any(unicodedata.category(ch) in _BAD_TEXT_CATEGORIES for ch in value):
+        raise ValueError("must not contain control characters or line breaks")
+
+
+Name = text_type(_check_name, {"maxLength": MAX_NAME_LEN}, allow_empty=True)
+
+# --- host names, URIs, probe payloads ---------------------------------------
+
+_LABEL = r"[A-Za-z0-9](?:[A-Za-z0-9-]{0,61}[A-Za-z0-9])?"
+_HOSTNAME = rf"{_LABEL}(?:\.{_LABEL})*"
+_HOSTNAME_RE = re.compile(_HOSTNAME)
+_HOSTNAME_WHAT = "a host name: dot-separated labels of letters, digits and '-'"
+
+
+def check_hostname(value: str, *, wildcard: bool = False) -> None:
+    """Raise ValueError unless `value` is a host name (or, with wildcard, "*.<host name>")."""
+    _check_length(value, MAX_HOSTNAME_LEN)
+    name = value[2:] if wildcard and value.startswith("*.") else value
+    if not _HOSTNAME_RE.fullmatch(name):
+        raise ValueError(f"must be {_HOSTNAME_WHAT}" + (", optionally starting with '*.'" if wildcard else ""))
+
+
+def _check_domain_pattern(value: str) -> None:
+    check_hostname(value, wildcard=True)
+
+
+Hostname = text_type(check_hostname, {"pattern": f"^{_HOSTNAME}$", "maxLength": MAX_HOSTNAME_LEN})
+HostnameOrEmpty = text_type(
+    check_hostname, {"pattern": f"^({_HOSTNAME})?$", "maxLength": MAX_HOSTNAME_LEN}, allow_empty=True
+)
+DomainPatternOrEmpty = text_type(
+    _check_domain_pattern,
+    {"pattern": rf"^((\*\.)?{_HOSTNAME})?$", "maxLength": MAX_HOSTNAME_LEN},
+    allow_empty=True,
+)
+
+# Printable ASCII without space, quotes, '#' and backslash: safe to put in a
+# haproxy config line and an HTTP request line after quoting.
+_URI_CHAR = r"[!$-&(-\[\]-~]"
+_URI_RE = re.compile(rf"/{_URI_CHAR}*")
+
+
+def _check_uri_path(value: str) -> None:
+    _check_length(value, MAX_URI_LEN)
+    if not value.startswith("/"):
+        raise ValueError("must start with '/'")
+    if not _URI_RE.fullmatch(value):
+        raise ValueError("may only contain printable ASCII without spaces, quotes, '#' or backslashes")
+
+
+UriPath = text_type(
+    _check_uri_path, {"pattern": f"^(/{_URI_CHAR}*)?$", "maxLength": MAX_URI_LEN}, allow_empty=True
+)
+ProbePayload = pattern_type(
+    rf"[ -~]{{0,{MAX_PROBE_PAYLOAD_LEN}}}",
+    f"at most {MAX_PROBE_PAYLOAD_LEN} characters of printable ASCII",
+)
+
+HTTP_CODE_CLASSES = ("http_2xx", "http_3xx", "http_4xx", "http_5xx")
+
+
+def _check_http_codes(value: str) -> None:
+    codes = value.split(",")
+    if any(code not in HTTP_CODE_CLASSES for code in codes):
+        raise ValueError(f"must be a comma list (no spaces) of {', '.join(HTTP_CODE_CLASSES)}")
+    if len(set(codes)) != len(codes):
+        raise ValueError("must not name a status class twice")
+
+
+HttpCodes = text_type(_check_http_codes, {"pattern": r"^http_[2-5]xx(,http_[2-5]xx)*$"})
+
+# --- IPv4 ---------------------------------------------------------------------
+
+# ipaddress alone would also take integers; the regex keeps it to dotted quads
+# of ASCII digits, ipaddress then rejects octets over 255 and leading zeros.
+_DOTTED_QUAD = r"[0-9]{1,3}(?:\.[0-9]{1,3}){3}"
+_DOTTED_QUAD_RE = re.compile(_DOTTED_QUAD)
+_PREFIX_LEN = r"(?:[0-9]|[12][0-9]|3[0-2])"
+_CIDR_RE = re.compile(rf"({_DOTTED_QUAD})/({_PREFIX_LEN})")
+
+
+def parse_ipv4(value: str) -> IPv4Address:
+    if not _DOTTED_QUAD_RE.fullmatch(value):
+        raise ValueError("must be an IPv4 address in dotted-quad form, like 198.18.0.1")
+    try:
+        return IPv4Address(value)
+    except ValueError:
+        raise ValueError("must be an IPv4 address: four numbers 0-255 without leading zeros") from None
+
+
+def _check_host_ipv4(value: str) -> None:
+    ip = parse_ipv4(value)
+    # is_reserved covers 240/4 including the limited broadcast 255.255.255.255.
+    if ip.is_unspecified or ip.is_loopback or ip.is_multicast or ip.is_link_local or ip.is_reserved:
+        raise ValueError("must be a unicast host address (not 0.0.0.0, loopback, multicast, link-local or broadcast)")
+
+
+def _check_cidr(value: str) -> None:
+    match = _CIDR_RE.fullmatch(value)
+    if not match:
+        raise ValueError("must be an IPv4 prefix like 198.18.0.0/24")
+    parse_ipv4(match.group(1))
+    try:
+        IPv4Network(value)
+    except ValueError:
+        raise ValueError(f"has host bits set; the prefix is {IPv4Network(value, strict=False)}") from None
+
+
+IPv4 = text_type(parse_ipv4, {"format": "ipv4"})
+HostIPv4 = text_type(_check_host_ipv4, {"format": "ipv4"})
+Cidr = text_type(_check_cidr, {"pattern": rf"^{_DOTTED_QUAD}/{_PREFIX_LEN}$"})
+
+_MAC = r"[0-9A-Fa-f]{2}(?::[0-9A-Fa-f]{2}){5}"
+_MAC_RE = re.compile(_MAC)
+
+
+def _check_mac(value: str) -> str:
+    if not _MAC_RE.fullmatch(value):
+        raise ValueError("must be a MAC address like 00:22:0a:00:00:12")
+    if int(value[:2], 16) & 1:
+        raise ValueError("must be a unicast MAC address (lowest bit of the first octet clear)")
+    if int(value.replace(":", ""), 16) == 0:
+        raise ValueError("must not be all zeros")
+    return value.lower()  # one spelling, so equal MACs compare equal
+
+
+Mac = text_type(_check_mac, {"pattern": f"^{_MAC}$"})
+
+# --- numbers ------------------------------------------------------------------
+
+Port = int_range(MIN_PORT, MAX_PORT)
+Mtu = int_range(MIN_MTU, MAX_MTU)
+Weight = int_range(MIN_WEIGHT, MAX_WEIGHT)
+RiseFall = int_range(1, MAX_RISE_FALL)
+CheckSeconds = int_range(1, MAX_CHECK_SECONDS)
+TimeoutSeconds = int_range(1, MAX_TIMEOUT_SECONDS)
+CookieTimeout = int_range(0, MAX_COOKIE_TIMEOUT)
+Rate = int_range(0, MAX_RATE)
+Generation = int_range(0, MAX_GENERATION)
+
+_PORT_OR_NAME_WHAT = f"must be a port number {MIN_PORT}-{MAX_PORT} or a port name"
+
+
+def _port_or_name(value: object) -> int | str:
+    # A hand-written check instead of Union[Port, PortName]: a pydantic union
+    # puts its branch names into the error location, which is not a JSON path.
+    if isinstance(value, int) and not isinstance(value, bool):
+        if not MIN_PORT <= value <= MAX_PORT:
+            raise ValueError(_PORT_OR_NAME_WHAT)
+        return value
+    if isinstance(value, str):
+        if not re.fullmatch(_PORT_NAME, value):
+            raise ValueError(f"{_PORT_OR_NAME_WHAT} ({_PORT_NAME_WHAT})")
+        return value
+    raise ValueError(_PORT_OR_NAME_WHAT)
+
+
+PortOrName = Annotated[
+    int | str,
+    PlainValidator(_port_or_name),
+    WithJsonSchema(
+        {
+            "oneOf": [
+                {"type": "integer", "minimum": MIN_PORT, "maximum": MAX_PORT},
+                {"type": "string", "pattern": f"^{_PORT_NAME}$"},
+            ]
+        }
+    ),
+]
+
+# --- PEM ------------------------------------------------------------------------
+
+_B64_BODY = r"[A-Za-z0-9+/=\s]+"
+_CERT_RE = re.compile(rf"-----BEGIN CERTIFICATE-----{_B64_BODY}-----END CERTIFICATE-----")
+# Only unencrypted keys: haproxy cannot ask for a passphrase. An encrypted
+# traditional key carries "Proc-Type:" headers, which the base64 body refuses.
+_KEY_RE = re.compile(rf"-----BEGIN ((?:RSA |EC )?PRIVATE KEY)-----{_B64_BODY}-----END \1-----")
+_ANY_KEY_RE = re.compile(r"-----BEGIN [A-Z ]*PRIVATE KEY-----")
+_PEM_TEXT_RE = re.compile(r"[ -~\t\r\n]*")
+
+
+def _check_pem_text(value: str) -> None:
+    if len(value.encode()) > MAX_PEM_BYTES:
+        raise ValueError(f"must be at most {MAX_PEM_BYTES} bytes")
+    if not _PEM_TEXT_RE.fullmatch(value):
+        raise ValueError("must be PEM text (printable ASCII and line breaks)")
+
+
+def _check_certificate(value: str) -> None:
+    _check_pem_text(value)
+    if not _CERT_RE.search(value):
+        raise ValueError("must contain a PEM certificate (-----BEGIN CERTIFICATE----- ... -----END CERTIFICATE-----)")
+    # Certificates are written world-readable; a key pasted here would leak.
+    if _ANY_KEY_RE.search(value):
+        raise ValueError("must not contain a private key; put it in private_key")
+
+
+def _check_private_key(value: str) -> None:
+    _check_pem_text(value)
+    if "ENCRYPTED PRIVATE KEY" in value or "Proc-Type: 4,ENCRYPTED" in value:
+        raise ValueError("must be an unencrypted private key (haproxy cannot ask for a passphrase)")
+    if not _KEY_RE.search(value):
+        raise ValueError("must contain a PEM private key (-----BEGIN PRIVATE KEY----- ... -----END PRIVATE KEY-----)")
+
+
+PemCertificate = text_type(_check_certificate, {"maxLength": MAX_PEM_BYTES})
+PemPrivateKey = text_type(_check_private_key, {"maxLength": MAX_PEM_BYTES, "writeOnly": True})
+
+# --- error presentation ---------------------------------------------------------
+
+Location = tuple[str | int, ...]
+
+
+def json_pointer(location: Iterable[str | int]) -> str:
+    """RFC 6901 pointer for a location; "" is the whole document."""
+    return "".join("/" + str(part).replace("~", "~0").replace("/", "~1") for part in location)
+
+
+def preview(value: object) -> str:
+    """A short, single-line rendering of an input value for an error message."""
+    if isinstance(value, dict):
+        return "an object"
+    if isinstance(value, (list, tuple)):
+        return "an array"
+    if value is None:
+        return "null"
+    if isinstance(value, bool):
+        return "true" if value else "false"
+    text = repr(value)
+    if len(text) > MAX_ECHO_LEN:
+        text = text[: MAX_ECHO_LEN - 3] + "..."
+    return text
+
+
+def clean_message(message: str) -> str:
+    """pydantic's message in the validators' voice: no "Value error, " prefix, "must be" for "Input should be"."""
+    message = message.removeprefix("Value error, ").removeprefix("Assertion failed, ")
+    if message.startswith("Input should be"):
+        message = "must be" + message.removeprefix("Input should be")
+    return message
+
+
+# pydantic's words for JSON type mismatches name Python types and model classes.
+_JSON_TYPE_MESSAGES = {
+    "model_type": "must be a JSON object",
+    "model_attributes_type": "must be a JSON object",
+    "dict_type": "must be a JSON object",
+    "list_type": "must be a JSON array",
+    "int_type": "must be a JSON integer",
+    "string_type": "must be a JSON string",
+    "bool_type": "must be true or false",
+}
+
+
+def _model_in(annotation: Any) -> type[BaseModel] | None:
+    if isinstance(annotation, type) and issubclass(annotation, BaseModel):
+        return annotation
+    for argument in get_args(annotation):
+        found = _model_in(argument)
+        if found is not None:
+            return found
+    return None
+
+
+def _model_at(root: type[BaseModel], location: Location) -> type[BaseModel] | None:
+    """The model class whose object sits at `location` in a body of type `root`."""
+    model: type[BaseModel] | None = root
+    for part in location:
+        if isinstance(part, int):
+            continue
+        field = model.model_fields.get(part) if model else None
+        if field is None:
+            return None
+        model = _model_in(field.annotation)
+    return model
+
+
+def _unknown_field_message(root: type[BaseModel], location: Location) -> str:
+    model = _model_at(root, location[:-1])
+    guesses = difflib.get_close_matches(str(location[-1]), list(model.model_fields), n=1) if model else []
+    return f"unknown field; did you mean {guesses[0]!r}?" if guesses else "unknown field"
+
+
+def _message(kind: str, error: Any) -> str:
+    if kind in _JSON_TYPE_MESSAGES:
+        return _JSON_TYPE_MESSAGES[kind]
+    if kind == "too_long":
+        return f"must have at most {error['ctx']['max_length']} entries"
+    return clean_message(error["msg"])
+
+
+def _detail(error: Any, root: type[BaseModel], unechoed: frozenset[str]) -> dict[str, str]:
+    location: Location = tuple(error["loc"])
+    kind = error["type"]
+    if kind == "extra_forbidden":
+        return {"path": json_pointer(location), "message": _unknown_field_message(root, location)}
+    if kind == "missing":
+        return {"path": json_pointer(location), "message": "required field is missing"}
+    message = _message(kind, error)
+    if location and location[-1] == "[key]":  # pydantic's marker for a bad dict key
+        location = location[:-1]
+        message = f"invalid key: {message}"
+    value = error["input"]
+    # An object or array is worth naming only when a different type was expected.
+    shown = kind in _JSON_TYPE_MESSAGES or not isinstance(value, (dict, list))
+    if shown and not unechoed.intersection(part for part in location if isinstance(part, str)):
+        message = f"{message} (got {preview(value)})"
+    return {"path": json_pointer(location), "message": message}
+
+
+def error_details(exc: ValidationError, root: type[BaseModel], unechoed: frozenset[str]) -> list[dict[str, str]]:
+    """api.md error details for a failed validation of `root`.
+
+    Paths are JSON pointers; input found under a field named in `unechoed` is
+    never repeated in a message.
+    """
+    return [_detail(error, root, unechoed) for error in exc.errors(include_url=False)]

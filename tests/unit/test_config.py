@@ -1,0 +1,176 @@
+"""Agent configuration (lbagent.config): defaults, unknown keys, listen addresses, the token file."""
+
+from __future__ import annotations
+
+import socket
+from pathlib import Path
+
+import pytest
+
+from lbagent.config import DEFAULT_MAX_BODY_BYTES, Config, load_config, parse_listen
+from lbagent.errors import ConfigError, LbAgentError
+
+
+@pytest.fixture
+def token_file(tmp_path: Path) -> Path:
+    path = tmp_path / "token"
+    path.write_text("s3cret-token\n")
+    return path
+
+
+def write_config(tmp_path: Path, text: str) -> Path:
+    path = tmp_path / "lbagent.toml"
+    path.write_text(text)
+    return path
+
+
+def test_defaults(tmp_path: Path, token_file: Path) -> None:
+    config = load_config(write_config(tmp_path, f'[api]\ntoken_file = "{token_file}"\n'))
+    assert config.agent.host == socket.gethostname()
+    assert config.agent.state_dir == Path("/var/lib/lbagent")
+    assert config.agent.run_dir == Path("/run/lbagent")
+    assert config.agent.resync_interval == 30
+    assert config.agent.gc_max_deletions_per_pass == 50
+    assert (config.agent.log_format, config.agent.log_level) == ("text", "info")
+    assert config.api.listen == "127.0.0.1:9680"
+    assert (config.api.address.host, config.api.address.port) == ("127.0.0.1", 9680)
+    assert config.api.max_body_bytes == DEFAULT_MAX_BODY_BYTES == 16 * 1024 * 1024
+    assert config.api.tls_cert_file is None and config.api.tls_key_file is None
+    assert config.ovs.db == "unix:/var/run/openvswitch/db.sock"
+    assert config.ovs.integration_bridge == "br-int"
+    assert config.haproxy.binary == "haproxy"
+    assert config.haproxy.prometheus_listen == "" and config.haproxy.prometheus_address is None
+    assert config.read_token() == "s3cret-token"
+
+
+def test_every_key_set(tmp_path: Path, token_file: Path) -> None:
+    config = load_config(
+        write_config(
+            tmp_path,
+            f"""
+            [agent]
+            host = "gw-1"
+            state_dir = "{tmp_path}/state"
+            run_dir = "{tmp_path}/run"
+            resync_interval = 2.5
+            gc_max_deletions_per_pass = 5
+            log_format = "json"
+            log_level = "debug"
+
+            [api]
+            listen = "[::1]:9000"
+            token_file = "{token_file}"
+            max_body_bytes = 1024
+            tls_cert_file = "/etc/lbagent/tls.crt"
+            tls_key_file = "/etc/lbagent/tls.key"
+
+            [ovs]
+            db = "tcp:127.0.0.1:6640"
+            integration_bridge = "br-test"
+
+            [haproxy]
+            binary = "/usr/sbin/haproxy"
+            prometheus_listen = "127.0.0.1:9101"
+            """,
+        )
+    )
+    assert config.agent.host == "gw-1"
+    assert config.agent.state_dir == tmp_path / "state"
+    assert config.agent.resync_interval == 2.5
+    assert (config.api.address.host, config.api.address.port) == ("::1", 9000)
+    assert config.api.tls_key_file == Path("/etc/lbagent/tls.key")
+    assert config.haproxy.prometheus_address is not None and config.haproxy.prometheus_address.port == 9101
+
+
+def test_unknown_key_is_named(tmp_path: Path, token_file: Path) -> None:
+    path = write_config(tmp_path, f'[agent]\nstat_dir = "/x"\n[api]\ntoken_file = "{token_file}"\n')
+    with pytest.raises(ConfigError, match=rf"unknown key agent\.stat_dir in {path}"):
+        load_config(path)
+
+
+def test_unknown_section_is_named(tmp_path: Path) -> None:
+    with pytest.raises(ConfigError, match=r"unknown key haproxxy in"):
+        load_config(write_config(tmp_path, '[api]\nlisten = "unix:/run/lbagent.sock"\n[haproxxy]\n'))
+
+
+def test_every_problem_is_listed(tmp_path: Path) -> None:
+    text = '[agent]\nresync_interval = 0\nlog_level = "loud"\n[api]\nlisten = "unix:/run/x.sock"\nmax_body_bytes = "1"\n'
+    with pytest.raises(ConfigError) as caught:
+        load_config(write_config(tmp_path, text))
+    message = str(caught.value)
+    for key in ("agent.resync_interval", "agent.log_level", "api.max_body_bytes"):
+        assert f"invalid {key}" in message
+
+
+@pytest.mark.parametrize("listen", ["9680", "127.0.0.1", "127.0.0.1:0", "127.0.0.1:70000", "unix:run/x", "a b:1",
+                                    "[nope]:1", "999.0.0.1:80", "127.0.0.1:80x"])
+def test_bad_listen(tmp_path: Path, token_file: Path, listen: str) -> None:
+    path = write_config(tmp_path, f'[api]\nlisten = "{listen}"\ntoken_file = "{token_file}"\n')
+    with pytest.raises(ConfigError, match=r"invalid api\.listen"):
+        load_config(path)
+
+
+def test_tcp_listener_needs_a_token_file(tmp_path: Path) -> None:
+    missing = tmp_path / "no-token"
+    with pytest.raises(ConfigError, match="token_file .*no-token"):
+        load_config(write_config(tmp_path, f'[api]\ntoken_file = "{missing}"\n'))
+
+
+def test_tcp_listener_needs_a_non_empty_token(tmp_path: Path) -> None:
+    empty = tmp_path / "token"
+    empty.write_text("  \n")
+    with pytest.raises(ConfigError, match="missing or empty"):
+        load_config(write_config(tmp_path, f'[api]\ntoken_file = "{empty}"\n'))
+
+
+def test_unix_listener_needs_no_token(tmp_path: Path) -> None:
+    config = load_config(
+        write_config(tmp_path, f'[api]\nlisten = "unix:{tmp_path}/api.sock"\ntoken_file = "{tmp_path}/none"\n')
+    )
+    assert config.api.address.is_unix and config.api.address.path == tmp_path / "api.sock"
+    assert config.read_token() is None
+
+
+def test_tls_files_go_together(tmp_path: Path, token_file: Path) -> None:
+    path = write_config(tmp_path, f'[api]\ntoken_file = "{token_file}"\ntls_cert_file = "/etc/tls.crt"\n')
+    with pytest.raises(ConfigError, match="together"):
+        load_config(path)
+
+
+def test_relative_paths_are_rejected(tmp_path: Path, token_file: Path) -> None:
+    path = write_config(tmp_path, f'[agent]\nstate_dir = "state"\n[api]\ntoken_file = "{token_file}"\n')
+    with pytest.raises(ConfigError, match=r"invalid agent\.state_dir .*absolute"):
+        load_config(path)
+
+
+def test_wrong_types_are_rejected(tmp_path: Path, token_file: Path) -> None:
+    path = write_config(tmp_path, f'[agent]\ngc_max_deletions_per_pass = 1.5\n[api]\ntoken_file = "{token_file}"\n')
+    with pytest.raises(ConfigError, match=r"invalid agent\.gc_max_deletions_per_pass"):
+        load_config(path)
+    with pytest.raises(ConfigError, match=r"invalid agent in .*must be a table"):
+        load_config(write_config(tmp_path, 'agent = 5\n[api]\nlisten = "unix:/run/x.sock"\n'))
+
+
+def test_missing_explicit_file(tmp_path: Path) -> None:
+    with pytest.raises(ConfigError, match="does not exist"):
+        load_config(tmp_path / "absent.toml")
+
+
+def test_invalid_toml(tmp_path: Path) -> None:
+    with pytest.raises(LbAgentError, match="not valid TOML"):
+        load_config(write_config(tmp_path, "[agent\n"))
+
+
+def test_no_file_means_defaults_with_the_token_check() -> None:
+    if Path("/etc/lbagent/token").exists():
+        assert isinstance(load_config(None), Config)
+    else:
+        with pytest.raises(ConfigError, match="/etc/lbagent/token"):
+            load_config(None)
+
+
+def test_parse_listen() -> None:
+    assert parse_listen("localhost:80").host == "localhost"
+    assert parse_listen("unix:/run/lbagent/api.sock").path == Path("/run/lbagent/api.sock")
+    with pytest.raises(ValueError):
+        parse_listen("unix:/run/x.sock", allow_unix=False)
