@@ -27,3 +27,11 @@ class InvalidDesiredState(LbAgentError):
 
 class ConfigError(LbAgentError):
     """The configuration file is missing, unreadable or names/values a key wrongly."""
+
+
+class StaleGeneration(LbAgentError):
+    """A refresh whose generation is lower than the one already accepted (409)."""
+
+    def __init__(self, offered: int, current: int) -> None:
+        super().__init__(f"generation {offered} is lower than the accepted generation {current}")
+        self.current = current

@@ -1,0 +1,126 @@
+"""The HTTP layer alone, with a fake agent: status codes, error bodies, auth."""
+
+import json
+from pathlib import Path
+
+import pytest
+from aiohttp.test_utils import TestClient, TestServer
+
+from lbagent.api import create_app
+from lbagent.errors import StaleGeneration
+
+EXAMPLE = json.loads((Path(__file__).parent / "data" / "example_state.json").read_text())
+TOKEN = "s3cret"
+AUTH = {"Authorization": f"Bearer {TOKEN}"}
+
+
+class FakeWorker:
+    def __init__(self):
+        self.settle = True
+
+    async def wait_settled(self, generation, timeout):
+        return self.settle
+
+
+class FakeAgent:
+    def __init__(self):
+        self.accepted = []
+        self.worker = FakeWorker()
+        self.ready_reason = "no complete desired state yet"
+
+    async def refresh(self, desired, raw):
+        if self.accepted and desired.generation < self.accepted[-1]:
+            raise StaleGeneration(desired.generation, self.accepted[-1])
+        self.accepted.append(desired.generation)
+        return desired.generation
+
+    def results(self, generation):
+        return {"generation": generation, "loadbalancers": []}
+
+    async def status(self):
+        return {"agent": {"generation": self.accepted[-1] if self.accepted else None}, "loadbalancers": []}
+
+    async def loadbalancer_status(self, lb_id):
+        return {"id": lb_id} if lb_id == "known" else None
+
+    def not_ready_reason(self):
+        return self.ready_reason
+
+    def update_gauges(self):
+        pass
+
+
+@pytest.fixture
+async def client():
+    agent = FakeAgent()
+    client = TestClient(TestServer(create_app(agent, TOKEN, max_body_bytes=64 * 1024)))
+    await client.start_server()
+    client.agent = agent
+    yield client
+    await client.close()
+
+
+async def test_refresh_accepts_and_returns_generation(client):
+    resp = await client.post("/v1/refresh", json=EXAMPLE, headers=AUTH)
+    assert resp.status == 202 and await resp.json() == {"generation": 7}
+    resp = await client.post("/v1/refresh?wait=5", json={**EXAMPLE, "generation": 8}, headers=AUTH)
+    assert resp.status == 200 and (await resp.json())["generation"] == 8
+    client.agent.worker.settle = False
+    resp = await client.post("/v1/refresh?wait=0.1", json={**EXAMPLE, "generation": 9}, headers=AUTH)
+    assert resp.status == 504
+
+
+async def test_auth(client):
+    assert (await client.get("/v1/status")).status == 401
+    assert (await client.get("/v1/status", headers={"Authorization": "Bearer nope"})).status == 401
+    assert (await client.get("/v1/status", headers={"Authorization": "Basic " + TOKEN})).status == 401
+    resp = await client.get("/v1/status", headers=AUTH)
+    assert resp.status == 200
+    assert (await client.get("/healthz")).status == 200  # probes need no token
+    assert (await client.get("/metrics", headers=AUTH)).status == 200
+
+
+@pytest.mark.parametrize("body, content_type, status, code", [
+    (b"{", "application/json", 400, "invalid_json"),
+    (b"{}", "text/plain", 415, "unsupported_media_type"),
+    (b'{"generation": 1, "bogus": 2}', "application/json", 400, "invalid_body"),
+    (b"x" * (65 * 1024), "application/json", 413, "body_too_large"),
+])
+async def test_bad_requests_are_json_errors(client, body, content_type, status, code):
+    resp = await client.post("/v1/refresh", data=body, headers={**AUTH, "Content-Type": content_type})
+    assert resp.status == status
+    answer = await resp.json()
+    assert answer["error"] == code and "message" in answer and isinstance(answer["details"], list)
+    assert client.agent.accepted == []
+
+
+async def test_invalid_body_lists_paths(client):
+    body = json.loads(json.dumps(EXAMPLE))
+    body["loadbalancers"][0]["listeners"][0]["listener_port"] = 0
+    body["loadbalancers"][0]["id"] = "a b"
+    resp = await client.post("/v1/refresh", json=body, headers=AUTH)
+    paths = {d["path"] for d in (await resp.json())["details"]}
+    assert resp.status == 400
+    assert {"/loadbalancers/0/listeners/0/listener_port", "/loadbalancers/0/id"} <= paths
+
+
+async def test_stale_generation_conflicts(client):
+    assert (await client.post("/v1/refresh", json=EXAMPLE, headers=AUTH)).status == 202
+    resp = await client.post("/v1/refresh", json={**EXAMPLE, "generation": 3}, headers=AUTH)
+    assert resp.status == 409 and (await resp.json())["error"] == "stale_generation"
+
+
+async def test_bad_wait_parameter(client):
+    resp = await client.post("/v1/refresh?wait=soon", json=EXAMPLE, headers=AUTH)
+    assert resp.status == 400 and client.agent.accepted == []
+
+
+async def test_loadbalancer_and_readiness(client):
+    assert (await client.get("/v1/loadbalancers/known", headers=AUTH)).status == 200
+    resp = await client.get("/v1/loadbalancers/unknown", headers=AUTH)
+    assert resp.status == 404 and (await resp.json())["error"] == "not_found"
+    resp = await client.get("/readyz")
+    assert resp.status == 503 and "desired state" in (await resp.json())["reason"]
+    client.agent.ready_reason = None
+    assert (await client.get("/readyz")).status == 200
+    assert (await client.get("/nowhere", headers=AUTH)).status == 404
