@@ -13,13 +13,14 @@ import logging
 import os
 from dataclasses import dataclass
 
-from lbagent.naming import InterfaceNames, iface_id
+from lbagent.inventory import Inventory
+from lbagent.naming import INTERFACE_RE, NETNS_PREFIX, InterfaceNames, iface_id
 from lbagent.ovnhost import datapath, iptables
 from lbagent.ovnhost.datapath import LinkSpec
 from lbagent.ovnhost.errors import AlreadyExists
 from lbagent.ovnhost.iplib import Netlink
 from lbagent.ovnhost.nat import NatRule
-from lbagent.ovnhost.netns import NamespaceExecutor, netns_exists
+from lbagent.ovnhost.netns import NamespaceExecutor, list_netns, netns_exists
 from lbagent.ovnhost.ovs import LB_KEY, OvsClient
 
 log = logging.getLogger(__name__)
@@ -78,6 +79,22 @@ class OvnHost:
         observed = await asyncio.to_thread(self._ovs.observe_port, names.ovn_host)
         return HostObservation(names.ovn_host, bool(observed and observed.ovn_installed))
 
+    async def inventory(self) -> Inventory:
+        """Everything on this host that carries our marks."""
+        links = await self._namespaces.run(None, _read_marked_links)
+        ports = await asyncio.to_thread(self._ovs.owned_ports)
+        return Inventory(frozenset(list_netns(NETNS_PREFIX)), frozenset(links), frozenset(ports))
+
+    async def delete_orphan(self, kind: str, name: str) -> None:
+        if kind == "netns":
+            await self._namespaces.delete(name)
+        elif kind == "links":
+            await self._namespaces.run(None, _delete_link, name)
+        elif kind == "ovs_ports":
+            await asyncio.to_thread(self._ovs.delete_port, name)
+        else:
+            raise ValueError(f"unknown kind of object {kind!r}")
+
     async def remove(self, lb_id: str, netns: str, names: InterfaceNames) -> None:
         """Remove everything converge() made; safe on partial or absent state."""
         if await asyncio.to_thread(self._ovs.delete_port, names.ovn_host):
@@ -87,6 +104,17 @@ class OvnHost:
         if netns_exists(netns) or os.path.exists(f"/run/netns/{netns}"):
             await self._namespaces.delete(netns)
             log.info("action=delete object=netns lb=%s netns=%s", lb_id, netns)
+
+
+def _read_marked_links() -> set[str]:
+    with Netlink.open() as nl:
+        return {name for name, link in nl.links().items() if INTERFACE_RE.match(name) and link.kind == "veth"}
+
+
+def _delete_link(name: str) -> None:
+    with Netlink.open() as nl:
+        if nl.link(name) is not None:
+            nl.delete_link(name)
 
 
 def _read_host_addresses() -> set[str]:

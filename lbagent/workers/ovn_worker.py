@@ -13,7 +13,9 @@ import json
 import logging
 from dataclasses import dataclass
 
+from lbagent.errors import StaleGeneration
 from lbagent.haproxy.render import render_loadbalancer
+from lbagent.inventory import Inventory
 from lbagent.model import DesiredState, LoadBalancer
 from lbagent.naming import interface_names, netns_name
 from lbagent.ovnhost.host import HostObservation, OvnHost
@@ -23,12 +25,6 @@ from lbagent.workers.allocator import AddressPair, PairAllocator, assign_ports
 from lbagent.workers.lb_task import DONE, LbTask
 
 log = logging.getLogger(__name__)
-
-
-class StaleGeneration(Exception):
-    def __init__(self, offered: int, current: int):
-        super().__init__(f"generation {offered} is lower than the accepted generation {current}")
-        self.current = current
 
 
 class ReconcileError(Exception):
@@ -196,6 +192,17 @@ class OvnWorker:
             await asyncio.to_thread(self._store.save, PersistedState(self._raw, dict(self.allocations)))
             log.info("lb=%s action=deleted", lb_id)
             return True
+
+    def in_use(self) -> Inventory:
+        """The marked objects that known load balancers (desired or being deleted) use."""
+        ids = set(self.tasks) | set(self.allocations)
+        names = [interface_names(i, self.allocations[i].salt if i in self.allocations else 0) for i in ids]
+        return Inventory(
+            netns=frozenset(netns_name(i) for i in ids),
+            links=frozenset(n for ns in names for n in (ns.ovn_host, ns.haproxy_host)),
+            ovs_ports=frozenset(ns.ovn_host for ns in names),
+            haproxy=frozenset(ids),
+        )
 
     # --- waiting and shutdown ------------------------------------------------
 

@@ -1,0 +1,53 @@
+"""Mark-and-sweep garbage collection of what the agent left behind.
+
+An orphan is an object carrying the agent's marks (an `lb-` namespace, a host
+veth named like ours, an OVS port with our owner key, an haproxy file) that
+no known load balancer uses. It is deleted only when a second pass still
+finds it orphaned, so nothing being created right now is swept, and at most
+`max_deletions` go per pass. The caller runs this only once the complete
+desired state is known: a half-known world never triggers cleanup.
+"""
+
+from __future__ import annotations
+
+import logging
+from dataclasses import dataclass, field
+from typing import Callable
+
+from lbagent.inventory import Inventory
+
+log = logging.getLogger(__name__)
+
+
+@dataclass
+class GarbageCollector:
+    host: object  # OvnHost: inventory() and delete_orphan(kind, name)
+    haproxy: object  # HaproxyManager: lb_ids_on_disk(), apply(lb_id, None)
+    max_deletions: int = 50
+    marked: set[tuple[str, str]] = field(default_factory=set)
+
+    async def run_once(self, in_use: Callable[[], Inventory]) -> list[tuple[str, str]]:
+        found = await self.host.inventory()
+        found = Inventory(found.netns, found.links, found.ovs_ports, frozenset(self.haproxy.lb_ids_on_disk()))
+        # Asked after the inventory, and again before each deletion: a load
+        # balancer added meanwhile claims its objects back.
+        orphans = found.minus(in_use())
+        # haproxy first: it must stop binding an address before the link goes.
+        due = sorted(orphans & self.marked, key=lambda item: (item[0] != "haproxy", item))
+        self.marked = orphans - set(due[: self.max_deletions])
+        deleted = []
+        for kind, name in due[: self.max_deletions]:
+            if (kind, name) not in found.minus(in_use()):
+                continue
+            try:
+                if kind == "haproxy":
+                    await self.haproxy.apply(name, None)
+                else:
+                    await self.host.delete_orphan(kind, name)
+            except Exception as exc:  # try again next pass
+                log.warning("action=gc object=%s name=%s result=error error=%r", kind, name, str(exc))
+                self.marked.add((kind, name))
+                continue
+            log.info("action=gc object=%s name=%s result=deleted", kind, name)
+            deleted.append((kind, name))
+        return deleted
