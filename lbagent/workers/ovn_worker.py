@@ -171,7 +171,7 @@ class OvnWorker:
             self._netdev = await self._host.bridge_is_netdev()
         spec = plan.host_spec(lb, subnet, allocation, members, self._netdev)
         self.runtime[lb.id].observation = await self._host.converge(spec)
-        text = render_loadbalancer(lb, allocation.outer, members)
+        text = render_loadbalancer(lb, allocation.outer, members, inner=allocation.inner)
         if await self._haproxy.apply(lb.id, text):
             log.info("lb=%s object=haproxy action=reload", lb.id)
 

@@ -1,0 +1,441 @@
+"""A VPC inside an `OvnSandbox`: OVN logical switch + router, and hosts in namespaces.
+
+This module owns every object one `Vpc` creates (logical switches, router,
+router ports, logical switch ports, network namespaces, veth pairs, OVS
+ports on br-int and the HTTP server processes in the namespaces) and removes
+exactly those again. Every name carries the VPC's prefix: namespaces are
+`<prefix>-<host>`, host-side links `<prefix><hash6>h` (≤ 15 characters, the
+hash of the host name so two hosts never collide), OVN objects `<prefix>-...`.
+The only exception is the load balancer port `iface/lb/<id>`, whose name the
+agent dictates; it lives on the VPC's switch and goes with it.
+
+What was created is recorded before it is created, optionally in a JSON
+file, so that `cleanup()` works after a partial failure and from another
+process (`Vpc.restore`, used by `demo down`).
+
+Addresses must lie in 198.18.0.0/15: the benchmarking range, routed nowhere
+on the test machines.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import ipaddress
+import json
+import re
+import subprocess
+import sys
+from dataclasses import asdict, dataclass, field, fields
+from pathlib import Path
+from typing import Any
+
+from devtools.sandbox import (
+    INTEGRATION_BRIDGE,
+    CommandError,
+    OvnSandbox,
+    WaitAborted,
+    link_names,
+    run,
+    stop_pid,
+    wait_for,
+    which,
+)
+
+# CommandError is re-exported: VpcHost.run/curl raise it.
+__all__ = ["ALLOWED_RANGE", "CommandError", "Vpc", "VpcHost", "lb_port_name"]
+
+ALLOWED_RANGE = ipaddress.ip_network("198.18.0.0/15")
+PREFIX_RE = re.compile(r"^[a-z][a-z0-9]{0,7}$")
+ROUTER_MAC = "00:00:5e:00:53:01"  # RFC 7042 documentation MAC range
+NS_IFNAME = "eth0"
+
+# Marker in the HTTP server's command line: proves a recorded pid is still
+# our server before we signal it.
+HTTPD_MARKER = "lbagent-devtools-httpd"
+HTTPD_CODE = f"""# {HTTPD_MARKER}
+import http.server, sys
+BODY = (sys.argv[1] + "\\n").encode()
+
+class Handler(http.server.BaseHTTPRequestHandler):
+    def _answer(self, with_body=True):
+        self.send_response(200)
+        self.send_header("Content-Type", "text/plain")
+        self.send_header("Content-Length", str(len(BODY)))
+        self.end_headers()
+        if with_body:
+            self.wfile.write(BODY)
+
+    # haproxy's httpchk defaults to OPTIONS; answer every method alike.
+    do_GET = do_POST = do_OPTIONS = _answer
+
+    def do_HEAD(self):
+        self._answer(with_body=False)
+
+    def log_message(self, *args):
+        pass
+
+http.server.ThreadingHTTPServer.allow_reuse_address = True
+http.server.ThreadingHTTPServer(("0.0.0.0", int(sys.argv[2])), Handler).serve_forever()
+"""
+
+# iputils-ping is not among the machine's packages: a minimal ICMP echo in
+# Python (raw socket, root inside the namespace) instead.
+PING_CODE = """
+import os, socket, struct, sys, time
+dst, deadline = sys.argv[1], time.monotonic() + float(sys.argv[2])
+ident, payload = os.getpid() & 0xFFFF, b"lbagent-devtools-ping!"  # even length for the checksum
+
+def checksum(data):
+    total = sum(struct.unpack(f"!{len(data) // 2}H", data))
+    total = (total >> 16) + (total & 0xFFFF)
+    return ~(total + (total >> 16)) & 0xFFFF
+
+sock = socket.socket(socket.AF_INET, socket.SOCK_RAW, socket.IPPROTO_ICMP)
+seq = 0
+while time.monotonic() < deadline:
+    seq += 1
+    header = struct.pack("!BBHHH", 8, 0, 0, ident, seq)
+    packet = struct.pack("!BBHHH", 8, 0, checksum(header + payload), ident, seq) + payload
+    sent = time.monotonic()
+    sock.sendto(packet, (dst, 0))
+    while (left := min(sent + 0.5, deadline) - time.monotonic()) > 0:
+        sock.settimeout(left)
+        try:
+            data, (src, _) = sock.recvfrom(2048)
+        except socket.timeout:
+            break
+        ihl = (data[0] & 0x0F) * 4
+        kind, _, _, rid, rseq = struct.unpack("!BBHHH", data[ihl:ihl + 8])
+        if kind == 0 and rid == ident and src == dst:
+            print(f"reply from {dst}: icmp_seq={rseq} time={(time.monotonic() - sent) * 1000:.1f} ms")
+            sys.exit(0)
+sys.exit(f"no ICMP echo reply from {dst}")
+"""
+
+
+def lb_port_name(lb_id: str) -> str:
+    """The logical switch port the agent binds a load balancer to."""
+    return f"iface/lb/{lb_id}"
+
+
+def _check_in_range(value: ipaddress.IPv4Address | ipaddress.IPv4Network, what: str) -> None:
+    if isinstance(value, ipaddress.IPv4Network):
+        inside = value.subnet_of(ALLOWED_RANGE)
+    else:
+        inside = value in ALLOWED_RANGE
+    if not inside:
+        raise ValueError(f"{what} {value} is outside {ALLOWED_RANGE}: test addresses must stay in it")
+
+
+def _parse_subnet(cidr: str, gateway: str) -> tuple[ipaddress.IPv4Network, ipaddress.IPv4Address]:
+    net, gw = ipaddress.IPv4Network(cidr), ipaddress.IPv4Address(gateway)
+    _check_in_range(net, "subnet")
+    if gw not in net:
+        raise ValueError(f"gateway {gw} is not in {net}")
+    return net, gw
+
+
+@dataclass
+class _Subnet:
+    cidr: str
+    gateway: str
+    switch: str
+    router_port: str
+    switch_router_port: str
+
+    @property
+    def prefixlen(self) -> int:
+        return ipaddress.ip_network(self.cidr).prefixlen
+
+
+@dataclass
+class VpcHost:
+    """A namespace plugged into the VPC, optionally running an HTTP server."""
+
+    name: str
+    netns: str
+    ip: str
+    mac: str
+    lsp: str
+    host_if: str
+    subnet: int = 0
+    http_port: int | None = None
+    http_pid: int | None = None
+    _proc: subprocess.Popen | None = field(default=None, repr=False, compare=False)
+
+    def run(self, *cmd: str, timeout: float = 30, check: bool = True) -> str:
+        """Run a command inside the host's namespace; return stdout."""
+        return run("ip", "netns", "exec", self.netns, *cmd, timeout=timeout, check=check)
+
+    def curl(self, url: str, timeout: float = 5) -> str:
+        """GET `url` from inside the namespace; return the body (CommandError on failure)."""
+        # --noproxy: an http_proxy in the environment must not divert VPC traffic.
+        return self.run("curl", "-sS", "--fail", "--noproxy", "*", "--max-time", str(timeout), url,
+                        timeout=timeout + 5)
+
+    def ping(self, ip: str, timeout: float = 5) -> str:
+        """Ping until one reply arrives (the first may wait for ARP) or `timeout` passes."""
+        return self.run(sys.executable, "-c", PING_CODE, ip, str(timeout), timeout=timeout + 5)
+
+    def start_http(self, text: str, port: int = 8000, timeout: float = 10) -> None:
+        """Start the HTTP server answering `text` + newline; return once it answers."""
+        self.stop_http()
+        self._proc = subprocess.Popen(
+            [which("ip") or "ip", "netns", "exec", self.netns, sys.executable, "-c", HTTPD_CODE, text,
+             str(port)],
+            stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+            # Its own session: a Ctrl-C meant for the test runner must not
+            # take it down mid-test, and the demo's servers outlive `up`.
+            start_new_session=True,
+        )
+        # `ip netns exec` execs the command, so this pid is the server itself.
+        self.http_pid, self.http_port = self._proc.pid, port
+
+        def answers() -> bool:
+            if self._proc is not None and self._proc.poll() is not None:
+                raise WaitAborted(f"HTTP server in {self.netns} exited with {self._proc.returncode}")
+            return self.curl(f"http://127.0.0.1:{port}/", timeout=1) == text + "\n"
+
+        wait_for(answers, timeout, f"HTTP server in {self.netns} on port {port}")
+
+    def stop_http(self) -> None:
+        if self.http_pid is not None:
+            stop_pid(self.http_pid, expect=HTTPD_MARKER, what=f"HTTP server in {self.netns}")
+        if self._proc is not None:
+            self._proc.wait(timeout=5)  # reap it: we are its parent
+            self._proc = None
+        self.http_pid = None
+
+    def record(self) -> dict[str, Any]:
+        """The persistent fields (not the Popen handle, which only this process can use)."""
+        return {f.name: getattr(self, f.name) for f in fields(self) if not f.name.startswith("_")}
+
+
+class Vpc:
+    """One VPC: switch `<prefix>-ls` + router `<prefix>-lr` with the gateway address.
+
+    Construction creates the OVN objects (and removes them again if that
+    fails). `state_file`, when given, receives the record of everything
+    created, for `Vpc.restore`.
+    """
+
+    def __init__(self, sandbox: OvnSandbox, prefix: str, cidr: str = "198.18.0.0/24",
+                 gateway: str = "198.18.0.1", *, state_file: Path | None = None,
+                 _record: dict[str, Any] | None = None):
+        if not PREFIX_RE.match(prefix):
+            raise ValueError(f"prefix {prefix!r} must be 1-8 of [a-z0-9], starting with a letter "
+                             "(it goes into 15-character interface names)")
+        self.sandbox = sandbox
+        self.prefix = prefix
+        self.router = f"{prefix}-lr"
+        self.state_file = Path(state_file) if state_file else None
+        self.subnets: list[_Subnet] = []
+        self.hosts: dict[str, VpcHost] = {}
+        self.lb_ports: dict[str, str] = {}  # lb id -> switch name
+        if _record is not None:
+            self._load(_record)
+            return
+        _parse_subnet(cidr, gateway)  # refuse bad addresses before creating anything
+        try:
+            self._save()
+            self.sandbox.nbctl("lr-add", self.router)
+            self.add_subnet(cidr, gateway)
+        except BaseException:
+            self.cleanup()
+            raise
+
+    # -- persistence ---------------------------------------------------------
+
+    @classmethod
+    def restore(cls, sandbox: OvnSandbox, state_file: Path) -> Vpc:
+        """Rebuild a Vpc from its state file (e.g. to clean it up from another process)."""
+        record = json.loads(Path(state_file).read_text())
+        return cls(sandbox, record["prefix"], state_file=state_file, _record=record)
+
+    def _load(self, record: dict[str, Any]) -> None:
+        self.subnets = [_Subnet(**s) for s in record.get("subnets", [])]
+        self.hosts = {h["name"]: VpcHost(**h) for h in record.get("hosts", [])}
+        self.lb_ports = dict(record.get("lb_ports", {}))
+
+    def _save(self) -> None:
+        if self.state_file is None:
+            return
+        record = {
+            "prefix": self.prefix,
+            "subnets": [asdict(s) for s in self.subnets],
+            "hosts": [h.record() for h in self.hosts.values()],
+            "lb_ports": self.lb_ports,
+        }
+        tmp = self.state_file.with_suffix(".tmp")
+        tmp.write_text(json.dumps(record, indent=2))
+        tmp.replace(self.state_file)
+
+    # -- OVN -----------------------------------------------------------------
+
+    @property
+    def switch(self) -> str:
+        """The first subnet's logical switch."""
+        return self.subnets[0].switch
+
+    @property
+    def cidr(self) -> str:
+        return self.subnets[0].cidr
+
+    @property
+    def gateway(self) -> str:
+        return self.subnets[0].gateway
+
+    def add_subnet(self, cidr: str, gateway: str) -> int:
+        """Add a switch for `cidr` attached to the router; return the subnet's index."""
+        net, gw = _parse_subnet(cidr, gateway)
+        index = len(self.subnets)
+        suffix = "" if index == 0 else str(index)
+        subnet = _Subnet(cidr=str(net), gateway=str(gw), switch=f"{self.prefix}-ls{suffix}",
+                         router_port=f"{self.prefix}-lrp{index}",
+                         switch_router_port=f"{self.prefix}-ls{suffix}-rp")
+        self.subnets.append(subnet)
+        self._save()
+        mac = ROUTER_MAC[:-2] + f"{index + 1:02x}"
+        self.sandbox.nbctl(
+            "ls-add", subnet.switch,
+            "--", "lrp-add", self.router, subnet.router_port, mac, f"{gw}/{net.prefixlen}",
+            "--", "lsp-add", subnet.switch, subnet.switch_router_port,
+            "--", "lsp-set-type", subnet.switch_router_port, "router",
+            "--", "lsp-set-addresses", subnet.switch_router_port, "router",
+            "--", "lsp-set-options", subnet.switch_router_port, f"router-port={subnet.router_port}",
+        )
+        return index
+
+    def add_lb_port(self, lb_id: str, mac: str, ip: str, subnet: int = 0) -> str:
+        """Create the LSP `iface/lb/<lb_id>` the agent's load balancer binds to; return its name."""
+        _check_in_range(ipaddress.ip_address(ip), "load balancer address")
+        name = lb_port_name(lb_id)
+        self.lb_ports[lb_id] = self.subnets[subnet].switch
+        self._save()
+        self.sandbox.nbctl("lsp-add", self.subnets[subnet].switch, name,
+                           "--", "lsp-set-addresses", name, f"{mac} {ip}")
+        return name
+
+    def del_lb_port(self, lb_id: str) -> None:
+        self.sandbox.nbctl("--if-exists", "lsp-del", lb_port_name(lb_id))
+        self.lb_ports.pop(lb_id, None)
+        self._save()
+
+    # -- hosts ---------------------------------------------------------------
+
+    def add_host(self, name: str, ip: str, mac: str | None = None, http_text: str | None = None,
+                 http_port: int = 8000, subnet: int = 0, timeout: float = 30) -> VpcHost:
+        """A namespace `<prefix>-<name>` on the VPC, bound through OVN, optionally serving HTTP."""
+        if name in self.hosts:
+            raise ValueError(f"host {name!r} already exists in VPC {self.prefix}")
+        net = self.subnets[subnet]
+        addr = ipaddress.ip_address(ip)
+        _check_in_range(addr, "host address")
+        if addr not in ipaddress.ip_network(net.cidr):
+            raise ValueError(f"{addr} is not in subnet {net.cidr}")
+        digest = hashlib.sha1(f"{self.prefix}-{name}".encode()).hexdigest()[:6]
+        host = VpcHost(name=name, netns=f"{self.prefix}-{name}", ip=str(addr),
+                       mac=mac or _mac_for(addr), lsp=f"{self.prefix}-{name}",
+                       host_if=f"{self.prefix}{digest}h", subnet=subnet)
+        self.hosts[name] = host
+        self._save()  # before creating anything, so cleanup() knows what to look for
+        self._plumb(host, net)
+        self._bind(host, net, timeout)
+        if http_text is not None:
+            host.start_http(http_text, http_port)
+            self._save()
+        return host
+
+    def _plumb(self, host: VpcHost, net: _Subnet) -> None:
+        """Namespace, veth pair (namespace end created directly inside it), addresses, route."""
+        run("ip", "netns", "add", host.netns)
+        run("ip", "link", "add", host.host_if, "type", "veth",
+            "peer", "name", NS_IFNAME, "netns", host.netns)
+        ns = ("ip", "-n", host.netns)
+        run(*ns, "link", "set", NS_IFNAME, "address", host.mac)
+        run(*ns, "addr", "add", f"{host.ip}/{net.prefixlen}", "dev", NS_IFNAME)
+        run(*ns, "link", "set", "lo", "up")
+        run(*ns, "link", "set", NS_IFNAME, "up")
+        run(*ns, "route", "add", "default", "via", net.gateway)
+        # The userspace datapath delivers frames as the sender left them: with
+        # TX checksum offload on, TCP segments arrive with bad checksums and are
+        # dropped (ping still works). Checksums must be computed in software.
+        run("ip", "netns", "exec", host.netns, "ethtool", "-K", NS_IFNAME, "tx", "off")
+        run("ip", "link", "set", host.host_if, "up")
+
+    def _bind(self, host: VpcHost, net: _Subnet, timeout: float) -> None:
+        """LSP with the host's addresses, OVS port with its iface-id; wait for ovn-installed."""
+        self.sandbox.nbctl("lsp-add", net.switch, host.lsp,
+                           "--", "lsp-set-addresses", host.lsp, f"{host.mac} {host.ip}")
+        self.sandbox.vsctl("add-port", INTEGRATION_BRIDGE, host.host_if,
+                           "--", "set", "Interface", host.host_if, f"external_ids:iface-id={host.lsp}")
+        wait_for(lambda: self.sandbox.vsctl("--if-exists", "get", "Interface", host.host_if,
+                                            "external_ids:ovn-installed").strip() == '"true"',
+                 timeout, f"ovn-installed=true on {host.host_if} ({host.lsp})")
+
+    # -- teardown ------------------------------------------------------------
+
+    def cleanup(self) -> None:
+        """Remove everything this VPC created. Idempotent; tolerant of partial state.
+
+        Keeps going past individual failures and raises one error listing
+        them at the end, so leaks are never silent.
+        """
+        errors: list[str] = []
+
+        def attempt(what: str, fn, *args) -> None:
+            try:
+                fn(*args)
+            except Exception as exc:  # noqa: BLE001 - collected and raised below
+                errors.append(f"{what}: {exc}")
+
+        # A database whose server is gone took its rows with it (and would
+        # only make the ctl commands wait for their timeout).
+        ovs_up, nb_up = self.sandbox.ovs_db_running(), self.sandbox.nb_db_running()
+        for host in list(self.hosts.values()):
+            attempt(f"HTTP server of {host.name}", host.stop_http)
+            if ovs_up:
+                attempt(f"OVS port {host.host_if}", self.sandbox.vsctl,
+                        "--if-exists", "del-port", INTEGRATION_BRIDGE, host.host_if)
+            attempt(f"link {host.host_if}", _del_link, host.host_if)
+            attempt(f"netns {host.netns}", _del_netns, host.netns)
+        ovn_cmd: list[str] = []
+        for lb_id in self.lb_ports:
+            ovn_cmd += ["--", "--if-exists", "lsp-del", lb_port_name(lb_id)]
+        for host in self.hosts.values():
+            ovn_cmd += ["--", "--if-exists", "lsp-del", host.lsp]
+        for net in self.subnets:
+            ovn_cmd += ["--", "--if-exists", "ls-del", net.switch]
+        ovn_cmd += ["--", "--if-exists", "lr-del", self.router]
+        if nb_up:
+            attempt("OVN objects", self.sandbox.nbctl, *ovn_cmd)
+        if errors:
+            self._save()
+            raise RuntimeError(f"VPC {self.prefix} cleanup incomplete: " + "; ".join(errors))
+        self.hosts.clear()
+        self.lb_ports.clear()
+        self.subnets.clear()
+        if self.state_file is not None:
+            self.state_file.unlink(missing_ok=True)
+
+
+def _mac_for(addr: ipaddress.IPv4Address) -> str:
+    """A locally administered unicast MAC carrying the address (0a:58 as ovn-kubernetes does)."""
+    return "0a:58:" + ":".join(f"{b:02x}" for b in addr.packed)
+
+
+def _del_link(name: str) -> None:
+    if name in link_names():
+        run("ip", "link", "del", name)
+
+
+def _del_netns(name: str) -> None:
+    if name not in run("ip", "netns", "list").split():
+        return
+    # Whatever still runs in a namespace we created was started by us (a
+    # server whose pid never got recorded): it would keep the namespace's
+    # network alive after `ip netns del`.
+    for pid in run("ip", "netns", "pids", name).split():
+        stop_pid(int(pid), expect="", what=f"process {pid} left in netns {name}")
+    run("ip", "netns", "del", name)
+

@@ -1,0 +1,187 @@
+"""`Agent`: wires configuration, OVS, namespaces, haproxy, the supervisor and the API.
+
+It owns the start-up order (state first, then OVS, then haproxy, then the
+load balancer tasks), the status document of api.md, and shutdown, which
+stops the agent's own tasks and threads but leaves the data path serving.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import random
+from datetime import datetime, timezone
+
+from lbagent import __version__
+from lbagent.config import Config
+from lbagent.counters import set_lb_states, write_counts
+from lbagent.errors import InvalidDesiredState
+from lbagent.haproxy.manager import HaproxyManager
+from lbagent.model import DesiredState, parse_desired_state
+from lbagent.naming import interface_names, netns_name
+from lbagent.ovnhost.host import OvnHost
+from lbagent.ovnhost.netns import NamespaceExecutor
+from lbagent.ovnhost.ovs import OvsClient
+from lbagent.state import PersistedState, StateFileError, StateStore
+from lbagent.status import backend_health, loadbalancer_status
+from lbagent.workers.gc import GarbageCollector
+from lbagent.workers.ovn_worker import OvnWorker
+
+log = logging.getLogger(__name__)
+
+NAMESPACE_THREADS = 4
+HAPROXY_SUPERVISE_INTERVAL = 1.0
+
+
+class Agent:
+    def __init__(self, config: Config):
+        self.config = config
+        self.started_at = datetime.now(timezone.utc).isoformat(timespec="seconds")
+        self.store = StateStore(config.agent.state_dir)
+        self.ovs = OvsClient(config.ovs.db, config.ovs.integration_bridge, config.agent.host)
+        self.namespaces = NamespaceExecutor("netns", NAMESPACE_THREADS)
+        self.iptc = NamespaceExecutor("iptc", 1)
+        self.haproxy = HaproxyManager(config.haproxy.binary, config.agent.run_dir,
+                                      prometheus_listen=config.haproxy.prometheus_listen)
+        self.host = OvnHost(self.ovs, self.namespaces, self.iptc)
+        self.worker = OvnWorker(self.host, self.haproxy, self.store, config.agent.resync_interval)
+        self.gc = GarbageCollector(self.host, self.haproxy, config.agent.gc_max_deletions_per_pass)
+        self.state_error: str | None = None
+        self._background: list[asyncio.Task] = []
+
+    async def start(self) -> None:
+        self.config.agent.run_dir.mkdir(parents=True, exist_ok=True, mode=0o700)
+        persisted, desired = self._load_state()
+        await asyncio.to_thread(self.ovs.start)
+        await self.haproxy.start()
+        self.worker.restore(persisted, desired)
+        self._background.append(asyncio.create_task(self._supervise_haproxy(), name="haproxy-supervisor"))
+        self._background.append(asyncio.create_task(self._collect_garbage(), name="gc"))
+        log.info("action=started host=%s generation=%s", self.config.agent.host, self.worker.generation)
+
+    def _load_state(self) -> tuple[PersistedState, DesiredState | None]:
+        try:
+            persisted = self.store.load()
+        except StateFileError as exc:
+            moved = self.store.quarantine()
+            self.state_error = f"{exc}; moved aside to {moved}"
+            log.error("action=load_state result=error error=%r", self.state_error)
+            return PersistedState(), None
+        if persisted.desired is None:
+            return persisted, None
+        try:
+            return persisted, parse_desired_state(persisted.desired)
+        except InvalidDesiredState as exc:
+            self.state_error = f"persisted desired state no longer valid: {exc}"
+            log.error("action=load_state result=error error=%r", self.state_error)
+            return PersistedState(None, persisted.allocations), None
+
+    async def _supervise_haproxy(self) -> None:
+        while True:
+            await asyncio.sleep(HAPROXY_SUPERVISE_INTERVAL)
+            try:
+                await self.haproxy.supervise_once()
+            except Exception as exc:  # keep supervising; the error is in status
+                log.warning("object=haproxy action=supervise result=error error=%r", str(exc))
+
+    async def _collect_garbage(self) -> None:
+        while True:
+            await asyncio.sleep(self.config.agent.resync_interval * random.uniform(0.8, 1.2))
+            # Nothing is swept before the complete desired state is known and
+            # the first pass over it has finished.
+            if self.not_ready_reason() is not None:
+                continue
+            try:
+                await self.gc.run_once(self.worker.in_use)
+            except Exception as exc:  # next interval tries again
+                log.warning("action=gc result=error error=%r", str(exc))
+
+    async def stop(self) -> None:
+        """Stop the agent itself; namespaces, rules, ports and haproxy keep serving."""
+        for task in self._background:
+            task.cancel()
+        await asyncio.gather(*self._background, return_exceptions=True)
+        await self.worker.stop()
+        await asyncio.to_thread(self.ovs.stop)
+        self.namespaces.shutdown()
+        self.iptc.shutdown()
+
+    # --- API-facing ------------------------------------------------------------
+
+    async def refresh(self, desired: DesiredState, raw: dict) -> int:
+        generation = await self.worker.apply(desired, raw)
+        self.state_error = None
+        return generation
+
+    def not_ready_reason(self) -> str | None:
+        if self.worker.desired is None:
+            return "no complete desired state yet (none persisted, no refresh received)"
+        if not self.worker.first_pass_done():
+            return "first reconcile pass not finished"
+        return None
+
+    def results(self, generation: int) -> dict:
+        return {
+            "generation": generation,
+            "loadbalancers": [
+                {"id": t.lb_id, "state": t.state, "generation": t.generation, "last_error": t.last_error}
+                for t in sorted(self.worker.tasks.values(), key=lambda t: t.lb_id)
+            ],
+        }
+
+    async def status(self) -> dict:
+        health = await self._server_health()
+        lbs = [self._lb_status(lb_id, health) for lb_id in sorted(self.worker.tasks)]
+        return {
+            "agent": {
+                "version": __version__,
+                "host": self.config.agent.host,
+                "synced": self.worker.desired is not None and self.worker.settled(self.worker.generation),
+                "generation": self.worker.generation,
+                "started_at": self.started_at,
+                "ready": self.not_ready_reason() is None,
+                "state_error": self.state_error,
+                "haproxy": self.haproxy.status(),
+                "writes": write_counts(),
+            },
+            "loadbalancers": lbs,
+            "subnets": self._subnet_status(),
+            "provider_networks": [],
+            "pods": {"count": len(self.worker.desired.pods) if self.worker.desired else 0},
+        }
+
+    async def loadbalancer_status(self, lb_id: str) -> dict | None:
+        if lb_id not in self.worker.tasks:
+            return None
+        return self._lb_status(lb_id, await self._server_health())
+
+    async def _server_health(self) -> dict:
+        try:
+            return await self.haproxy.server_states()
+        except Exception as exc:  # health is best effort; the data path is what matters
+            log.debug("object=haproxy action=stats result=error error=%r", str(exc))
+            return {}
+
+    def _lb_status(self, lb_id: str, health: dict) -> dict:
+        worker = self.worker
+        task = worker.tasks[lb_id]
+        allocation = worker.allocations.get(lb_id)
+        lb = worker.desired.loadbalancer(lb_id) if worker.desired and not task.deleting else None
+        names = interface_names(lb_id, allocation.salt) if allocation else None
+        runtime = worker.runtime.get(lb_id)
+        return loadbalancer_status(task, lb, allocation, names, netns_name(lb_id),
+                                   runtime.observation if runtime else None,
+                                   backend_health(health, lb_id))
+
+    def _subnet_status(self) -> list[dict]:
+        desired = self.worker.desired
+        if desired is None:
+            return []
+        return [
+            {"id": s.id, "state": "ready",
+             "loadbalancers": sum(1 for lb in desired.loadbalancers if lb.network.subnet_id == s.id)}
+            for s in desired.subnets
+        ]
+
+    def update_gauges(self) -> None:
+        set_lb_states(t.state for t in self.worker.tasks.values())

@@ -1,0 +1,68 @@
+"""`lbagent cleanup`: remove everything this agent created on this host, and only that.
+
+What is ours is what our state file allocated and what carries our marks: OVS
+interfaces whose owner key names this agent's host, and the namespaces and
+links derived from those load balancers' ids. Other agents' and foreign
+objects are never touched, even if their names look alike.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import os
+
+from lbagent.config import Config
+from lbagent.haproxy.manager import HaproxyManager
+from lbagent.naming import INTERFACE_RE, InterfaceNames, interface_names, netns_name
+from lbagent.ovnhost import datapath
+from lbagent.ovnhost.netns import delete_netns
+from lbagent.ovnhost.ovs import OvsClient
+from lbagent.state import StateFileError, StateStore
+
+
+def _names_from_port(port: str) -> InterfaceNames | None:
+    if not INTERFACE_RE.match(port) or not port.startswith("o"):
+        return None
+    tag = port[1:-1]
+    return InterfaceNames(f"o{tag}0", f"o{tag}1", f"h{tag}0", f"h{tag}1")
+
+
+async def cleanup_host(config: Config) -> list[str]:
+    report: list[str] = []
+    haproxy = HaproxyManager(config.haproxy.binary, config.agent.run_dir)
+    if await haproxy.stop():
+        report.append("stopped haproxy")
+    report += [f"removed haproxy file {f}" for f in await asyncio.to_thread(haproxy.remove_files)]
+
+    store = StateStore(config.agent.state_dir)
+    try:
+        allocations = store.load().allocations
+    except StateFileError as exc:
+        report.append(f"warning: state file unreadable ({exc}); cleaning by OVS marks only")
+        allocations = {}
+    owned: dict[str, InterfaceNames] = {lb_id: interface_names(lb_id, a.salt) for lb_id, a in allocations.items()}
+
+    ovs = OvsClient(config.ovs.db, config.ovs.integration_bridge, config.agent.host)
+    try:
+        await asyncio.to_thread(ovs.start)
+        for port, lb_id in (await asyncio.to_thread(ovs.owned_ports)).items():
+            names = _names_from_port(port)
+            if lb_id and names is not None:
+                owned.setdefault(lb_id, names)
+            await asyncio.to_thread(ovs.delete_port, port)
+            report.append(f"removed OVS port {port}")
+    except Exception as exc:  # OVS may be down; the rest can still be cleaned
+        report.append(f"warning: OVS ports not cleaned: {exc}")
+    finally:
+        await asyncio.to_thread(ovs.stop)
+
+    for lb_id, names in sorted(owned.items()):
+        report += [f"removed link {n}" for n in await asyncio.to_thread(datapath.delete_host_links, names)]
+        netns = netns_name(lb_id)
+        if os.path.exists(f"/run/netns/{netns}"):
+            await asyncio.to_thread(delete_netns, netns)
+            report.append(f"removed namespace {netns}")
+    if store.path.exists():
+        store.path.unlink()
+        report.append(f"removed state file {store.path}")
+    return report or ["nothing to clean up"]

@@ -1,0 +1,80 @@
+"""The `lbagent` command: run the agent, show status, clean up the host."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import sys
+from pathlib import Path
+
+import click
+
+from lbagent.config import DEFAULT_CONFIG_PATH, load_config
+from lbagent.errors import ConfigError
+
+CONFIG_OPTION = click.option(
+    "--config", "config_path", type=click.Path(path_type=Path), default=None,
+    help=f"configuration file (default {DEFAULT_CONFIG_PATH} if it exists)",
+)
+
+
+def _load(config_path: Path | None):
+    if config_path is None and DEFAULT_CONFIG_PATH.exists():
+        config_path = DEFAULT_CONFIG_PATH
+    try:
+        return load_config(config_path)
+    except ConfigError as exc:
+        raise click.ClickException(str(exc)) from None
+
+
+@click.group()
+@click.version_option(package_name="lbagent")
+def main() -> None:
+    """Host agent for VPC load balancers on OVN gateway hosts."""
+
+
+@main.command()
+@CONFIG_OPTION
+def run(config_path: Path | None) -> None:
+    """Run the agent in the foreground (what the systemd unit starts)."""
+    from lbagent.logs import setup_logging
+    from lbagent.server import serve
+
+    config = _load(config_path)
+    setup_logging(config.agent.log_level, config.agent.log_format)
+    asyncio.run(serve(config))
+
+
+@main.command()
+@CONFIG_OPTION
+@click.option("--json", "as_json", is_flag=True, help="print the status document as JSON")
+@click.argument("lb_id", required=False)
+def status(config_path: Path | None, as_json: bool, lb_id: str | None) -> None:
+    """Show the agent's status (from the running agent, or the state directory)."""
+    from lbagent.statusview import collect_status, render_status
+
+    config = _load(config_path)
+    document, source = collect_status(config)
+    if lb_id is not None:
+        matches = [lb for lb in document.get("loadbalancers", []) if lb["id"] == lb_id]
+        if not matches:
+            raise click.ClickException(f"no load balancer {lb_id!r} on this host")
+        document = {**document, "loadbalancers": matches}
+    if as_json:
+        click.echo(json.dumps({**document, "source": source}, indent=2))
+    else:
+        click.echo(render_status(document, source, color=sys.stdout.isatty(), detail=lb_id is not None))
+
+
+@main.command()
+@CONFIG_OPTION
+@click.option("--yes", is_flag=True, help="do not ask for confirmation")
+def cleanup(config_path: Path | None, yes: bool) -> None:
+    """Remove everything the agent created on this host (and only that)."""
+    from lbagent.cleanup import cleanup_host
+
+    config = _load(config_path)
+    if not yes and sys.stdin.isatty():
+        click.confirm("Remove every load balancer namespace, link, OVS port and haproxy of lbagent?", abort=True)
+    for line in asyncio.run(cleanup_host(config)):
+        click.echo(line)

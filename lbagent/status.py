@@ -1,0 +1,63 @@
+"""The status document of one load balancer (api.md "Status"), built from what
+the supervisor knows and what the last pass observed. Never includes secrets:
+certificates and keys are not part of it.
+"""
+
+from __future__ import annotations
+
+HEALTH_WORDS = (("UP", "up"), ("DOWN", "down"), ("NOLB", "draining"), ("MAINT", "maint"), ("no check", "unchecked"))
+
+
+def backend_health(server_states: dict[tuple[str, str], str], lb_id: str) -> dict[str, str]:
+    """Server name -> health word for one load balancer, merged over its listeners
+    (a backend serving two listeners is up if any of its checks says so)."""
+    prefix = f"be_{lb_id}_"
+    merged: dict[str, str] = {}
+    for (backend, server), raw in server_states.items():
+        if not backend.startswith(prefix):
+            continue
+        word = next((w for key, w in HEALTH_WORDS if raw.startswith(key)), "unknown")
+        if merged.get(server) != "up":
+            merged[server] = word
+    return merged
+
+
+def loadbalancer_status(task, lb, allocation, names, netns: str, observation, health: dict[str, str]) -> dict:
+    ports = allocation.ports if allocation else {}
+    listeners = []
+    backends = []
+    if lb is not None:
+        for listener in lb.listeners:
+            state = task.state if listener.enabled and lb.enabled else "disabled"
+            listeners.append({"id": listener.id, "listener_type": listener.listener_type,
+                              "listener_port": listener.listener_port, "state": state})
+        seen = set()
+        for group in lb.backend_groups:
+            for backend in group.backends:
+                if backend.id in seen:
+                    continue
+                seen.add(backend.id)
+                backends.append({"id": backend.id, "group": group.id, "address": backend.address,
+                                 "port": backend.port, "weight": backend.weight,
+                                 "mapped_port": ports.get(backend.id),
+                                 "health": health.get(backend.id, "unknown")})
+    return {
+        "id": task.lb_id,
+        "state": task.state,
+        "status": lb.status if lb is not None else None,
+        "generation": task.generation,
+        "netns": netns,
+        "vip": lb.network.ip if lb is not None else None,
+        "inner": allocation.inner if allocation else None,
+        "outer": allocation.outer if allocation else None,
+        "interfaces": {"ovn": [names.ovn_ns, names.ovn_host], "haproxy": [names.haproxy_ns, names.haproxy_host]}
+        if names else None,
+        "ovs_port": observation.ovs_port if observation else None,
+        "ovn_installed": observation.ovn_installed if observation else False,
+        "listeners": listeners,
+        "backends": backends,
+        "last_error": task.last_error,
+        "retries": task.retries,
+        "passes": task.passes,
+        "last_reconciled_at": task.last_reconciled_at,
+    }

@@ -1,0 +1,94 @@
+"""Fixtures for functional tests: a private OVS/OVN sandbox and per-test VPCs.
+
+This file owns the test-session sandbox (one for the whole session; starting
+OVS + OVN takes about a second, but two sandboxes cannot run side by side), a
+unique prefix per test and a VPC per test that is removed afterwards even
+when the test fails. The topology itself lives in `devtools` so that the demo
+builds exactly what the tests exercise.
+
+Every test in this directory needs root and the OVS/OVN/iproute2 tools; without
+them the directory is skipped with the reason. Any other problem (a sandbox
+that does not start, another sandbox running) is an error, never a skip.
+"""
+
+from __future__ import annotations
+
+import os
+import secrets
+from pathlib import Path
+
+import pytest
+
+from devtools.sandbox import OvnSandbox, required_tools, which
+from devtools.topology import Vpc
+
+from agentproc import AgentProcess
+
+HERE = Path(__file__).parent
+
+
+def _skip_reason() -> str | None:
+    if os.geteuid() != 0:
+        return "functional tests need root (network namespaces, OVS, iptables)"
+    missing = [tool for tool in required_tools() if which(tool) is None]
+    if missing:
+        return f"functional tests need {', '.join(missing)} (run `make deps`)"
+    return None
+
+
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    # A conftest hook sees the whole session's items: touch only ours.
+    reason = _skip_reason()
+    for item in items:
+        if HERE in item.path.parents:
+            item.add_marker(pytest.mark.functional)
+            if reason:
+                item.add_marker(pytest.mark.skip(reason=reason))
+
+
+@pytest.fixture(scope="session")
+def sandbox(tmp_path_factory: pytest.TempPathFactory):
+    """The session's private OVS + OVN; stopped at the end whatever happens."""
+    # Kept short: unix socket paths under it must stay below 108 bytes.
+    with OvnSandbox(tmp_path_factory.mktemp("ovn")) as sb:
+        yield sb
+
+
+@pytest.fixture
+def prefix() -> str:
+    """A unique short prefix for every object one test creates (`t` + 5 hex)."""
+    return "t" + secrets.token_hex(3)[:5]
+
+
+@pytest.fixture
+def vpc(sandbox: OvnSandbox, prefix: str):
+    """A VPC 198.18.0.0/24 (gateway .1) in the sandbox, removed after the test."""
+    v = Vpc(sandbox, prefix)
+    try:
+        yield v
+    finally:
+        v.cleanup()
+
+
+@pytest.fixture
+def agent_factory(sandbox: OvnSandbox, prefix: str, tmp_path: Path):
+    """Start `lbagent run --config FILE` against the sandbox, as systemd would.
+
+    Every agent started here is stopped and `lbagent cleanup` removes what it
+    created (namespaces, links, OVS ports, haproxy) after the test, pass or fail.
+    Each agent names a unique host, so cleanup never claims another's objects.
+    """
+    agents: list[AgentProcess] = []
+
+    def start(resync_interval: float = 30.0, extra_config: str = "") -> AgentProcess:
+        base = tmp_path / f"agent{len(agents)}"
+        agent = AgentProcess(base, sandbox.ovs_db, host=f"{prefix}-gw{len(agents)}",
+                             resync_interval=resync_interval, extra_config=extra_config, env=sandbox.env)
+        agents.append(agent)
+        return agent.start()
+
+    try:
+        yield start
+    finally:
+        for agent in agents:
+            agent.destroy()

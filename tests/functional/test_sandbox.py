@@ -1,0 +1,63 @@
+"""The test environment itself works: OVN carries ping and HTTP between VPC hosts,
+and a VPC leaves nothing behind once cleaned up."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+from devtools.sandbox import NETDEV_DEVICE, OvnSandbox, SandboxBusy, link_names, pid_alive, run
+from devtools.topology import Vpc
+
+
+def _netns_names() -> set[str]:
+    return {ns["name"] for ns in json.loads(run("ip", "-j", "netns", "list") or "[]")}
+
+
+def _lsp_names(sandbox: OvnSandbox) -> set[str]:
+    return set(sandbox.nbctl("--bare", "--columns=name", "list", "Logical_Switch_Port").split())
+
+
+def _ovn_names(sandbox: OvnSandbox, table: str) -> set[str]:
+    return set(sandbox.nbctl("--bare", "--columns=name", "list", table).split())
+
+
+def test_two_hosts_ping_and_http_through_ovn(vpc: Vpc) -> None:
+    a = vpc.add_host("a", "198.18.0.21", http_text="hello from a")
+    b = vpc.add_host("b", "198.18.0.22", http_text="hello from b")
+
+    assert "reply from 198.18.0.22" in a.ping(b.ip)
+    assert "reply from 198.18.0.1" in a.ping(vpc.gateway)
+    assert a.curl(f"http://{b.ip}:8000/") == "hello from b\n"
+    assert b.curl(f"http://{a.ip}:8000/") == "hello from a\n"
+
+
+def test_cleanup_leaves_nothing_with_the_prefix(sandbox: OvnSandbox, vpc: Vpc, prefix: str) -> None:
+    host = vpc.add_host("a", "198.18.0.21", http_text="bye")
+    vpc.add_lb_port("lb-" + prefix, "00:22:0a:00:00:12", "198.18.0.12")
+    pid = host.http_pid
+    assert host.netns in _netns_names()
+    assert host.host_if in link_names()
+
+    vpc.cleanup()
+    vpc.cleanup()  # idempotent
+
+    assert not {n for n in _netns_names() if n.startswith(prefix)}
+    assert not {n for n in link_names() if n.startswith(prefix)}
+    assert not {n for n in _lsp_names(sandbox) if prefix in n}
+    assert not {n for n in _ovn_names(sandbox, "Logical_Switch") if n.startswith(prefix)}
+    assert not {n for n in _ovn_names(sandbox, "Logical_Router") if n.startswith(prefix)}
+    assert host.host_if not in sandbox.vsctl("list-ports", "br-int").split()
+    assert pid is not None and not pid_alive(pid)
+
+
+def test_second_sandbox_is_refused_and_harmless(sandbox: OvnSandbox, tmp_path: Path) -> None:
+    other = OvnSandbox(tmp_path / "other")
+    with pytest.raises(SandboxBusy, match="make demo-down"):
+        other.start()
+    other.stop()  # must not remove the running sandbox's devices
+
+    assert NETDEV_DEVICE in link_names()
+    assert sandbox.vsctl("br-exists", "br-int") == ""

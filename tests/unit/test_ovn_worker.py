@@ -1,0 +1,170 @@
+"""OvnWorker with fake host and haproxy: allocation, persistence, task lifecycle,
+waiting, and the rule that nothing unchanged is touched."""
+
+import asyncio
+import copy
+import json
+from pathlib import Path
+
+import pytest
+
+from lbagent.model import parse_desired_state
+from lbagent.ovnhost.host import HostObservation
+from lbagent.state import StateStore
+from lbagent.workers import ovn_worker as worker_mod
+from lbagent.errors import StaleGeneration
+from lbagent.workers.ovn_worker import OvnWorker
+
+EXAMPLE = json.loads((Path(__file__).parent / "data" / "example_state.json").read_text())
+
+
+class FakeHost:
+    def __init__(self):
+        self.converged = []
+        self.removed = []
+        self.fail = set()
+
+    async def host_addresses(self):
+        return {"169.254.0.101"}
+
+    async def bridge_is_netdev(self):
+        return True
+
+    async def converge(self, spec):
+        if spec.lb_id in self.fail:
+            raise RuntimeError(f"boom {spec.lb_id}")
+        self.converged.append(spec)
+        return HostObservation(spec.links.names.ovn_host, True)
+
+    async def remove(self, lb_id, netns, names):
+        self.removed.append(lb_id)
+
+
+class FakeHaproxy:
+    def __init__(self):
+        self.configs = {}
+
+    async def apply(self, lb_id, text):
+        changed = self.configs.get(lb_id) != text
+        if text is None:
+            self.configs.pop(lb_id, None)
+        else:
+            self.configs[lb_id] = text
+        return changed
+
+
+def state(generation, lbs=None):
+    body = copy.deepcopy(EXAMPLE)
+    body["generation"] = generation
+    if lbs is not None:
+        body["loadbalancers"] = lbs
+    return body
+
+
+def lb_body(lb_id, ip="198.18.0.12", backends=("be-1",)):
+    lb = copy.deepcopy(EXAMPLE["loadbalancers"][0])
+    lb["id"] = lb_id
+    lb["network"]["ip"] = ip
+    lb["network"]["mac"] = "00:22:0a:00:00:%02x" % int(ip.rsplit(".", 1)[1])
+    lb["listeners"] = [{"id": "lsn-1", "listener_type": "tcp", "listener_port": 80, "backend_group_id": "bg-1"}]
+    lb["backend_groups"] = [{"id": "bg-1", "backends": [
+        {"id": b, "address": "198.18.0.21", "port": 8000} for b in backends]}]
+    return lb
+
+
+@pytest.fixture
+def worker(tmp_path, monkeypatch):
+    monkeypatch.setattr(worker_mod, "render_loadbalancer", lambda lb, outer, members, inner: f"{lb.id} {outer} {inner} {members}")
+    w = OvnWorker(FakeHost(), FakeHaproxy(), StateStore(tmp_path), resync_interval=3600)
+    yield w
+
+
+async def apply(worker, body):
+    return await worker.apply(parse_desired_state(body), body)
+
+
+async def test_apply_allocates_persists_and_converges(worker, tmp_path):
+    gen = await apply(worker, state(1, [lb_body("a"), lb_body("b", ip="198.18.0.13", backends=("x", "y"))]))
+    assert gen == 1
+    assert await worker.wait_settled(1, 5)
+    assert {t.state for t in worker.tasks.values()} == {"ready"}
+    a, b = worker.allocations["a"], worker.allocations["b"]
+    # 169.254.0.101 is on the host: the first pair is skipped.
+    assert a.inner == "169.254.0.102" and b.inner == "169.254.0.104"
+    assert b.ports == {"x": 1025, "y": 1026}
+    persisted = StateStore(tmp_path).load()
+    assert persisted.desired["generation"] == 1 and set(persisted.allocations) == {"a", "b"}
+
+
+async def test_unchanged_load_balancer_reaches_new_generation_without_a_pass(worker):
+    await apply(worker, state(1, [lb_body("a"), lb_body("b", ip="198.18.0.13")]))
+    await worker.wait_settled(1, 5)
+    passes = {k: t.passes for k, t in worker.tasks.items()}
+    await apply(worker, state(2, [lb_body("a"), lb_body("b", ip="198.18.0.13", backends=("be-1", "be-2"))]))
+    assert await worker.wait_settled(2, 5)
+    assert worker.tasks["a"].passes == passes["a"]
+    assert worker.tasks["b"].passes == passes["b"] + 1
+    assert worker.tasks["a"].generation == 2
+    assert worker.allocations["b"].ports == {"be-1": 1025, "be-2": 1026}
+
+
+async def test_removed_load_balancer_is_torn_down_and_released(worker, tmp_path):
+    await apply(worker, state(1, [lb_body("a"), lb_body("b", ip="198.18.0.13")]))
+    await worker.wait_settled(1, 5)
+    await apply(worker, state(2, [lb_body("a")]))
+    assert await worker.wait_settled(2, 5)
+    assert "b" not in worker.tasks and "b" not in worker.allocations
+    assert worker._host.removed == ["b"] and "b" not in worker._haproxy.configs
+    assert set(StateStore(tmp_path).load().allocations) == {"a"}
+
+
+async def test_stale_generation_is_refused(worker):
+    await apply(worker, state(5, [lb_body("a")]))
+    with pytest.raises(StaleGeneration):
+        await apply(worker, state(4, [lb_body("a")]))
+    assert worker.generation == 5
+
+
+async def test_one_failing_load_balancer_does_not_stop_the_others(worker):
+    worker._host.fail.add("bad")
+    await apply(worker, state(1, [lb_body("good"), lb_body("bad", ip="198.18.0.13")]))
+    assert await worker.wait_settled(1, 5)
+    bad, good = worker.tasks["bad"], worker.tasks["good"]
+    assert good.state == "ready"
+    assert bad.state == "error" and "boom bad" in bad.last_error and bad.retries == 1
+    worker._host.fail.clear()
+    bad.kick()
+    await asyncio.wait_for(_until(lambda: bad.state == "ready"), 5)
+    assert bad.last_error is None and bad.retries == 0
+
+
+async def test_disabled_load_balancer_leaves_the_data_path_but_keeps_allocations(worker):
+    await apply(worker, state(1, [lb_body("a")]))
+    await worker.wait_settled(1, 5)
+    disabled = lb_body("a")
+    disabled["status"] = "disabled"
+    await apply(worker, state(2, [disabled]))
+    assert await worker.wait_settled(2, 5)
+    assert worker._host.removed == ["a"] and "a" not in worker._haproxy.configs
+    assert "a" in worker.allocations
+
+
+async def test_wait_times_out_while_a_pass_is_outstanding(worker):
+    gate = asyncio.Event()
+    original = worker._host.converge
+
+    async def slow(spec):
+        await gate.wait()
+        return await original(spec)
+
+    worker._host.converge = slow
+    await apply(worker, state(1, [lb_body("a")]))
+    assert not await worker.wait_settled(1, 0.2)
+    gate.set()
+    assert await worker.wait_settled(1, 5)
+    await worker.stop()
+
+
+async def _until(predicate):
+    while not predicate():
+        await asyncio.sleep(0.01)
