@@ -1,0 +1,381 @@
+"""`HaproxyManager`: the agent's asyncio face of haproxy.
+
+It owns the files under `<run_dir>/haproxy/` and turns per-load-balancer
+changes into as few reloads as possible:
+
+- `apply(lb_id, text)` does nothing (and does not reload) when the file already
+  holds `text`. Otherwise it checks the candidate alone with the base file, so
+  a bad load balancer is refused before it can disturb the others, and queues
+  it for the next reload.
+- A single batcher collects queued changes until the burst settles (no new
+  change for `debounce` seconds and no candidate still being checked, or at
+  most `max_delay`), installs them, checks the whole directory once and
+  reloads once. Every waiter of the batch gets the outcome; on failure the
+  batch's files are put back as they were, so the running configuration and
+  the disk agree again and one bad batch cannot block later reloads.
+- A marker file says "on disk but maybe not loaded yet": an agent restarted
+  between installing and reloading reloads once when it adopts the master.
+
+Blocking work (files, subprocesses, sockets) runs in worker threads.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from contextlib import asynccontextmanager
+from dataclasses import dataclass, field
+from datetime import datetime, timezone
+from pathlib import Path
+
+from lbagent.haproxy.errors import HaproxyCheckError, HaproxyError, HaproxyReloadError
+from lbagent.haproxy.files import HaproxyPaths, install, read_or_none, replace_text, write_staged
+from lbagent.haproxy.process import HaproxyProcess
+from lbagent.haproxy.render import render_base
+from lbagent.haproxy.sockets import parse_show_stat, send_command
+
+log = logging.getLogger(__name__)
+
+# haproxy -c processes at once: each takes a core for tens of milliseconds.
+MAX_PARALLEL_CHECKS = 4
+PENDING_MARKER = "reload-pending"
+
+
+@dataclass
+class _Change:
+    lb_id: str
+    target: Path
+    staged: Path | None  # None: remove the file
+    previous: str | None  # what the file held, to put back if the batch fails
+    done: asyncio.Future = field(repr=False)
+
+
+class HaproxyManager:
+    def __init__(self, binary: str, run_dir: Path, prometheus_listen: str = "", debounce: float = 0.05,
+                 max_delay: float | None = None):
+        self.paths = HaproxyPaths(Path(run_dir))
+        self.process = HaproxyProcess(binary, Path(run_dir))
+        self._prometheus_listen = prometheus_listen
+        self._debounce = debounce
+        # A steady trickle of changes must not postpone every reload forever.
+        self._max_delay = max_delay if max_delay is not None else max(1.0, 20 * debounce)
+        self._marker = self.paths.root / PENDING_MARKER
+        self._pending: list[_Change] = []
+        self._in_flight = 0  # applies between "differs from disk" and "queued or refused"
+        self._activity: asyncio.Event | None = None
+        self._batcher: asyncio.Task | None = None
+        self._lb_locks: dict[str, tuple[asyncio.Lock, int]] = {}
+        self._check_slots: asyncio.Semaphore | None = None
+        self._process_lock: asyncio.Lock | None = None
+        self._reloads = 0
+        self._failed_reloads = 0
+        self._starts = 0
+        self._last_reload_at: str | None = None
+        self._last_error: str | None = None
+
+    # --- lifecycle -----------------------------------------------------------------
+
+    async def start(self) -> None:
+        """Write the base file if it changed and adopt the running master, or start one."""
+        self._ensure_loop_objects()
+        self.paths.check_socket_paths()
+        base_changed = await asyncio.to_thread(self._write_base)
+        async with self._process_lock:
+            outcome = await asyncio.to_thread(self._adopt_or_start)
+            self._record_start(outcome)
+            if outcome != "adopted":
+                return
+            if base_changed or await asyncio.to_thread(self._marker.exists):
+                # Files the adopted master may not have loaded yet.
+                try:
+                    await asyncio.to_thread(self._check_and_reload)
+                    self._record_reload()
+                except HaproxyError as exc:
+                    self._record_failure(exc)
+                    if base_changed:
+                        raise  # our own base file is refused: nothing will work
+                    log.warning("object=haproxy action=reload result=error error=%r", str(exc))
+
+    async def stop(self) -> bool:
+        """Stop the master (cleanup and tests only: the agent's own shutdown leaves haproxy serving)."""
+        await self.close()
+        self._ensure_loop_objects()
+        async with self._process_lock:
+            return await asyncio.to_thread(self.process.stop)
+
+    async def close(self) -> None:
+        """Stop batching (waiters of an unfinished batch are cancelled); haproxy keeps running."""
+        if self._batcher is not None:
+            self._batcher.cancel()
+            await asyncio.gather(self._batcher, return_exceptions=True)
+            self._batcher = None
+        for change in self._pending:
+            change.done.cancel()
+        self._pending.clear()
+
+    async def supervise_once(self) -> bool:
+        """Start the master again, on the files on disk, if it is gone. True if it had to."""
+        self._ensure_loop_objects()
+        if self.process.is_running():
+            return False
+        async with self._process_lock:
+            try:
+                outcome = await asyncio.to_thread(self._adopt_or_start)
+            except HaproxyError as exc:
+                self._last_error = str(exc)
+                raise
+        self._record_start(outcome)
+        if outcome != "adopted":
+            log.warning("object=haproxy action=restart outcome=%s pid=%s", outcome, self.process.pid)
+        return outcome != "adopted"
+
+    def _adopt_or_start(self) -> str:
+        """'adopted', 'started', or 'started bare' when the files on disk kept haproxy from starting."""
+        try:
+            outcome = self.process.adopt_or_start()
+        except HaproxyReloadError as exc:
+            lb_ids = self.paths.lb_ids_on_disk()
+            if not lb_ids:
+                raise
+            # Every file passed its checks, yet together they do not start (a
+            # port taken meanwhile, say). Serving nothing until each load
+            # balancer's next pass re-applies, and re-checks, its own file beats
+            # one file keeping all of them down for good.
+            log.error("object=haproxy action=start result=error error=%r removed=%s", str(exc), sorted(lb_ids))
+            for lb_id in lb_ids:
+                replace_text(self.paths.lb_file(lb_id), None, self.paths.staging_dir)
+            self.process.start()
+            self._last_error = (f"haproxy did not start on the files on disk ({exc}); started without "
+                                f"them, their load balancers re-apply them: {', '.join(sorted(lb_ids))}")
+            outcome = "started bare"
+        if outcome != "adopted":
+            self._clear_marker()  # a new master loaded whatever is on disk
+        return outcome
+
+    def remove_files(self) -> list[str]:
+        """Remove every file of ours under <run_dir>/haproxy (after stop()); the removed paths."""
+        removed = []
+        directories = (self.paths.conf_dir, self.paths.staging_dir)
+        for directory in directories:
+            if directory.is_dir():
+                for entry in sorted(directory.iterdir()):
+                    if entry.is_file() or entry.is_symlink():
+                        entry.unlink()
+                        removed.append(str(entry))
+        for path in (self.paths.base_cfg, self.paths.pidfile, self._marker, self.paths.master_sock,
+                     self.paths.stats_sock):
+            if path.exists() or path.is_symlink():
+                path.unlink()
+                removed.append(str(path))
+        for directory in (*directories, self.paths.root):
+            try:
+                directory.rmdir()
+            except OSError:
+                pass  # gone already, or something not ours is in there: leave it
+        return removed
+
+    # --- applying ------------------------------------------------------------------
+
+    async def apply(self, lb_id: str, text: str | None) -> bool:
+        """Make conf.d/<lb_id>.cfg hold `text` (None: no file) and haproxy run it.
+
+        False, with no reload, if the file already holds it. True once a reload
+        that includes it has succeeded. HaproxyCheckError if haproxy refuses
+        the candidate (the previous file stays and keeps serving);
+        HaproxyError if the batch's reload failed (the previous file is back).
+        """
+        self._ensure_loop_objects()
+        target = self.paths.lb_file(lb_id)
+        async with self._lb_lock(lb_id):
+            current = await asyncio.to_thread(read_or_none, target)
+            if current == text:
+                return False
+            self._in_flight += 1
+            try:
+                staged = None if text is None else await self._checked_candidate(lb_id, text)
+                change = _Change(lb_id, target, staged, current, asyncio.get_running_loop().create_future())
+                self._pending.append(change)
+            finally:
+                self._in_flight -= 1
+                self._activity.set()
+            self._ensure_batcher()
+            return await change.done
+
+    async def _checked_candidate(self, lb_id: str, text: str) -> Path:
+        """A staged file holding `text` that haproxy accepts next to the base file."""
+        await asyncio.to_thread(self.paths.make_dirs)
+        staged = await asyncio.to_thread(write_staged, self.paths.staging_dir, text)
+        try:
+            async with self._check_slots:
+                await asyncio.to_thread(self.process.check, [self.paths.base_cfg, staged])
+        except BaseException as exc:
+            await asyncio.to_thread(staged.unlink, missing_ok=True)
+            if isinstance(exc, HaproxyCheckError):
+                # Name the load balancer, not the temporary file haproxy saw.
+                output = exc.output.replace(str(staged), f"<candidate for {lb_id}>")
+                raise HaproxyCheckError(output, f"configuration of load balancer {lb_id}") from None
+            raise
+        return staged
+
+    def lb_ids_on_disk(self) -> set[str]:
+        return self.paths.lb_ids_on_disk()
+
+    # --- batching ----------------------------------------------------------------------
+
+    def _ensure_batcher(self) -> None:
+        if self._batcher is None or self._batcher.done():
+            self._batcher = asyncio.get_running_loop().create_task(self._run_batches(), name="haproxy-reloads")
+
+    async def _run_batches(self) -> None:
+        while True:
+            while not self._pending:
+                self._activity.clear()
+                await self._activity.wait()
+            await self._settle()
+            batch, self._pending = self._pending, []
+            await self._commit(batch)
+
+    async def _settle(self) -> None:
+        """Wait for the burst to end: quiet for `debounce`, no check in flight, or `max_delay` reached."""
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + self._max_delay
+        while (remaining := deadline - loop.time()) > 0:
+            self._activity.clear()
+            # A candidate still being checked will join this batch: wait for it.
+            wait = remaining if self._in_flight else min(self._debounce, remaining)
+            try:
+                await asyncio.wait_for(self._activity.wait(), wait)
+            except TimeoutError:
+                return
+
+    async def _commit(self, batch: list[_Change]) -> None:
+        try:
+            async with self._process_lock:
+                outcome = await asyncio.to_thread(self._install_and_reload, batch)
+        except Exception as exc:  # every waiter hears about it; the batcher carries on
+            self._record_failure(exc)
+            log.warning("object=haproxy action=reload lbs=%d result=error error=%r", len(batch), str(exc))
+            for change in batch:
+                if not change.done.done():
+                    change.done.set_exception(exc)
+            return
+        if outcome == "reloaded":
+            self._record_reload()
+        else:
+            self._record_start(outcome)
+        log.info("object=haproxy action=%s lbs=%d", outcome, len(batch))
+        for change in batch:
+            if not change.done.done():
+                change.done.set_result(True)
+
+    def _install_and_reload(self, batch: list[_Change]) -> str:
+        self.paths.make_dirs()
+        self._marker.touch()
+        try:
+            for change in batch:
+                if change.staged is None:
+                    replace_text(change.target, None, self.paths.staging_dir)
+                else:
+                    install(change.staged, change.target)
+            self._check_directory()
+            outcome = self.process.reload_or_start()
+        except Exception:
+            self._roll_back(batch)
+            self._clear_marker()
+            raise
+        self._clear_marker()
+        return outcome
+
+    def _roll_back(self, batch: list[_Change]) -> None:
+        for change in batch:
+            if change.staged is not None:
+                change.staged.unlink(missing_ok=True)  # never installed
+            replace_text(change.target, change.previous, self.paths.staging_dir)
+
+    def _check_and_reload(self) -> None:
+        self._check_directory()
+        self.process.reload()
+        self._clear_marker()
+
+    def _check_directory(self) -> None:
+        try:
+            self.process.check([self.paths.base_cfg, self.paths.conf_dir])
+        except HaproxyCheckError as exc:
+            raise HaproxyCheckError(exc.output, "configuration directory") from None
+
+    def _clear_marker(self) -> None:
+        self._marker.unlink(missing_ok=True)
+
+    def _write_base(self) -> bool:
+        """Write haproxy.cfg if its text changed; True if it did."""
+        self.paths.make_dirs()
+        text = render_base(self.paths.run_dir, self._prometheus_listen)
+        if read_or_none(self.paths.base_cfg) == text:
+            return False
+        staged = write_staged(self.paths.staging_dir, text)
+        try:
+            self.process.check([staged])
+        except BaseException:
+            staged.unlink(missing_ok=True)
+            raise
+        install(staged, self.paths.base_cfg)
+        return True
+
+    # --- loop-bound helpers --------------------------------------------------------
+
+    def _ensure_loop_objects(self) -> None:
+        # Created on first use, inside the running loop that will use them.
+        if self._activity is None:
+            self._activity = asyncio.Event()
+            self._check_slots = asyncio.Semaphore(MAX_PARALLEL_CHECKS)
+            self._process_lock = asyncio.Lock()
+
+    @asynccontextmanager
+    async def _lb_lock(self, lb_id: str):
+        """One apply at a time per load balancer; the lock is forgotten when nobody holds or awaits it."""
+        lock, users = self._lb_locks.get(lb_id, (asyncio.Lock(), 0))
+        self._lb_locks[lb_id] = (lock, users + 1)
+        try:
+            async with lock:
+                yield
+        finally:
+            lock, users = self._lb_locks[lb_id]
+            if users == 1:
+                del self._lb_locks[lb_id]
+            else:
+                self._lb_locks[lb_id] = (lock, users - 1)
+
+    # --- observing -------------------------------------------------------------------
+
+    def _record_reload(self) -> None:
+        self._reloads += 1
+        self._last_reload_at = datetime.now(timezone.utc).isoformat(timespec="seconds")
+        self._last_error = None
+
+    def _record_start(self, outcome: str) -> None:
+        if outcome != "adopted":
+            self._starts += 1
+
+    def _record_failure(self, exc: BaseException) -> None:
+        self._failed_reloads += 1
+        self._last_error = str(exc)
+
+    def status(self) -> dict:
+        pid = self.process.pid
+        return {
+            "pid": pid,
+            "running": pid is not None,
+            "last_reload_at": self._last_reload_at,
+            "reloads": self._reloads,
+            "failed_reloads": self._failed_reloads,
+            "starts": self._starts,
+            "last_error": self._last_error,
+        }
+
+    async def server_states(self) -> dict[tuple[str, str], str]:
+        """(backend name, server name) -> haproxy's status word ("UP", "DOWN", "MAINT", "no check", ...)."""
+        try:
+            text = await asyncio.to_thread(send_command, self.paths.stats_sock, "show stat")
+        except OSError as exc:
+            raise HaproxyError(f"haproxy stats socket unavailable: {exc}") from exc
+        return parse_show_stat(text)

@@ -1,0 +1,54 @@
+"""Where the haproxy templates live and the jinja2 environment that renders them.
+
+A wheel ships the repository's top-level `templates/` as `lbagent/templates`
+(hatch force-include); an editable install reads them from the repository,
+next to the package. The environment refuses undefined names and has one
+filter, `token`, through which every interpolated value goes.
+"""
+
+from __future__ import annotations
+
+import functools
+import importlib.resources
+import re
+from pathlib import Path
+
+import jinja2
+
+from lbagent.haproxy.errors import RenderError
+
+# One haproxy config word: printable ASCII without space, quotes, '#' (comment)
+# or backslash (escape). Anything else could end the word, the line, or start a
+# comment where haproxy would then read something we did not mean.
+_TOKEN_RE = re.compile(r"[!$-&(-\[\]-~]+")
+
+
+def template_dir() -> Path:
+    packaged = importlib.resources.files("lbagent") / "templates" / "haproxy"
+    if packaged.is_dir():
+        return Path(str(packaged))
+    return Path(__file__).resolve().parents[2] / "templates" / "haproxy"
+
+
+def token(value: object) -> str:
+    """`value` as one haproxy config word, or RenderError."""
+    if isinstance(value, bool) or not isinstance(value, (str, int)):
+        raise RenderError(f"not a config value: {value!r}")
+    text = str(value)
+    if not _TOKEN_RE.fullmatch(text):
+        raise RenderError(f"unsafe in a haproxy config line: {text!r}")
+    return text
+
+
+@functools.cache
+def environment() -> jinja2.Environment:
+    env = jinja2.Environment(
+        loader=jinja2.FileSystemLoader(str(template_dir())),
+        undefined=jinja2.StrictUndefined,
+        trim_blocks=True,
+        lstrip_blocks=True,
+        keep_trailing_newline=True,
+        autoescape=False,  # noqa: S701 - not HTML; `token` guards every value instead
+    )
+    env.filters["token"] = token
+    return env

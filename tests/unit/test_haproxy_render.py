@@ -1,0 +1,268 @@
+"""haproxy config rendering: golden files, haproxy's own syntax check, and refusal of unsafe values.
+
+Regenerate the golden files after an intended change with
+LBAGENT_UPDATE_GOLDEN=1 and review the diff.
+"""
+
+import os
+import shutil
+import subprocess
+from pathlib import Path
+
+import pytest
+
+from lbagent.haproxy.errors import RenderError
+from lbagent.haproxy.render import render_base, render_loadbalancer
+from lbagent.haproxy.templates import template_dir, token
+from lbagent.members import Member
+from lbagent.model import parse_desired_state
+
+GOLDEN = Path(__file__).parent / "golden"
+HAPROXY = shutil.which("haproxy") or "/usr/sbin/haproxy"
+CERT = "-----BEGIN CERTIFICATE-----\nAAAA\n-----END CERTIFICATE-----\n"
+KEY = "-----BEGIN PRIVATE KEY-----\nAAAA\n-----END PRIVATE KEY-----\n"
+INNER, OUTER = "169.254.0.100", "169.254.0.101"
+PORTS = {"be-1": 1025, "be-2": 1026, "be-3": 1027}
+
+
+def tcp(listener_id, port, scheduler, **fields):
+    return {"id": listener_id, "listener_type": "tcp", "listener_port": port, "backend_group_id": "bg-web",
+            "scheduler": scheduler, **fields}
+
+
+def sample_lb(**overrides):
+    """tcp listeners with every scheduler, an http one, and what must not be rendered (udp, https, disabled)."""
+    lb = {
+        "id": "lb-1", "name": 'web "shop" # free text, never rendered',
+        "network": {"subnet_id": "net-1", "ip": "198.18.0.12", "mac": "00:22:0a:00:00:12"},
+        "listeners": [
+            tcp("rr", 8001, "rr", health_check={"type": "tcp", "rise": 2, "fall": 3, "interval": 2, "timeout": 1},
+                timeouts={"client_request": 7, "client_idle": 60, "backend_connect": 4, "backend_idle": 61}),
+            tcp("wrr", 8002, "wrr", send_proxy="v2"),
+            tcp("wlc", 8003, "wlc", health_check={
+                "type": "http", "uri": "/healthz", "domain": "www.example.com",
+                "http_code": "http_5xx,http_2xx,http_3xx", "rise": 1, "fall": 2, "interval": 3, "timeout": 2}),
+            tcp("sch", 8004, "sch", timeouts={"backend_connect": 3}),
+            tcp("tch", 8005, "tch", send_proxy="v1"),
+            {"id": "web", "listener_type": "http", "listener_port": 8080, "backend_group_id": "bg-web",
+             "x_forwarded_for": True, "health_check": {"type": "http", "uri": "/ping", "http_code": "http_2xx"},
+             "timeouts": {"client_request": 11, "client_idle": 30}},
+            {"id": "dns", "listener_type": "udp", "listener_port": 53, "backend_group_id": "bg-web"},
+            tcp("off", 8006, "rr", status="disabled"),
+            {"id": "tls", "listener_type": "https", "listener_port": 8443, "backend_group_id": "bg-web",
+             "certificates": [{"id": "c1", "certificate": CERT, "private_key": KEY}]},
+            {"id": "empty", "listener_type": "tcp", "listener_port": 8007, "backend_group_id": "bg-none"},
+        ],
+        "backend_groups": [
+            {"id": "bg-web", "backends": [
+                {"id": "be-1", "address": "198.18.0.21", "port": 80},
+                {"id": "be-2", "address": "198.18.0.22", "port": 80, "weight": 3, "send_proxy": "v2-ssl",
+                 "ssl": True},
+                {"id": "be-3", "address": "198.18.0.23", "port": 80, "weight": 0},
+            ]},
+            {"id": "bg-none"},
+        ],
+        **overrides,
+    }
+    state = parse_desired_state({
+        "generation": 1,
+        "subnets": [{"id": "net-1", "cidr": "198.18.0.0/24", "gateway": "198.18.0.1"}],
+        "loadbalancers": [lb],
+    })
+    return state.loadbalancers[0]
+
+
+def sample_members(lb):
+    members = {
+        group.id: [Member(b.id, b.address, b.port, b.weight, b.send_proxy, b.ssl, PORTS[b.id]) for b in group.backends]
+        for group in lb.backend_groups
+    }
+    # A pod-selected member: its key carries a '/'.
+    members["bg-web"].append(Member("bg-web/pod-9", "198.18.0.31", 8080, 2, "off", False, 1028))
+    return members
+
+
+def render_sample(lb=None, outer=OUTER, inner=INNER, members=None):
+    lb = lb or sample_lb()
+    return render_loadbalancer(lb, outer, members if members is not None else sample_members(lb), inner=inner)
+
+
+def assert_golden(name: str, text: str) -> None:
+    path = GOLDEN / name
+    if os.environ.get("LBAGENT_UPDATE_GOLDEN"):
+        path.write_text(text)
+    assert text == path.read_text()
+
+
+def haproxy_check(*paths: Path) -> subprocess.CompletedProcess:
+    if not Path(HAPROXY).exists():
+        pytest.skip("haproxy is not installed (make deps installs it)")
+    command = [HAPROXY, "-c"]
+    for path in paths:
+        command += ["-f", str(path)]
+    return subprocess.run(command, capture_output=True, text=True, timeout=60, check=False)
+
+
+# --- golden files ----------------------------------------------------------------
+
+
+def test_base_matches_golden():
+    assert_golden("base.cfg", render_base(Path("/run/lbagent"), prometheus_listen="127.0.0.1:9101"))
+
+
+def test_loadbalancer_matches_golden():
+    assert_golden("loadbalancer.cfg", render_sample())
+
+
+def test_base_without_prometheus_has_no_exporter():
+    text = render_base(Path("/run/lbagent"))
+    assert "prometheus" not in text
+    assert "stats socket /run/lbagent/haproxy/stats.sock mode 600 level admin expose-fd listeners" in text
+    assert "\n    log " not in text
+
+
+def test_rendered_config_is_valid_haproxy(tmp_path):
+    (tmp_path / "haproxy").mkdir()
+    base = tmp_path / "haproxy.cfg"
+    base.write_text(render_base(tmp_path, prometheus_listen="127.0.0.1:9101"))
+    lb = tmp_path / "lb.cfg"
+    lb.write_text(render_sample(outer="127.0.0.1", inner="127.0.0.1"))
+    result = haproxy_check(base, lb)
+    assert result.returncode == 0, result.stdout + result.stderr
+    assert "WARNING" not in result.stdout + result.stderr
+
+
+# --- what is rendered and what is not ------------------------------------------------
+
+
+def test_disabled_loadbalancer_is_just_its_header():
+    assert render_sample(sample_lb(status="disabled")) == "# lbagent load balancer lb-1\n"
+
+
+def test_name_is_never_rendered():
+    assert "shop" not in render_sample()
+
+
+@pytest.mark.parametrize("listener_id", ["dns", "off", "tls"])
+def test_udp_disabled_and_https_listeners_are_not_rendered(listener_id):
+    assert f"_{listener_id}\n" not in render_sample()
+
+
+def test_missing_group_renders_an_empty_backend():
+    text = render_sample(members={})
+    assert "backend be_lb-1_rr\n    mode tcp\n    balance roundrobin\n" in text
+    assert "    server " not in text
+
+
+@pytest.mark.parametrize(("codes", "expect"), [
+    ("http_2xx", "200-299"),
+    ("http_2xx,http_3xx", "200-399"),
+    ("http_4xx,http_2xx", "200-299,400-499"),
+    ("http_2xx,http_3xx,http_4xx,http_5xx", "200-599"),
+])
+def test_http_code_classes_become_status_ranges(codes, expect):
+    check = {"type": "http", "uri": "/", "http_code": codes}
+    lb = sample_lb(listeners=[tcp("l", 80, "rr", health_check=check)])
+    assert f"    http-check expect status {expect}\n" in render_sample(lb)
+
+
+def test_http_check_without_domain_sends_no_host_header():
+    lb = sample_lb(listeners=[tcp("l", 80, "rr", health_check={"type": "http"})])
+    text = render_sample(lb)
+    assert "    http-check send meth GET uri /\n" in text
+    assert "hdr Host" not in text
+
+
+def test_rr_ignores_weights_but_still_drains():
+    text = render_sample(sample_lb(listeners=[tcp("l", 80, "rr")]))
+    assert "server be-2 169.254.0.100:1026 weight 1 " in text
+    assert "server be-3 169.254.0.100:1027 weight 0\n" in text
+
+
+def test_listener_send_proxy_overrides_member():
+    text = render_sample(sample_lb(listeners=[tcp("l", 80, "wrr", send_proxy="v2-ssl-cn")]))
+    assert text.count(" send-proxy-v2-ssl-cn\n") == 4
+
+
+def test_backend_ssl_only_on_http_listeners():
+    assert " ssl verify none" not in render_sample(sample_lb(listeners=[tcp("l", 80, "rr")]))
+    http = {"id": "h", "listener_type": "http", "listener_port": 80, "backend_group_id": "bg-web"}
+    assert "server be-2 169.254.0.100:1026 weight 1 send-proxy-v2-ssl ssl verify none\n" in render_sample(
+        sample_lb(listeners=[http]))
+
+
+# --- refusing unsafe values --------------------------------------------------------------
+
+UNSAFE = ["a b", "a\nb", 'a"b', "a'b", "a#b", "a\\b", "a\tb", "", "é"]
+
+
+@pytest.mark.parametrize("value", UNSAFE)
+def test_token_refuses_unsafe_text(value):
+    with pytest.raises(RenderError):
+        token(value)
+
+
+@pytest.mark.parametrize("value", [None, True, 1.5, ["a"]])
+def test_token_refuses_non_scalar_values(value):
+    with pytest.raises(RenderError):
+        token(value)
+
+
+@pytest.mark.parametrize("value", ["a\nb", "a b", 'a"b'])
+def test_member_key_injection_is_refused(value):
+    lb = sample_lb()
+    members = {"bg-web": [Member(value, "198.18.0.21", 80, 1, "off", False, 1025)]}
+    with pytest.raises(RenderError):
+        render_sample(lb, members=members)
+
+
+@pytest.mark.parametrize("value", ["x\n    bind 0.0.0.0:22", "x y", "x'"])
+def test_listener_id_injection_is_refused(value):
+    lb = sample_lb()
+    listener = lb.listeners[0].model_copy(update={"id": value})
+    with pytest.raises(RenderError):
+        render_sample(lb.model_copy(update={"listeners": [listener]}))
+
+
+def test_lb_id_injection_is_refused_even_when_disabled():
+    lb = sample_lb(status="disabled")
+    with pytest.raises(RenderError):
+        render_sample(lb.model_copy(update={"id": "lb\nglobal"}))
+
+
+def test_health_check_uri_injection_is_refused():
+    lb = sample_lb(listeners=[tcp("l", 80, "rr", health_check={"type": "http", "uri": "/ok"})])
+    check = lb.listeners[0].health_check.model_copy(update={"uri": "/ok hdr X-Injected 1"})
+    listener = lb.listeners[0].model_copy(update={"health_check": check})
+    with pytest.raises(RenderError):
+        render_sample(lb.model_copy(update={"listeners": [listener]}))
+
+
+@pytest.mark.parametrize("outer", ["127.0.0.1 ", "127.0.0.1\n", "#"])
+def test_unsafe_outer_address_is_refused(outer):
+    with pytest.raises(RenderError):
+        render_sample(outer=outer)
+
+
+def test_unsafe_run_dir_is_refused():
+    with pytest.raises(RenderError):
+        render_base(Path("/run/lb agent"))
+
+
+def test_duplicate_server_names_are_refused():
+    # "a/b" and "a.b" would both be server a.b: haproxy would refuse every load balancer.
+    members = {"bg-web": [Member(key, "198.18.0.21", 80, 1, "off", False, 1025) for key in ("a/b", "a.b")]}
+    with pytest.raises(RenderError, match="a.b"):
+        render_sample(members=members)
+
+
+def test_udp_health_check_on_tcp_listener_is_refused():
+    lb = sample_lb(listeners=[tcp("l", 80, "rr", health_check={"type": "tcp"})])
+    check = lb.listeners[0].health_check.model_copy(update={"type": "udp"})
+    listener = lb.listeners[0].model_copy(update={"health_check": check})
+    with pytest.raises(RenderError):
+        render_sample(lb.model_copy(update={"listeners": [listener]}))
+
+
+def test_templates_are_found():
+    assert {"base.cfg.j2", "loadbalancer.cfg.j2", "macros.j2"} <= {p.name for p in template_dir().iterdir()}
