@@ -46,6 +46,7 @@ class Agent:
         self.host = OvnHost(self.ovs, self.namespaces, self.iptc)
         self.worker = OvnWorker(self.host, self.haproxy, self.store, config.agent.resync_interval)
         self.gc = GarbageCollector(self.host, self.haproxy, config.agent.gc_max_deletions_per_pass)
+        self.gc_stats = {"passes": 0, "skipped": 0, "deleted": 0}
         self.state_error: str | None = None
         self._background: list[asyncio.Task] = []
 
@@ -54,7 +55,7 @@ class Agent:
         persisted, desired = self._load_state()
         await asyncio.to_thread(self.ovs.start)
         await self.haproxy.start()
-        self.worker.restore(persisted, desired)
+        await self.worker.resume(persisted, desired)
         self._background.append(asyncio.create_task(self._supervise_haproxy(), name="haproxy-supervisor"))
         self._background.append(asyncio.create_task(self._collect_garbage(), name="gc"))
         log.info("action=started host=%s generation=%s", self.config.agent.host, self.worker.generation)
@@ -90,9 +91,12 @@ class Agent:
             # Nothing is swept before the complete desired state is known and
             # the first pass over it has finished.
             if self.not_ready_reason() is not None:
+                self.gc_stats["skipped"] += 1
                 continue
             try:
-                await self.gc.run_once(self.worker.in_use)
+                deleted = await self.gc.run_once(self.worker.in_use)
+                self.gc_stats["passes"] += 1
+                self.gc_stats["deleted"] += len(deleted)
             except Exception as exc:  # next interval tries again
                 log.warning("action=gc result=error error=%r", str(exc))
 
@@ -143,6 +147,7 @@ class Agent:
                 "state_error": self.state_error,
                 "haproxy": self.haproxy.status(),
                 "writes": write_counts(),
+                "gc": dict(self.gc_stats),
             },
             "loadbalancers": lbs,
             "subnets": self._subnet_status(),

@@ -11,7 +11,7 @@ import errno
 from dataclasses import dataclass
 
 from lbagent.counters import count_write
-from lbagent.naming import InterfaceNames
+from lbagent.naming import INTERFACE_RE, InterfaceNames
 from lbagent.ovnhost import ethtool
 from lbagent.ovnhost.errors import LinkNotFound
 from lbagent.ovnhost.iplib import Address, Link, Netlink, Route
@@ -37,13 +37,16 @@ class LinkSpec:
     tx_checksum_off: bool  # integration bridge on the userspace (netdev) datapath
 
 
-def converge_namespace(spec: LinkSpec, host_netns_fd: int) -> None:
+def converge_namespace(spec: LinkSpec, host_netns_fd: int) -> set[str]:
+    """Returns the namespace ends of the veth pairs this pass had to create."""
     names = spec.names
+    created = set()
     with Netlink.open() as nl:
         links = nl.links()
         for ns_end, host_end in ((names.ovn_ns, names.ovn_host), (names.haproxy_ns, names.haproxy_host)):
             if ns_end not in links:
                 nl.add_veth(ns_end, host_end, host_netns_fd)
+                created.add(ns_end)
         links = nl.links()
         _ensure_link(nl, links["lo"], up=True)
         ovn = _ensure_link(nl, links[names.ovn_ns], up=True, mtu=spec.mtu, mac=spec.mac)
@@ -58,6 +61,7 @@ def converge_namespace(spec: LinkSpec, host_netns_fd: int) -> None:
         # A fresh namespace does not forward; both directions route through it.
         if write_sysctl("net/ipv4/ip_forward", "1"):
             count_write("netlink")
+    return created
 
 
 def converge_host(spec: LinkSpec) -> None:
@@ -117,3 +121,14 @@ def _ensure_gateway_routes(nl: Netlink, wanted: set[Route]) -> None:
         nl.delete_route(route)
     for route in sorted(wanted - observed, key=lambda r: r.dst != DEFAULT_ROUTE):
         nl.replace_route(route)
+
+
+def read_namespace_links() -> dict[str, str]:
+    """Inside a load balancer's namespace: our link names -> their IPv4 address."""
+    found = {}
+    with Netlink.open() as nl:
+        for name, link in nl.links().items():
+            if INTERFACE_RE.match(name):
+                addresses = sorted(a.address for a in nl.addresses(link.index))
+                found[name] = addresses[0] if addresses else ""
+    return found

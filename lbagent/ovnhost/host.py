@@ -14,7 +14,7 @@ import os
 from dataclasses import dataclass
 
 from lbagent.inventory import Inventory
-from lbagent.naming import INTERFACE_RE, NETNS_PREFIX, InterfaceNames, iface_id
+from lbagent.naming import INTERFACE_RE, NETNS_PREFIX, InterfaceNames, iface_id, netns_name
 from lbagent.ovnhost import datapath, iptables
 from lbagent.ovnhost.datapath import LinkSpec
 from lbagent.ovnhost.errors import AlreadyExists
@@ -60,24 +60,45 @@ class OvnHost:
             log.info("action=create object=netns lb=%s netns=%s", spec.lb_id, spec.netns)
             await self._namespaces.create(spec.netns)
         try:
-            await self._namespaces.run(spec.netns, datapath.converge_namespace, spec.links, self._host_fd)
+            created = await self._namespaces.run(spec.netns, datapath.converge_namespace, spec.links, self._host_fd)
         except AlreadyExists:
             # A host end left over from an earlier life of this namespace
             # blocks the new pair: remove it and build the pair again.
             await self._namespaces.run(None, datapath.delete_host_links, spec.links.names)
-            await self._namespaces.run(spec.netns, datapath.converge_namespace, spec.links, self._host_fd)
+            created = await self._namespaces.run(spec.netns, datapath.converge_namespace, spec.links, self._host_fd)
         await self._namespaces.run(None, datapath.converge_host, spec.links)
         await self._iptc.run(spec.netns, iptables.sync_nat, list(spec.nat))
         port = spec.links.names.ovn_host
         observed = await asyncio.to_thread(self._ovs.observe_port, port)
         wanted_ids = {"iface-id": iface_id(spec.lb_id), LB_KEY: spec.lb_id}
-        if await asyncio.to_thread(self._ovs.ensure_port, port, wanted_ids, observed):
+        # A re-created veth has a new ifindex; the userspace datapath keeps its
+        # socket on the old one until the port itself is re-added.
+        reattach = spec.links.names.ovn_ns in created and observed is not None
+        if await asyncio.to_thread(self._ovs.ensure_port, port, wanted_ids, observed, reattach):
             observed = await asyncio.to_thread(self._ovs.observe_port, port)
         return HostObservation(port, bool(observed and observed.ovn_installed))
 
     async def observe(self, names: InterfaceNames) -> HostObservation:
         observed = await asyncio.to_thread(self._ovs.observe_port, names.ovn_host)
         return HostObservation(names.ovn_host, bool(observed and observed.ovn_installed))
+
+    async def read_allocation(self, lb_id: str) -> tuple[str, str, str, dict[str, int]] | None:
+        """What an existing namespace says about its allocation: (tag, inner,
+        outer, ports). Used when the state file is lost, so an adopted load
+        balancer keeps its addresses and backend ports."""
+        netns = netns_name(lb_id)
+        if not netns_exists(netns):
+            return None
+        inside = await self._namespaces.run(netns, datapath.read_namespace_links)
+        haproxy_ns = next((n for n in inside if n.startswith("h") and n.endswith("0")), None)
+        if haproxy_ns is None or not inside[haproxy_ns]:
+            return None
+        tag = haproxy_ns[1:-1]
+        outer = await self._namespaces.run(None, _read_address, f"h{tag}1")
+        if not outer:
+            return None
+        ports = await self._iptc.run(netns, iptables.observed_backend_ports)
+        return tag, inside[haproxy_ns], outer, ports
 
     async def inventory(self) -> Inventory:
         """Everything on this host that carries our marks."""
@@ -104,6 +125,13 @@ class OvnHost:
         if netns_exists(netns) or os.path.exists(f"/run/netns/{netns}"):
             await self._namespaces.delete(netns)
             log.info("action=delete object=netns lb=%s netns=%s", lb_id, netns)
+
+
+def _read_address(name: str) -> str:
+    with Netlink.open() as nl:
+        link = nl.link(name)
+        addresses = sorted(a.address for a in nl.addresses(link.index)) if link else []
+    return addresses[0] if addresses else ""
 
 
 def _read_marked_links() -> set[str]:

@@ -15,7 +15,7 @@ import iptc
 
 from lbagent.counters import count_write
 from lbagent.ovnhost.errors import IptablesError
-from lbagent.ovnhost.nat import CHAIN_HOOKS, NatRule, comment_hash
+from lbagent.ovnhost.nat import CHAIN_HOOKS, PRE_CHAIN, NatRule, backend_key_from_comment, comment_hash
 
 COMMIT_ATTEMPTS = 3
 
@@ -50,6 +50,26 @@ def observed_hashes() -> set[str]:
     try:
         table.refresh()
         return {h for chain in table.chains for _, h in _hashed_rules(chain)}
+    except iptc.IPTCError as exc:
+        raise IptablesError(f"iptables nat: {exc}") from exc
+    finally:
+        table.close()
+
+
+def observed_backend_ports() -> dict[str, int]:
+    """Member key -> port on INNER, read back from the backend DNAT rules' tags."""
+    table = iptc.Table(iptc.Table.NAT, autocommit=False)
+    try:
+        table.refresh()
+        ports = {}
+        if table.is_chain(PRE_CHAIN):
+            for rule, _ in _hashed_rules(iptc.Chain(table, PRE_CHAIN)):
+                comment = next(m.comment for m in rule.matches if m.name == "comment")
+                key = backend_key_from_comment(comment)
+                dport = next((m.dport for m in rule.matches if m.name == "tcp"), None)
+                if key is not None and dport:
+                    ports[key] = int(dport)
+        return ports
     except iptc.IPTCError as exc:
         raise IptablesError(f"iptables nat: {exc}") from exc
     finally:

@@ -48,6 +48,14 @@ def comment_hash(comment: str) -> str | None:
     return head if sep and len(head) == HASH_CHARS else None
 
 
+BACKEND_TAG = "backend "
+
+
+def backend_key_from_comment(comment: str) -> str | None:
+    _, sep, tag = comment.partition(":")
+    return tag[len(BACKEND_TAG):] if sep and tag.startswith(BACKEND_TAG) else None
+
+
 def jump_rules() -> list[NatRule]:
     return [NatRule(chain=hook, tag=f"jump {chain}", target=chain) for chain, hook in CHAIN_HOOKS.items()]
 
@@ -72,7 +80,7 @@ def nat_rules(plan: NatPlan) -> list[NatRule]:
                              in_interface=plan.ovn_ns, protocol="tcp", dst=plan.vip, dport=port))
     rules.append(NatRule(POST_CHAIN, "to haproxy", "SNAT", plan.inner, out_interface=plan.haproxy_ns))
     for member in plan.members:
-        rules.append(NatRule(PRE_CHAIN, f"backend {member.key}", "DNAT", f"{member.address}:{member.port}",
+        rules.append(NatRule(PRE_CHAIN, f"{BACKEND_TAG}{member.key}", "DNAT", f"{member.address}:{member.port}",
                              in_interface=plan.haproxy_ns, protocol="tcp", dst=plan.inner,
                              dport=member.mapped_port))
     rules.append(NatRule(POST_CHAIN, "to vpc", "SNAT", plan.vip, out_interface=plan.ovn_ns))

@@ -19,9 +19,12 @@ from lbagent.ovnhost.errors import OvsdbError
 
 log = logging.getLogger(__name__)
 
-OWNER_KEY = "lbagent-owner"
-OWNER_VALUE = "lbagent"
+OWNER_KEY = "lbagent-owner"  # value: "lbagent/<host>", so two agents never claim each other's ports
 LB_KEY = "lbagent-lb"
+
+
+def owner_value(host: str) -> str:
+    return f"lbagent/{host}"
 
 
 @dataclass(frozen=True)
@@ -52,11 +55,15 @@ class _ObservePort(command.ReadOnlyCommand):
 
 
 class _OwnedPorts(command.ReadOnlyCommand):
+    def __init__(self, api, owner: str):
+        super().__init__(api)
+        self.owner = owner
+
     def run_idl(self, txn):
         self.result = {
             iface.name: iface.external_ids.get(LB_KEY, "")
             for iface in self.api.tables["Interface"].rows.values()
-            if iface.external_ids.get(OWNER_KEY) == OWNER_VALUE
+            if iface.external_ids.get(OWNER_KEY) == self.owner
         }
 
 
@@ -71,8 +78,9 @@ class _BridgeDatapath(command.ReadOnlyCommand):
 
 
 class OvsClient:
-    def __init__(self, db: str, integration_bridge: str, timeout: float = 10.0):
+    def __init__(self, db: str, integration_bridge: str, host: str, timeout: float = 10.0):
         self.db = db
+        self.owner = owner_value(host)
         self.bridge = integration_bridge
         self._timeout = timeout
         self._api: impl_idl.OvsdbIdl | None = None
@@ -111,16 +119,22 @@ class OvsClient:
 
     def owned_ports(self) -> dict[str, str]:
         """Interface name -> load balancer id of every port marked as ours."""
-        return self._execute(_OwnedPorts(self.api))
+        return self._execute(_OwnedPorts(self.api, self.owner))
 
-    def ensure_port(self, name: str, external_ids: dict[str, str], observed: PortState | None) -> bool:
+    def ensure_port(self, name: str, external_ids: dict[str, str], observed: PortState | None,
+                    reattach: bool = False) -> bool:
         """Make `name` a port of the integration bridge with these external_ids.
 
         Creation and external_ids go in one transaction (add_port's attrs apply
         only on creation, so external_ids is a separate db_set within it).
+        With `reattach`, an existing port is removed first, in a transaction of
+        its own, so that ovs-vswitchd opens the device anew.
         Returns True if anything was written.
         """
-        wanted = {**external_ids, OWNER_KEY: OWNER_VALUE}
+        if reattach and observed is not None:
+            self.delete_port(name)
+            observed = None
+        wanted = {**external_ids, OWNER_KEY: self.owner}
         on_bridge = observed.on_bridge if observed else None
         ids_ok = observed is not None and all(observed.external_ids.get(k) == v for k, v in wanted.items())
         if on_bridge == self.bridge and ids_ok:

@@ -17,7 +17,7 @@ from lbagent.errors import StaleGeneration
 from lbagent.haproxy.render import render_loadbalancer
 from lbagent.inventory import Inventory
 from lbagent.model import DesiredState, LoadBalancer
-from lbagent.naming import interface_names, netns_name
+from lbagent.naming import interface_names, lb_id_from_netns, netns_name
 from lbagent.ovnhost.host import HostObservation, OvnHost
 from lbagent.state import Allocation, PersistedState, StateStore
 from lbagent.workers import plan
@@ -64,11 +64,38 @@ class OvnWorker:
     def generation(self) -> int | None:
         return self.desired.generation if self.desired else None
 
-    def restore(self, persisted: PersistedState, desired: DesiredState | None) -> None:
+    async def resume(self, persisted: PersistedState, desired: DesiredState | None) -> None:
+        """Start from what the state file and the host say, and converge to the
+        persisted desired state (a complete one) if there is one."""
         self.allocations = dict(persisted.allocations)
+        await self.adopt_from_host()
         if desired is not None:
-            self.desired, self._raw = desired, persisted.desired
-            self._sync_tasks()
+            async with self._lock:
+                self.allocations = await self._allocate(desired)
+                self.desired, self._raw = desired, persisted.desired
+                self._sync_tasks()
+
+    async def adopt_from_host(self, max_salt: int = 16) -> list[str]:
+        """Allocations of load balancers whose namespaces exist but which the
+        state file does not know (it was lost or corrupt): read back from the
+        kernel, so a later refresh renumbers nothing."""
+        adopted = []
+        inventory = await self._host.inventory()
+        for netns in sorted(inventory.netns):
+            lb_id = lb_id_from_netns(netns)
+            if not lb_id or lb_id in self.allocations:
+                continue
+            found = await self._host.read_allocation(lb_id)
+            if found is None:
+                continue
+            tag, inner, outer, ports = found
+            salt = next((n for n in range(max_salt) if interface_names(lb_id, n).tag == tag), None)
+            if salt is None:
+                continue
+            self.allocations[lb_id] = Allocation(inner, outer, salt, ports)
+            adopted.append(lb_id)
+            log.info("lb=%s action=adopt inner=%s outer=%s ports=%d", lb_id, inner, outer, len(ports))
+        return adopted
 
     async def apply(self, desired: DesiredState, raw: dict) -> int:
         """Accept a complete desired state: allocate, persist, then start converging."""

@@ -23,6 +23,7 @@ from devtools.sandbox import OvnSandbox, required_tools, which
 from devtools.topology import Vpc
 
 from agentproc import AgentProcess
+from helpers import MAC, VIP
 
 HERE = Path(__file__).parent
 
@@ -92,3 +93,14 @@ def agent_factory(sandbox: OvnSandbox, prefix: str, tmp_path: Path):
     finally:
         for agent in agents:
             agent.destroy()
+
+
+@pytest.fixture
+def web(vpc, prefix):
+    """Two backends answering their names, a client, and the LSP of the load balancer."""
+    vpc.add_host("a", "198.18.0.21", http_text="backend-a")
+    vpc.add_host("b", "198.18.0.22", http_text="backend-b")
+    client = vpc.add_host("client", "198.18.0.31")
+    lb_id = f"{prefix}-web"
+    vpc.add_lb_port(lb_id, MAC, VIP)
+    return lb_id, client

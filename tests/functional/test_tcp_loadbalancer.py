@@ -3,55 +3,13 @@ load balancer that a VPC client reaches through OVN, with real traffic."""
 
 from __future__ import annotations
 
-import collections
 import json
-import os
 import subprocess
 from pathlib import Path
 
-import pytest
-
-from lbstate import backend, desired, loadbalancer, tcp_listener
 from agentproc import wait_until
-
-VIP, MAC = "198.18.0.12", "00:22:0a:00:00:12"
-
-
-def answers(client, url: str, count: int) -> collections.Counter:
-    return collections.Counter(client.curl(url).strip() for _ in range(count))
-
-
-def wait_bound(agent, lb_id: str, timeout: float = 30) -> dict:
-    """Until ovn-controller says the load balancer's port is installed."""
-    return wait_until(lambda: (lb := agent.lb(lb_id))["ovn_installed"] and lb["state"] == "ready" and lb,
-                      timeout, f"{lb_id} ready with ovn-installed")
-
-
-def host_state() -> dict:
-    def sh(*cmd):
-        return subprocess.run(cmd, capture_output=True, text=True, check=True).stdout
-
-    return {"netns": sh("ip", "netns", "list"), "links": sh("ip", "-br", "link"),
-            "addrs": sh("ip", "-br", "addr"), "routes": sh("ip", "route")}
-
-
-@pytest.fixture
-def web(vpc, prefix):
-    """Two backends answering their names, a client, and the LSP of the load balancer."""
-    vpc.add_host("a", "198.18.0.21", http_text="backend-a")
-    vpc.add_host("b", "198.18.0.22", http_text="backend-b")
-    client = vpc.add_host("client", "198.18.0.31")
-    lb_id = f"{prefix}-web"
-    vpc.add_lb_port(lb_id, MAC, VIP)
-    return lb_id, client
-
-
-def web_lb(lb_id, backends=("a", "b"), listeners=None):
-    addresses = {"a": "198.18.0.21", "b": "198.18.0.22"}
-    members = [backend(f"be-{name}", addresses[name]) for name in backends]
-    return loadbalancer(lb_id, VIP, MAC, listeners or [tcp_listener("lsn-80", 80, scheduler="rr")],
-                        {"bg-1": members})
-
+from helpers import MAC, VIP, answers, host_state, wait_bound, web_lb
+from lbstate import backend, desired, loadbalancer, tcp_listener
 
 def test_tcp_load_balancer_through_ovn(agent_factory, vpc, web, sandbox):
     lb_id, client = web
