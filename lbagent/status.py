@@ -5,13 +5,15 @@ certificates and keys are not part of it.
 
 from __future__ import annotations
 
+from lbagent.haproxy.render import backend_name
+
 HEALTH_WORDS = (("UP", "up"), ("DOWN", "down"), ("NOLB", "draining"), ("MAINT", "maint"), ("no check", "unchecked"))
 
 
 def backend_health(server_states: dict[tuple[str, str], str], lb_id: str) -> dict[str, str]:
     """Server name -> health word for one load balancer, merged over its listeners
     (a backend serving two listeners is up if any of its checks says so)."""
-    prefix = f"be_{lb_id}_"
+    prefix = backend_name(lb_id, "")
     merged: dict[str, str] = {}
     for (backend, server), raw in server_states.items():
         if not backend.startswith(prefix):

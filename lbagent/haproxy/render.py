@@ -36,12 +36,14 @@ _BLANK_RUNS = re.compile(r"\n{3,}")
 HTTP_CODE_CLASSES = {"http_2xx": 2, "http_3xx": 3, "http_4xx": 4, "http_5xx": 5}
 
 
+# ':' cannot occur in an id, so "<lb>:<listener>" names one listener only
+# (with '_' a load balancer "a_b" + listener "c" would meet "a" + "b_c").
 def frontend_name(lb_id: str, listener_id: str) -> str:
-    return f"fe_{lb_id}_{listener_id}"
+    return f"fe:{lb_id}:{listener_id}"
 
 
 def backend_name(lb_id: str, listener_id: str) -> str:
-    return f"be_{lb_id}_{listener_id}"
+    return f"be:{lb_id}:{listener_id}"
 
 
 def server_name(member_key: str) -> str:

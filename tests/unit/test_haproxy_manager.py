@@ -309,7 +309,7 @@ async def test_server_states_report_each_server(manager, echo_port):
     await manager.apply("lb-a", lb_text("lb-a", port, echo_port, {"type": "tcp", "interval": 1, "rise": 1}))
 
     async def up():
-        return (await manager.server_states()).get(("be_lb-a_l", "be-1")) == "UP"
+        return (await manager.server_states()).get(("be:lb-a:l", "be-1")) == "UP"
 
     await until(up, "the health check to mark be-1 UP")
 

@@ -150,7 +150,7 @@ def test_udp_disabled_and_https_listeners_are_not_rendered(listener_id):
 
 def test_missing_group_renders_an_empty_backend():
     text = render_sample(members={})
-    assert "backend be_lb-1_rr\n    mode tcp\n    balance roundrobin\n" in text
+    assert "backend be:lb-1:rr\n    mode tcp\n    balance roundrobin\n" in text
     assert "    server " not in text
 
 
