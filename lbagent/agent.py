@@ -135,7 +135,8 @@ class Agent:
 
     async def status(self) -> dict:
         health = await self._server_health()
-        lbs = [self._lb_status(lb_id, health) for lb_id in sorted(self.worker.tasks)]
+        installed = await self._installed_ports()
+        lbs = [self._lb_status(lb_id, health, installed) for lb_id in sorted(self.worker.tasks)]
         return {
             "agent": {
                 "version": __version__,
@@ -152,13 +153,13 @@ class Agent:
             "loadbalancers": lbs,
             "subnets": self._subnet_status(),
             "provider_networks": [],
-            "pods": {"count": len(self.worker.desired.pods) if self.worker.desired else 0},
+            "pods": self._pod_status(),
         }
 
     async def loadbalancer_status(self, lb_id: str) -> dict | None:
         if lb_id not in self.worker.tasks:
             return None
-        return self._lb_status(lb_id, await self._server_health())
+        return self._lb_status(lb_id, await self._server_health(), await self._installed_ports())
 
     async def _server_health(self) -> dict:
         try:
@@ -167,16 +168,27 @@ class Agent:
             log.debug("object=haproxy action=stats result=error error=%r", str(exc))
             return {}
 
-    def _lb_status(self, lb_id: str, health: dict) -> dict:
+    async def _installed_ports(self) -> set[str] | None:
+        try:
+            return await asyncio.to_thread(self.ovs.installed_ports)
+        except Exception as exc:  # OVSDB may be reconnecting; say "unknown", not "no"
+            log.debug("object=ovs action=observe result=error error=%r", str(exc))
+            return None
+
+    def _lb_status(self, lb_id: str, health: dict, installed: set[str] | None) -> dict:
         worker = self.worker
         task = worker.tasks[lb_id]
         allocation = worker.allocations.get(lb_id)
         lb = worker.desired.loadbalancer(lb_id) if worker.desired and not task.deleting else None
         names = interface_names(lb_id, allocation.salt) if allocation else None
         runtime = worker.runtime.get(lb_id)
-        return loadbalancer_status(task, lb, allocation, names, netns_name(lb_id),
-                                   runtime.observation if runtime else None,
-                                   backend_health(health, lb_id))
+        members = worker.members(lb) if lb is not None and allocation is not None else {}
+        document = loadbalancer_status(task, lb, allocation, names, netns_name(lb_id),
+                                       runtime.observation if runtime else None,
+                                       backend_health(health, lb_id), members)
+        if installed is not None and names is not None:
+            document["ovn_installed"] = names.ovn_host in installed
+        return document
 
     def _subnet_status(self) -> list[dict]:
         desired = self.worker.desired
@@ -187,6 +199,10 @@ class Agent:
              "loadbalancers": sum(1 for lb in desired.loadbalancers if lb.network.subnet_id == s.id)}
             for s in desired.subnets
         ]
+
+    def _pod_status(self) -> dict:
+        pods = self.worker.desired.pods if self.worker.desired else []
+        return {"count": len(pods), "ready": sum(1 for p in pods if p.ready)}
 
     def update_gauges(self) -> None:
         set_lb_states(t.state for t in self.worker.tasks.values())

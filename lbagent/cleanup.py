@@ -62,6 +62,8 @@ async def cleanup_host(config: Config) -> list[str]:
         if os.path.exists(f"/run/netns/{netns}"):
             await asyncio.to_thread(delete_netns, netns)
             report.append(f"removed namespace {netns}")
+    outers = {a.outer for a in allocations.values()}
+    report += [f"removed policy rule from {o}" for o in await asyncio.to_thread(datapath.delete_reply_rules, outers)]
     if store.path.exists():
         store.path.unlink()
         report.append(f"removed state file {store.path}")

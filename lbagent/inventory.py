@@ -17,10 +17,11 @@ class Inventory:
     links: frozenset[str] = frozenset()
     ovs_ports: frozenset[str] = frozenset()
     haproxy: frozenset[str] = frozenset()
+    reply_rules: frozenset[str] = frozenset()  # OUTER addresses with a policy rule
 
     def minus(self, used: "Inventory") -> set[tuple[str, str]]:
         return {
             (kind, name)
-            for kind in ("netns", "links", "ovs_ports", "haproxy")
+            for kind in ("netns", "links", "ovs_ports", "haproxy", "reply_rules")
             for name in getattr(self, kind) - getattr(used, kind)
         }

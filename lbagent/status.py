@@ -5,7 +5,7 @@ certificates and keys are not part of it.
 
 from __future__ import annotations
 
-from lbagent.haproxy.render import backend_name
+from lbagent.haproxy.render import backend_name, server_name
 
 HEALTH_WORDS = (("UP", "up"), ("DOWN", "down"), ("NOLB", "draining"), ("MAINT", "maint"), ("no check", "unchecked"))
 
@@ -24,8 +24,8 @@ def backend_health(server_states: dict[tuple[str, str], str], lb_id: str) -> dic
     return merged
 
 
-def loadbalancer_status(task, lb, allocation, names, netns: str, observation, health: dict[str, str]) -> dict:
-    ports = allocation.ports if allocation else {}
+def loadbalancer_status(task, lb, allocation, names, netns: str, observation, health: dict[str, str],
+                        members: dict) -> dict:
     listeners = []
     backends = []
     if lb is not None:
@@ -34,15 +34,14 @@ def loadbalancer_status(task, lb, allocation, names, netns: str, observation, he
             listeners.append({"id": listener.id, "listener_type": listener.listener_type,
                               "listener_port": listener.listener_port, "state": state})
         seen = set()
-        for group in lb.backend_groups:
-            for backend in group.backends:
-                if backend.id in seen:
+        for group_id, group in members.items():
+            for member in group:
+                if member.key in seen:
                     continue
-                seen.add(backend.id)
-                backends.append({"id": backend.id, "group": group.id, "address": backend.address,
-                                 "port": backend.port, "weight": backend.weight,
-                                 "mapped_port": ports.get(backend.id),
-                                 "health": health.get(backend.id, "unknown")})
+                seen.add(member.key)
+                backends.append({"id": member.key, "group": group_id, "address": member.address,
+                                 "port": member.port, "weight": member.weight, "mapped_port": member.mapped_port,
+                                 "health": health.get(server_name(member.key), "unknown")})
     return {
         "id": task.lb_id,
         "state": task.state,

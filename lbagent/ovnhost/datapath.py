@@ -8,17 +8,32 @@ in the host namespace. Both observe first and write only the difference.
 from __future__ import annotations
 
 import errno
+import ipaddress
 from dataclasses import dataclass
 
 from lbagent.counters import count_write
 from lbagent.naming import INTERFACE_RE, InterfaceNames
 from lbagent.ovnhost import ethtool
 from lbagent.ovnhost.errors import LinkNotFound
-from lbagent.ovnhost.iplib import Address, Link, Netlink, Route
+from lbagent.ovnhost.iplib import Address, Link, Netlink, Route, SourceRule
 from lbagent.ovnhost.netns import write_sysctl
 
 LINK_LOCAL_PREFIX = 16
 DEFAULT_ROUTE = "0.0.0.0/0"
+# haproxy sees real client addresses, so its replies (from OUTER, to anyone)
+# must go back through the load balancer's own veth: one policy rule and one
+# small table per load balancer. The table id comes from OUTER's low 16 bits,
+# which are unique per load balancer: nothing to allocate or persist.
+RULE_PRIORITY = 31000
+TABLE_BASE = 0x4C420000
+
+
+def reply_table(outer: str) -> int:
+    return TABLE_BASE | (int(ipaddress.IPv4Address(outer)) & 0xFFFF)
+
+
+def is_reply_table(table: int) -> bool:
+    return table & ~0xFFFF == TABLE_BASE
 
 
 @dataclass(frozen=True)
@@ -79,6 +94,41 @@ def converge_host(spec: LinkSpec) -> None:
         route = Route(f"{spec.inner}/32", None, haproxy.index, spec.outer)
         if route not in {r for r in nl.routes() if r.dst == route.dst}:
             nl.replace_route(route)
+        _ensure_reply_path(nl, spec, haproxy)
+
+
+def _ensure_reply_path(nl: Netlink, spec: LinkSpec, haproxy: Link) -> None:
+    table = reply_table(spec.outer)
+    wanted = {Route(f"{spec.inner}/32", None, haproxy.index, spec.outer, table),
+              Route(DEFAULT_ROUTE, spec.inner, haproxy.index, None, table)}
+    observed = nl.routes(table)
+    for route in observed - wanted:
+        nl.delete_route(route)
+    for route in sorted(wanted - observed, key=lambda r: r.dst == DEFAULT_ROUTE):
+        nl.replace_route(route)
+    rule = SourceRule(spec.outer, table, RULE_PRIORITY)
+    rules = {r for r in nl.source_rules(RULE_PRIORITY) if r.src == spec.outer}
+    for stale in rules - {rule}:
+        nl.delete_source_rule(stale)
+    if rule not in rules:
+        nl.add_source_rule(rule)
+
+
+def delete_reply_rules(outers: set[str]) -> list[str]:
+    """Remove our policy rules for these OUTER addresses (their tables' routes
+    went with the links)."""
+    deleted = []
+    with Netlink.open() as nl:
+        for rule in nl.source_rules(RULE_PRIORITY):
+            if rule.src in outers and is_reply_table(rule.table):
+                nl.delete_source_rule(rule)
+                deleted.append(rule.src)
+    return deleted
+
+
+def reply_rule_sources() -> set[str]:
+    with Netlink.open() as nl:
+        return {r.src for r in nl.source_rules(RULE_PRIORITY) if is_reply_table(r.table)}
 
 
 def delete_host_links(names: InterfaceNames) -> list[str]:

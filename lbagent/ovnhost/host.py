@@ -103,8 +103,10 @@ class OvnHost:
     async def inventory(self) -> Inventory:
         """Everything on this host that carries our marks."""
         links = await self._namespaces.run(None, _read_marked_links)
+        rules = await self._namespaces.run(None, datapath.reply_rule_sources)
         ports = await asyncio.to_thread(self._ovs.owned_ports)
-        return Inventory(frozenset(list_netns(NETNS_PREFIX)), frozenset(links), frozenset(ports))
+        return Inventory(frozenset(list_netns(NETNS_PREFIX)), frozenset(links), frozenset(ports),
+                         reply_rules=frozenset(rules))
 
     async def delete_orphan(self, kind: str, name: str) -> None:
         if kind == "netns":
@@ -113,11 +115,15 @@ class OvnHost:
             await self._namespaces.run(None, _delete_link, name)
         elif kind == "ovs_ports":
             await asyncio.to_thread(self._ovs.delete_port, name)
+        elif kind == "reply_rules":
+            await self._namespaces.run(None, datapath.delete_reply_rules, {name})
         else:
             raise ValueError(f"unknown kind of object {kind!r}")
 
-    async def remove(self, lb_id: str, netns: str, names: InterfaceNames) -> None:
+    async def remove(self, lb_id: str, netns: str, names: InterfaceNames, outer: str) -> None:
         """Remove everything converge() made; safe on partial or absent state."""
+        if await self._namespaces.run(None, datapath.delete_reply_rules, {outer}):
+            log.info("action=delete object=rule lb=%s from=%s", lb_id, outer)
         if await asyncio.to_thread(self._ovs.delete_port, names.ovn_host):
             log.info("action=delete object=ovs_port lb=%s port=%s", lb_id, names.ovn_host)
         for link in await self._namespaces.run(None, datapath.delete_host_links, names):

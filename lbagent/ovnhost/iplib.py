@@ -21,6 +21,7 @@ from lbagent.ovnhost.errors import translate_netlink
 IFA_F_NOPREFIXROUTE = 0x200
 IFF_UP = 0x1
 MAIN_TABLE = 254
+RT_SCOPE_LINK = 253
 
 
 @dataclass(frozen=True)
@@ -47,6 +48,16 @@ class Route:
     gateway: str | None
     oif: int | None
     prefsrc: str | None
+    table: int = MAIN_TABLE
+
+
+@dataclass(frozen=True)
+class SourceRule:
+    """A policy rule `from <src>/32 lookup <table>` at one priority."""
+
+    src: str
+    table: int
+    priority: int
 
 
 class Netlink:
@@ -92,9 +103,25 @@ class Netlink:
         msgs = self._call("dump addresses", "", self._ipr.get_addr, family=socket.AF_INET)
         return {m.get("address") for m in msgs}
 
-    def routes(self) -> set[Route]:
-        msgs = self._call("dump routes", "", self._ipr.get_routes, family=socket.AF_INET, table=MAIN_TABLE)
+    def routes(self, table: int = MAIN_TABLE) -> set[Route]:
+        msgs = self._call("dump routes", "", self._ipr.get_routes, family=socket.AF_INET, table=table)
         return {_to_route(m) for m in msgs if m.get("type") == 1}  # unicast only
+
+    def source_rules(self, priority: int) -> set[SourceRule]:
+        msgs = self._call("dump rules", "", self._ipr.get_rules, family=socket.AF_INET)
+        return {
+            SourceRule(m.get("FRA_SRC"), m.get("FRA_TABLE") or m["table"], m.get("FRA_PRIORITY"))
+            for m in msgs
+            if m.get("FRA_PRIORITY") == priority and m.get("FRA_SRC") and m["src_len"] == 32
+        }
+
+    def add_source_rule(self, rule: SourceRule) -> None:
+        self._call("add rule", f"from {rule.src} lookup {rule.table}", self._ipr.rule, "add", write=True,
+                   src=rule.src, src_len=32, table=rule.table, priority=rule.priority)
+
+    def delete_source_rule(self, rule: SourceRule) -> None:
+        self._call("delete rule", f"from {rule.src} lookup {rule.table}", self._ipr.rule, "del", write=True,
+                   src=rule.src, src_len=32, table=rule.table, priority=rule.priority)
 
     # --- writes ----------------------------------------------------------
 
@@ -136,6 +163,39 @@ class Netlink:
     def delete_route(self, route: Route) -> None:
         self._call("delete route", route.dst, self._ipr.route, "del", write=True, **_route_args(route))
 
+    # --- moving addresses and routes between links (provider bridges) -----
+
+    def link_addresses(self, index: int) -> set[LinkAddress]:
+        """The link's IPv4 addresses with their broadcast and noprefixroute flag."""
+        msgs = self._call("dump addresses", str(index), self._ipr.get_addr, family=socket.AF_INET, index=index)
+        return {_to_link_address(m) for m in msgs}
+
+    def add_link_address(self, link: Link, addr: LinkAddress) -> None:
+        extra: dict = {"flags": IFA_F_NOPREFIXROUTE} if addr.noprefixroute else {}
+        if addr.broadcast:
+            extra["broadcast"] = addr.broadcast
+        self._call(
+            "add address", f"{addr.cidr} {link.name}", self._ipr.addr, "add",
+            index=link.index, address=addr.address, prefixlen=addr.prefixlen, write=True, **extra,
+        )
+
+    def link_routes(self, index: int) -> set[LinkRoute]:
+        """Main-table unicast routes out of this link, except those the kernel derives from addresses."""
+        msgs = self._call("dump routes", str(index), self._ipr.get_routes, family=socket.AF_INET, table=MAIN_TABLE)
+        return {
+            _to_link_route(m) for m in msgs
+            if m.get("type") == 1 and m.get("RTA_OIF") == index and m["proto"] != RTPROT_KERNEL
+        }
+
+    def replace_link_route(self, link: Link, route: LinkRoute) -> None:
+        """Add `route` out of `link`; a route with the same key elsewhere is moved here."""
+        self._call("replace route", f"{route.dst} {link.name}", self._ipr.route, "replace", write=True,
+                   **_link_route_args(link, route))
+
+    def delete_link_route(self, link: Link, route: LinkRoute) -> None:
+        self._call("delete route", f"{route.dst} {link.name}", self._ipr.route, "del", write=True,
+                   **_link_route_args(link, route))
+
 
 def _to_link(msg) -> Link:
     info = msg.get("IFLA_LINKINFO")
@@ -157,15 +217,75 @@ def _to_route(msg) -> Route:
         gateway=msg.get("RTA_GATEWAY"),
         oif=msg.get("RTA_OIF"),
         prefsrc=msg.get("RTA_PREFSRC"),
+        table=msg.get("RTA_TABLE") or msg["table"],
     )
 
 
 def _route_args(route: Route) -> dict:
-    args: dict = {"dst": route.dst, "table": MAIN_TABLE}
+    args: dict = {"dst": route.dst, "table": route.table}
     if route.gateway:
         args["gateway"] = route.gateway
+    else:
+        args["scope"] = RT_SCOPE_LINK  # a device route: a gateway behind it must be reachable
     if route.oif:
         args["oif"] = route.oif
     if route.prefsrc:
         args["prefsrc"] = route.prefsrc
+    return args
+
+
+# --- addresses and routes that move between links ---------------------------------
+
+RTPROT_KERNEL = 2
+RTPROT_BOOT = 3  # what `ip route add` uses
+
+
+@dataclass(frozen=True)
+class LinkAddress:
+    """An IPv4 address with what re-creating it on another link needs."""
+
+    address: str
+    prefixlen: int
+    broadcast: str | None = None
+    noprefixroute: bool = False
+
+    @property
+    def cidr(self) -> str:
+        return f"{self.address}/{self.prefixlen}"
+
+
+@dataclass(frozen=True)
+class LinkRoute:
+    """A main-table route out of some link, with what re-creating it on another link needs."""
+
+    dst: str  # "a.b.c.d/len"; "0.0.0.0/0" for the default route
+    gateway: str | None = None
+    prefsrc: str | None = None
+    metric: int | None = None
+    scope: int = 0  # RT_SCOPE_UNIVERSE; RT_SCOPE_LINK (253) for routes without a gateway
+    proto: int = RTPROT_BOOT
+
+
+def _to_link_address(msg) -> LinkAddress:
+    flags = msg.get("IFA_FLAGS") or msg["flags"]
+    return LinkAddress(msg.get("IFA_LOCAL") or msg.get("IFA_ADDRESS"), msg["prefixlen"],
+                       msg.get("IFA_BROADCAST"), bool(flags & IFA_F_NOPREFIXROUTE))
+
+
+def _to_link_route(msg) -> LinkRoute:
+    return LinkRoute(
+        dst=f"{msg.get('RTA_DST') or '0.0.0.0'}/{msg['dst_len']}",
+        gateway=msg.get("RTA_GATEWAY"),
+        prefsrc=msg.get("RTA_PREFSRC"),
+        metric=msg.get("RTA_PRIORITY"),
+        scope=msg["scope"],
+        proto=msg["proto"],
+    )
+
+
+def _link_route_args(link: Link, route: LinkRoute) -> dict:
+    args: dict = {"dst": route.dst, "table": MAIN_TABLE, "oif": link.index, "scope": route.scope,
+                  "proto": route.proto}
+    optional = {"gateway": route.gateway, "prefsrc": route.prefsrc, "priority": route.metric}
+    args.update({k: v for k, v in optional.items() if v is not None})
     return args

@@ -78,7 +78,6 @@ def nat_rules(plan: NatPlan) -> list[NatRule]:
     for port in plan.tcp_ports:
         rules.append(NatRule(PRE_CHAIN, f"listener tcp/{port}", "DNAT", f"{plan.outer}:{port}",
                              in_interface=plan.ovn_ns, protocol="tcp", dst=plan.vip, dport=port))
-    rules.append(NatRule(POST_CHAIN, "to haproxy", "SNAT", plan.inner, out_interface=plan.haproxy_ns))
     for member in plan.members:
         rules.append(NatRule(PRE_CHAIN, f"{BACKEND_TAG}{member.key}", "DNAT", f"{member.address}:{member.port}",
                              in_interface=plan.haproxy_ns, protocol="tcp", dst=plan.inner,

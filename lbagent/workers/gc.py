@@ -11,7 +11,7 @@ desired state is known: a half-known world never triggers cleanup.
 from __future__ import annotations
 
 import logging
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Callable
 
 from lbagent.inventory import Inventory
@@ -28,7 +28,7 @@ class GarbageCollector:
 
     async def run_once(self, in_use: Callable[[], Inventory]) -> list[tuple[str, str]]:
         found = await self.host.inventory()
-        found = Inventory(found.netns, found.links, found.ovs_ports, frozenset(self.haproxy.lb_ids_on_disk()))
+        found = replace(found, haproxy=frozenset(self.haproxy.lb_ids_on_disk()))
         # Asked after the inventory, and again before each deletion: a load
         # balancer added meanwhile claims its objects back.
         orphans = found.minus(in_use())

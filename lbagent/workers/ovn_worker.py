@@ -11,10 +11,10 @@ from __future__ import annotations
 import asyncio
 import json
 import logging
-from dataclasses import dataclass
+from dataclasses import astuple, dataclass
 
 from lbagent.errors import StaleGeneration
-from lbagent.haproxy.render import render_loadbalancer
+from lbagent.haproxy.render import render_config
 from lbagent.inventory import Inventory
 from lbagent.model import DesiredState, LoadBalancer
 from lbagent.naming import interface_names, lb_id_from_netns, netns_name
@@ -120,7 +120,7 @@ class OvnWorker:
                 allocations[lb.id] = Allocation(pair.inner, pair.outer, self._free_salt(lb.id, allocations))
         for lb in desired.loadbalancers:
             old = allocations[lb.id]
-            ports = assign_ports(old.ports, plan.member_keys(lb))
+            ports = assign_ports(old.ports, plan.member_keys(plan.group_targets(lb, desired.pods)))
             if ports != old.ports:
                 allocations[lb.id] = Allocation(old.inner, old.outer, old.salt, ports)
         return allocations
@@ -161,10 +161,18 @@ class OvnWorker:
         return True
 
     def _fingerprint(self, lb_id: str) -> str:
+        """Everything a pass over this load balancer depends on: its own desired
+        state, its subnet, the pods its groups select, its allocation. A change
+        of a subnet or pod re-queues exactly the load balancers that use it."""
         lb = self._lb(lb_id)
         subnet = self.desired.subnet(lb.network.subnet_id)
+        targets = plan.group_targets(lb, self.desired.pods)
         return json.dumps([lb.model_dump(mode="json"), subnet.model_dump(mode="json"),
+                           {g: [list(astuple(t)) for t in ts] for g, ts in targets.items()},
                            self.allocations[lb_id].to_json()], sort_keys=True)
+
+    def members(self, lb: LoadBalancer) -> dict[str, list]:
+        return plan.members_by_group(plan.group_targets(lb, self.desired.pods), self.allocations[lb.id].ports)
 
     def _lb(self, lb_id: str) -> LoadBalancer | None:
         return next((lb for lb in self.desired.loadbalancers if lb.id == lb_id), None) if self.desired else None
@@ -193,20 +201,21 @@ class OvnWorker:
     async def _converge(self, lb: LoadBalancer) -> None:
         allocation = self.allocations[lb.id]
         subnet = self.desired.subnet(lb.network.subnet_id)
-        members = plan.members_by_group(lb, allocation.ports)
+        members = self.members(lb)
         if self._netdev is None:
             self._netdev = await self._host.bridge_is_netdev()
         spec = plan.host_spec(lb, subnet, allocation, members, self._netdev)
         self.runtime[lb.id].observation = await self._host.converge(spec)
-        text = render_loadbalancer(lb, allocation.outer, members, inner=allocation.inner)
-        if await self._haproxy.apply(lb.id, text):
+        config = render_config(lb, allocation.outer, members, inner=allocation.inner)
+        if await self._haproxy.apply(lb.id, config.text, config.files):
             log.info("lb=%s object=haproxy action=reload", lb.id)
 
     async def _remove_data_path(self, lb_id: str) -> None:
         allocation = self.allocations.get(lb_id)
         await self._haproxy.apply(lb_id, None)
         if allocation is not None:
-            await self._host.remove(lb_id, netns_name(lb_id), interface_names(lb_id, allocation.salt))
+            await self._host.remove(lb_id, netns_name(lb_id), interface_names(lb_id, allocation.salt),
+                                    allocation.outer)
 
     async def _teardown(self, lb_id: str) -> bool:
         await self._remove_data_path(lb_id)
@@ -229,6 +238,7 @@ class OvnWorker:
             links=frozenset(n for ns in names for n in (ns.ovn_host, ns.haproxy_host)),
             ovs_ports=frozenset(ns.ovn_host for ns in names),
             haproxy=frozenset(ids),
+            reply_rules=frozenset(a.outer for a in self.allocations.values()),
         )
 
     # --- waiting and shutdown ------------------------------------------------

@@ -7,6 +7,7 @@ balancer to namespaces, links, rules and haproxy servers is unit-testable.
 from __future__ import annotations
 
 import ipaddress
+from dataclasses import dataclass
 
 from lbagent.members import Member
 from lbagent.naming import interface_names, netns_name
@@ -18,22 +19,55 @@ from lbagent.state import Allocation
 TCP_CLASS = ("tcp", "http", "https")
 
 
-def member_keys(lb) -> list[str]:
-    """Every key that needs a port on INNER, in a stable order."""
-    keys: list[str] = []
+@dataclass(frozen=True)
+class Target:
+    """A group member before it has a port on INNER."""
+
+    key: str
+    address: str
+    port: int
+    weight: int
+    send_proxy: str = "off"
+    ssl: bool = False
+
+
+def selected_pods(selector, pods) -> list[Target]:
+    """The ready pods in the selector's namespace carrying all its labels, on
+    its port (a number, or a name looked up on each pod; pods without it are
+    skipped)."""
+    targets = []
+    for pod in pods:
+        if not pod.ready or pod.namespace != selector.namespace:
+            continue
+        if any(pod.labels.get(k) != v for k, v in selector.labels.items()):
+            continue
+        port = selector.port if isinstance(selector.port, int) else next(
+            (p.port for p in pod.ports if p.name == selector.port), None)
+        if port is not None:
+            targets.append(Target(pod.id, pod.ip, port, selector.weight))
+    return targets
+
+
+def group_targets(lb, pods) -> dict[str, list[Target]]:
+    groups = {}
     for group in lb.backend_groups:
-        for backend in group.backends:
-            if backend.id not in keys:
-                keys.append(backend.id)
-    return keys
+        targets = [Target(b.id, b.address, b.port, b.weight, b.send_proxy, b.ssl) for b in group.backends]
+        if group.pod_selector is not None:
+            targets += [Target(f"{group.id}/{t.key}", t.address, t.port, t.weight)
+                        for t in selected_pods(group.pod_selector, pods)]
+        groups[group.id] = targets
+    return groups
 
 
-def members_by_group(lb, ports: dict[str, int]) -> dict[str, list[Member]]:
+def member_keys(targets: dict[str, list[Target]]) -> list[str]:
+    """Every key that needs a port on INNER, in a stable order."""
+    return list(dict.fromkeys(t.key for group in targets.values() for t in group))
+
+
+def members_by_group(targets: dict[str, list[Target]], ports: dict[str, int]) -> dict[str, list[Member]]:
     return {
-        group.id: [
-            Member(b.id, b.address, b.port, b.weight, b.send_proxy, b.ssl, ports[b.id]) for b in group.backends
-        ]
-        for group in lb.backend_groups
+        group_id: [Member(t.key, t.address, t.port, t.weight, t.send_proxy, t.ssl, ports[t.key]) for t in group]
+        for group_id, group in targets.items()
     }
 
 

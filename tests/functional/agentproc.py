@@ -127,7 +127,8 @@ class AgentProcess:
                                 capture_output=True, text=True, timeout=120, env=self.env)
         if result.returncode != 0:
             print("lbagent cleanup failed:", result.stdout, result.stderr, file=sys.stderr)
-        shutil.rmtree(self.base, ignore_errors=True)
+        if os.environ.get("LBAGENT_KEEP_AGENT_DIRS") is None:
+            shutil.rmtree(self.base, ignore_errors=True)
 
 
 def _decode(raw: bytes):

@@ -38,6 +38,7 @@ def lb():
     yield lb_id, names, netns
     for name in (names.ovn_host, names.haproxy_host):
         subprocess.run(["ip", "link", "del", name], capture_output=True)
+    datapath.delete_reply_rules({"169.254.0.101"})
     if os.path.exists(f"/run/netns/{netns}"):
         delete_netns(netns)
 
@@ -78,9 +79,13 @@ async def test_converge_builds_the_data_path_and_a_second_pass_writes_nothing(ex
     host_addr = sh(f"ip -d addr show {names.haproxy_host}")
     assert "169.254.0.101/16" in host_addr and "noprefixroute" in host_addr
     assert f"169.254.0.100 dev {names.haproxy_host}" in sh("ip route")
+    # haproxy's replies to real client addresses go back through this load balancer.
+    table = datapath.reply_table("169.254.0.101")
+    assert f"from 169.254.0.101 lookup {table}" in sh("ip rule")
+    assert f"default via 169.254.0.100 dev {names.haproxy_host}" in sh(f"ip route show table {table}")
     nat = sh(f"ip netns exec {netns} iptables-legacy-save -t nat")
     assert "--to-destination 169.254.0.101:80" in nat and "--to-destination 198.18.0.21:8000" in nat
-    assert "-j SNAT --to-source 169.254.0.100" in nat and "-j SNAT --to-source 198.18.0.12" in nat
+    assert "-j SNAT --to-source 198.18.0.12" in nat and "--to-source 169.254" not in nat
 
     before = write_counts()
     assert await converge(executors, netns, names, spec(names), rules(names)) == 0
@@ -94,6 +99,7 @@ async def test_changes_and_drift_are_repaired(executors, lb):
     sh(f"ip netns exec {netns} iptables-legacy -t nat -A LBAGENT-PRE -j ACCEPT")
     sh(f"ip netns exec {netns} iptables-legacy -t nat -F LBAGENT-POST")
     sh(f"ip link del {names.haproxy_host}")
+    sh("ip rule del priority 31000 from 169.254.0.101")
     sh(f"ip netns exec {netns} ip addr flush dev {names.ovn_ns}")
     changed = await converge(executors, netns, names, spec(names, gateway="198.18.0.254", mtu=1400),
                              rules(names, backend="198.18.0.22"))
@@ -101,7 +107,8 @@ async def test_changes_and_drift_are_repaired(executors, lb):
     nat = sh(f"ip netns exec {netns} iptables-legacy-save -t nat")
     assert "-j ACCEPT" not in nat
     assert "198.18.0.22:8000" in nat and "198.18.0.21:8000" not in nat
-    assert "--to-source 169.254.0.100" in nat
+    assert "--to-source 198.18.0.12" in nat
+    assert "from 169.254.0.101 lookup" in sh("ip rule")
     assert "198.18.0.12/24" in sh(f"ip netns exec {netns} ip -br addr")
     routes = sh(f"ip netns exec {netns} ip route")
     assert "default via 198.18.0.254" in routes and "198.18.0.1 " not in routes

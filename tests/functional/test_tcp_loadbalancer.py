@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import subprocess
+import sys
 from pathlib import Path
 
 from agentproc import wait_until
@@ -159,3 +160,31 @@ def test_invalid_bodies_change_nothing(agent_factory, vpc, web):
     assert agent.request("POST", "/v1/refresh", good, token=None)[0] == 401
     assert agent.request("GET", "/v1/status", token="wrong")[0] == 401
     assert agent.request("POST", "/v1/refresh", desired(0, web_lb(lb_id)))[0] == 409
+
+
+HOLD_CONNECTION = (
+    "import socket, sys\n"
+    "s = socket.create_connection((sys.argv[1], 80), timeout=10)\n"
+    "print('connected', flush=True)\n"
+    "sys.stdin.read()\n"
+)
+
+
+def test_haproxy_sees_the_real_client_address(agent_factory, vpc, web):
+    lb_id, client = web
+    agent = agent_factory()
+    assert agent.refresh(desired(1, web_lb(lb_id)))[0] == 200
+    status = wait_bound(agent, lb_id)
+    holder = subprocess.Popen(["ip", "netns", "exec", client.netns, sys.executable, "-c", HOLD_CONNECTION, VIP],
+                              stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
+    try:
+        assert holder.stdout.readline().strip() == "connected"
+        sessions = wait_until(lambda: subprocess.run(
+            ["ss", "-Htn", "state", "established", "src", f"{status['outer']}:80"],
+            capture_output=True, text=True, check=True).stdout, 10, "haproxy's side of the connection")
+        assert f"{client.ip}:" in sessions, sessions
+    finally:
+        holder.stdin.close()
+        holder.wait(10)
+    # And the answers still come back through the load balancer.
+    assert set(answers(client, f"http://{VIP}:80/", 2)) <= {"backend-a", "backend-b"}

@@ -36,7 +36,7 @@ class FakeHost:
         self.converged.append(spec)
         return HostObservation(spec.links.names.ovn_host, True)
 
-    async def remove(self, lb_id, netns, names):
+    async def remove(self, lb_id, netns, names, outer):
         self.removed.append(lb_id)
 
 
@@ -168,3 +168,36 @@ async def test_wait_times_out_while_a_pass_is_outstanding(worker):
 async def _until(predicate):
     while not predicate():
         await asyncio.sleep(0.01)
+
+
+def pod_body(pod_id, ip, ready=True, app="web"):
+    return {"id": pod_id, "namespace": "shop", "ip": ip, "ready": ready, "labels": {"app": app},
+            "ports": [{"name": "http", "port": 8080, "protocol": "tcp"}]}
+
+
+def selecting_lb(lb_id, ip, app):
+    lb = lb_body(lb_id, ip=ip)
+    lb["backend_groups"] = [{"id": "bg-1", "backends": [],
+                             "pod_selector": {"namespace": "shop", "labels": {"app": app}, "port": "http"}}]
+    return lb
+
+
+async def test_a_pod_change_requeues_exactly_the_load_balancers_selecting_it(worker):
+    pods = [pod_body("w1", "198.18.0.21"), pod_body("d1", "198.18.0.40", app="db")]
+    body = state(1, [selecting_lb("web", "198.18.0.12", "web"), selecting_lb("db", "198.18.0.13", "db")])
+    body["pods"] = pods
+    await apply(worker, body)
+    assert await worker.wait_settled(1, 5)
+    passes = {k: t.passes for k, t in worker.tasks.items()}
+    assert worker.allocations["web"].ports == {"bg-1/w1": 1025}
+    body = state(2, body["loadbalancers"])
+    body["pods"] = pods + [pod_body("w2", "198.18.0.22"), pod_body("w3", "198.18.0.23", ready=False)]
+    await apply(worker, body)
+    assert await worker.wait_settled(2, 5)
+    assert worker.tasks["web"].passes == passes["web"] + 1
+    assert worker.tasks["db"].passes == passes["db"]
+    # The member that did not change keeps its port.
+    assert worker.allocations["web"].ports == {"bg-1/w1": 1025, "bg-1/w2": 1026}
+    members = worker.members(worker.desired.loadbalancer("web"))["bg-1"]
+    assert [(m.key, m.address, m.port, m.mapped_port) for m in members] == [
+        ("bg-1/w1", "198.18.0.21", 8080, 1025), ("bg-1/w2", "198.18.0.22", 8080, 1026)]
