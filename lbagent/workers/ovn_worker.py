@@ -14,7 +14,7 @@ import logging
 from dataclasses import astuple, dataclass
 
 from lbagent.errors import StaleGeneration
-from lbagent.haproxy.render import render_config
+from lbagent.haproxy.render import render_loadbalancer
 from lbagent.inventory import Inventory
 from lbagent.model import DesiredState, LoadBalancer
 from lbagent.naming import interface_names, lb_id_from_netns, netns_name
@@ -206,8 +206,8 @@ class OvnWorker:
             self._netdev = await self._host.bridge_is_netdev()
         spec = plan.host_spec(lb, subnet, allocation, members, self._netdev)
         self.runtime[lb.id].observation = await self._host.converge(spec)
-        config = render_config(lb, allocation.outer, members, inner=allocation.inner)
-        if await self._haproxy.apply(lb.id, config.text, config.files):
+        text = render_loadbalancer(lb, allocation.outer, members, inner=allocation.inner)
+        if await self._haproxy.apply(lb.id, text):
             log.info("lb=%s object=haproxy action=reload", lb.id)
 
     async def _remove_data_path(self, lb_id: str) -> None:
