@@ -1,8 +1,11 @@
-"""The HTTP API of api.md on aiohttp: refresh, status, health, readiness, metrics.
+"""The HTTP API of api.md on aiohttp: refresh, status, health, readiness, metrics, OpenAPI.
 
-Every error answer is JSON `{"error", "message", "details"}`. The refresh body
-is parsed and validated completely before the agent is asked to accept it, so
-an invalid body changes nothing.
+Every error answer is JSON `{"error", "message", "details"}`, an unexpected
+failure included (500, logged). The refresh body is parsed and validated
+completely before the agent is asked to accept it, so an invalid body changes
+nothing. Which paths need no token is read from the OpenAPI document, so the
+document and the access rules cannot disagree. Every answer is counted in
+`lbagent_api_requests_total` by route template, never by raw path.
 """
 
 from __future__ import annotations
@@ -15,14 +18,18 @@ import math
 from aiohttp import web
 from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 
+from lbagent.agentmetrics import AgentRegistry
+from lbagent.counters import API_REQUESTS
 from lbagent.errors import InvalidDesiredState, StaleGeneration
 from lbagent.model import parse_desired_state
+from lbagent.openapi import document_bytes, open_paths
 
 log = logging.getLogger(__name__)
 
 MAX_WAIT = 300.0
-OPEN_PATHS = {"/healthz", "/readyz"}  # probes carry no token
+OPEN_PATHS = frozenset(open_paths())  # probes and the OpenAPI document carry no token
 AGENT = web.AppKey("agent", object)
+METRICS = web.AppKey("metrics", AgentRegistry)
 
 
 def error_response(status: int, code: str, message: str, details: list | None = None) -> web.Response:
@@ -30,15 +37,38 @@ def error_response(status: int, code: str, message: str, details: list | None = 
 
 
 def create_app(agent, token: str | None, max_body_bytes: int) -> web.Application:
-    app = web.Application(client_max_size=max_body_bytes, middlewares=[_errors_as_json, _auth(token)])
+    app = web.Application(client_max_size=max_body_bytes,
+                          middlewares=[_count_requests, _errors_as_json, _auth(token)])
     app[AGENT] = agent
+    app[METRICS] = AgentRegistry(agent)
     app.router.add_post("/v1/refresh", refresh)
-    app.router.add_get("/v1/status", status)
-    app.router.add_get("/v1/loadbalancers/{lb_id}", loadbalancer)
-    app.router.add_get("/healthz", healthz)
-    app.router.add_get("/readyz", readyz)
-    app.router.add_get("/metrics", metrics)
+    # No implicit HEAD routes: the OpenAPI document lists exactly what is served.
+    app.router.add_get("/v1/status", status, allow_head=False)
+    app.router.add_get("/v1/loadbalancers/{lb_id}", loadbalancer, allow_head=False)
+    app.router.add_get("/v1/openapi.json", openapi, allow_head=False)
+    app.router.add_get("/healthz", healthz, allow_head=False)
+    app.router.add_get("/readyz", readyz, allow_head=False)
+    app.router.add_get("/metrics", metrics, allow_head=False)
     return app
+
+
+def _route(request: web.Request) -> str:
+    resource = request.match_info.route.resource
+    return resource.canonical if resource is not None else "unmatched"
+
+
+@web.middleware
+async def _count_requests(request: web.Request, handler):
+    code = 500
+    try:
+        response = await handler(request)
+        code = response.status
+        return response
+    except web.HTTPException as exc:
+        code = exc.status
+        raise
+    finally:
+        API_REQUESTS.labels(request.method, _route(request), str(code)).inc()
 
 
 @web.middleware
@@ -50,6 +80,11 @@ async def _errors_as_json(request: web.Request, handler):
             raise
         code = {404: "not_found", 405: "method_not_allowed", 413: "body_too_large"}.get(exc.status, "http_error")
         return error_response(exc.status, code, exc.reason)
+    except Exception:
+        # A bug or a host failure (a full disk under the state file): logged
+        # with its traceback, answered without it.
+        log.exception("action=api result=error method=%s route=%s", request.method, _route(request))
+        return error_response(500, "internal_error", "the agent failed to answer; see its log")
 
 
 def _auth(token: str | None):
@@ -74,22 +109,35 @@ def _wait_seconds(request: web.Request) -> float | None:
     try:
         value = float(raw)
     except ValueError:
-        raise web.HTTPBadRequest(reason="wait must be a number of seconds") from None
+        value = math.nan
     if not math.isfinite(value) or value < 0:
-        raise web.HTTPBadRequest(reason="wait must be a number of seconds")
+        raise InvalidParameter("wait", "must be a number of seconds, 0 or more")
     return min(value, MAX_WAIT)
+
+
+class InvalidParameter(Exception):
+    def __init__(self, name: str, message: str):
+        super().__init__(message)
+        self.name = name
 
 
 async def refresh(request: web.Request) -> web.Response:
     agent = request.app[AGENT]
     if request.content_type != "application/json":
         return error_response(415, "unsupported_media_type", "the body must be application/json")
-    wait = _wait_seconds(request)
+    try:
+        wait = _wait_seconds(request)
+    except InvalidParameter as exc:
+        # "?name" marks a query parameter; a detail about the body has a JSON pointer path.
+        return error_response(400, "invalid_parameter", f"query parameter {exc.name} {exc}",
+                              [{"path": f"?{exc.name}", "message": str(exc)}])
     raw = await request.read()
     try:
         body = json.loads(raw)
-    except (ValueError, UnicodeDecodeError) as exc:
-        return error_response(400, "invalid_json", f"the body is not JSON: {exc}")
+    except (ValueError, RecursionError) as exc:  # UnicodeDecodeError is a ValueError
+        message = "nested too deeply" if isinstance(exc, RecursionError) else str(exc)
+        return error_response(400, "invalid_json", f"the body is not JSON: {message}",
+                              [{"path": "", "message": f"not JSON: {message}"}])
     try:
         desired = parse_desired_state(body)
     except InvalidDesiredState as exc:
@@ -117,6 +165,10 @@ async def loadbalancer(request: web.Request) -> web.Response:
     return web.json_response(found)
 
 
+async def openapi(request: web.Request) -> web.Response:
+    return web.Response(body=document_bytes(), content_type="application/json")
+
+
 async def healthz(request: web.Request) -> web.Response:
     return web.json_response({"status": "ok"})
 
@@ -129,5 +181,4 @@ async def readyz(request: web.Request) -> web.Response:
 
 
 async def metrics(request: web.Request) -> web.Response:
-    request.app[AGENT].update_gauges()
-    return web.Response(body=generate_latest(), headers={"Content-Type": CONTENT_TYPE_LATEST})
+    return web.Response(body=generate_latest(request.app[METRICS]), headers={"Content-Type": CONTENT_TYPE_LATEST})

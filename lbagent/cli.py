@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import os
 import sys
 from pathlib import Path
 
@@ -41,8 +42,12 @@ def run(config_path: Path | None) -> None:
     from lbagent.server import serve
 
     config = _load(config_path)
-    setup_logging(config.agent.log_level, config.agent.log_format)
-    asyncio.run(serve(config))
+    # The token is redacted from every log line, whichever module writes it.
+    setup_logging(config.agent.log_level, config.agent.log_format, secrets=[config.read_token()])
+    try:
+        asyncio.run(serve(config))
+    except ConfigError as exc:  # found at start (a socket already in use, say)
+        raise click.ClickException(str(exc)) from None
 
 
 @main.command()
@@ -50,20 +55,21 @@ def run(config_path: Path | None) -> None:
 @click.option("--json", "as_json", is_flag=True, help="print the status document as JSON")
 @click.argument("lb_id", required=False)
 def status(config_path: Path | None, as_json: bool, lb_id: str | None) -> None:
-    """Show the agent's status (from the running agent, or the state directory)."""
+    """Show the agent's status (from the running agent, or the state directory).
+
+    With ID: that load balancer's listeners, backends (mapped ports, health)
+    and the packet counters of its NAT rules, read from its namespace.
+    """
     from lbagent.statusview import collect_status, render_status
 
     config = _load(config_path)
-    document, source = collect_status(config)
-    if lb_id is not None:
-        matches = [lb for lb in document.get("loadbalancers", []) if lb["id"] == lb_id]
-        if not matches:
-            raise click.ClickException(f"no load balancer {lb_id!r} on this host")
-        document = {**document, "loadbalancers": matches}
+    document, source = collect_status(config, lb_id)
     if as_json:
         click.echo(json.dumps({**document, "source": source}, indent=2))
     else:
-        click.echo(render_status(document, source, color=sys.stdout.isatty(), detail=lb_id is not None))
+        # Colour only for a person at a terminal (and never with NO_COLOR set).
+        color = sys.stdout.isatty() and not os.environ.get("NO_COLOR")
+        click.echo(render_status(document, source, color=color, detail=lb_id is not None), color=color)
 
 
 @main.command()

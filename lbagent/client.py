@@ -1,4 +1,8 @@
-"""A small synchronous client of the agent's own API, for the CLI."""
+"""A small synchronous client of the agent's own API, for the CLI (and tests).
+
+It reaches the agent the way the configuration says it listens: a unix
+socket, plain TCP, or TLS trusting the certificate named in the configuration.
+"""
 
 from __future__ import annotations
 
@@ -22,11 +26,15 @@ class _UnixConnection(http.client.HTTPConnection):
     def connect(self) -> None:
         sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
         sock.settimeout(self.timeout)
-        sock.connect(self._path)
+        try:
+            sock.connect(self._path)
+        except OSError:
+            sock.close()
+            raise
         self.sock = sock
 
 
-def _connection(config: Config, timeout: float) -> http.client.HTTPConnection:
+def connection(config: Config, timeout: float) -> http.client.HTTPConnection:
     address = config.api.address
     if address.is_unix:
         return _UnixConnection(str(address.path), timeout)
@@ -38,17 +46,32 @@ def _connection(config: Config, timeout: float) -> http.client.HTTPConnection:
     return http.client.HTTPConnection(address.host, address.port, timeout=timeout)
 
 
-def get_json(config: Config, path: str, timeout: float = 10.0) -> tuple[int, dict]:
-    conn = _connection(config, timeout)
+def request(config: Config, method: str, path: str, body: object = None,
+            timeout: float = 10.0) -> tuple[int, object]:
+    """(status, decoded JSON or text) of one request with the configured token."""
+    conn = connection(config, timeout)
     headers = {"Accept": "application/json"}
     token = config.read_token()
     if token:
         headers["Authorization"] = f"Bearer {token}"
+    data = None
+    if body is not None:
+        data = json.dumps(body).encode()
+        headers["Content-Type"] = "application/json"
     try:
-        conn.request("GET", path, headers=headers)
+        conn.request(method, path, body=data, headers=headers)
         response = conn.getresponse()
-        return response.status, json.loads(response.read() or b"{}")
+        raw = response.read()
     except (OSError, http.client.HTTPException) as exc:
         raise AgentUnreachable(f"agent API at {config.api.listen} not reachable: {exc}") from exc
     finally:
         conn.close()
+    try:
+        return response.status, json.loads(raw or b"{}")
+    except ValueError:
+        return response.status, raw.decode(errors="replace")
+
+
+def get_json(config: Config, path: str, timeout: float = 10.0) -> tuple[int, dict]:
+    code, answer = request(config, "GET", path, timeout=timeout)
+    return code, answer if isinstance(answer, dict) else {"message": answer}

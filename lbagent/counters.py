@@ -2,10 +2,16 @@
 
 Every module that writes to the kernel, OVS or haproxy counts its writes here,
 so "a pass over a converged load balancer writes nothing" is something tests
-and operators can observe rather than take on trust.
+and operators can observe rather than take on trust. Modules that own a work
+queue register a depth function here (`track_queue`), read at scrape time.
+Figures that the agent already keeps (haproxy reloads, retries) are read from
+it at scrape time instead, by `lbagent.agentmetrics`.
 """
 
 from __future__ import annotations
+
+import threading
+from typing import Callable
 
 from prometheus_client import REGISTRY, Counter, Gauge, Histogram
 
@@ -18,6 +24,13 @@ WRITE_KINDS = ("netlink", "iptables", "ovsdb")
 STATE_WRITES = Counter("lbagent_state_writes_total", "Atomic writes of the state file")
 RECONCILE_SECONDS = Histogram("lbagent_reconcile_seconds", "Duration of one load balancer's reconcile pass")
 RECONCILE_ERRORS = Counter("lbagent_reconcile_errors_total", "Failed reconcile passes")
+API_REQUESTS = Counter(
+    "lbagent_api_requests_total",
+    "HTTP API requests answered, by method, route template (never the raw path) and status code",
+    ["method", "route", "code"],
+)
+OVSDB_CONNECTIONS = Counter("lbagent_ovsdb_connections_total", "OVSDB sessions established, the first one included")
+OVSDB_RECONNECTS = Counter("lbagent_ovsdb_reconnects_total", "OVSDB sessions established after the first one")
 
 
 def count_write(kind: str, amount: int = 1) -> None:
@@ -40,3 +53,50 @@ def set_lb_states(states) -> None:
         counts[state] = counts.get(state, 0) + 1
     for state, count in counts.items():
         LOADBALANCERS.labels(state).set(count)
+
+
+# --- OVSDB sessions ------------------------------------------------------------
+
+_ovsdb_lock = threading.Lock()  # called from the OVSDB IDL's own thread
+_ovsdb_sessions = 0
+
+
+def note_ovsdb_session() -> None:
+    """Count one established OVSDB session (call it from the IDL's restart_fsm)."""
+    global _ovsdb_sessions
+    with _ovsdb_lock:
+        _ovsdb_sessions += 1
+        first = _ovsdb_sessions == 1
+    OVSDB_CONNECTIONS.inc()
+    if not first:
+        OVSDB_RECONNECTS.inc()
+
+
+# --- work queues -----------------------------------------------------------------
+
+QUEUE_RETRIES = Counter("lbagent_queue_retries_total", "Items a work queue put back to retry after a failure",
+                        ["queue"])
+_queues: dict[str, Callable[[], int]] = {}
+
+
+def count_queue_retry(name: str) -> None:
+    """Count one retry scheduled by the work queue `name` (call it where a failed item is re-queued)."""
+    QUEUE_RETRIES.labels(name).inc()
+
+
+def track_queue(name: str, depth: Callable[[], int]) -> None:
+    """Export `depth()` as lbagent_queue_depth{queue=name}; a later call for the same name replaces it.
+
+    `depth` runs on the event loop at every scrape: it must be cheap and never block.
+    """
+    _queues[name] = depth
+
+
+def queue_depths() -> dict[str, int]:
+    depths = {}
+    for name, depth in list(_queues.items()):
+        try:
+            depths[name] = int(depth())
+        except Exception:  # a scrape must never fail because one queue is gone
+            continue
+    return depths

@@ -1,33 +1,103 @@
-"""Log set-up: one line per event, key=value text or JSON, to stderr (journald)."""
+"""Log set-up: one line per event, key=value text or JSON, to stderr (journald).
+
+Messages are written as `key=value` pairs (`lb=... object=... action=...`);
+the JSON format lifts those pairs into fields of the entry. A filter on the
+handler redacts secrets from every record whatever logger it comes from: PEM
+private key blocks and the configured bearer token never reach a log line,
+even inside an exception's text.
+"""
 
 from __future__ import annotations
 
 import json
 import logging
+import re
 import sys
+from collections.abc import Iterable
+
+REDACTED = "[REDACTED]"
+# A whole key block, or from BEGIN to the end when the END line is missing (a
+# truncated repr still holds key material).
+_PRIVATE_KEY = re.compile(
+    r"-----BEGIN ([A-Z0-9 ]*)PRIVATE KEY-----.*?(?:-----END \1PRIVATE KEY-----|\Z)", re.DOTALL
+)
+# key=value with a bare value or a Python-repr quoted one ('..' or "..").
+_FIELD = re.compile(r"""(?:^|\s)([a-z_][a-z0-9_]*)=('(?:[^'\\]|\\.)*'|"(?:[^"\\]|\\.)*"|\S*)""")
+_BASE_FIELDS = frozenset({"ts", "level", "logger", "msg", "exc", "stack"})
+# Shorter "secrets" would redact ordinary words; a real token is far longer.
+MIN_SECRET_LEN = 8
+
+
+class RedactingFilter(logging.Filter):
+    def __init__(self, secrets: Iterable[str | None] = ()):
+        super().__init__()
+        self._secrets = sorted({s for s in secrets if s and len(s) >= MIN_SECRET_LEN}, key=len, reverse=True)
+        self._exc_formatter = logging.Formatter()
+
+    def redact(self, text: str) -> str:
+        text = _PRIVATE_KEY.sub(f"-----{REDACTED} PRIVATE KEY-----", text)
+        for secret in self._secrets:
+            text = text.replace(secret, REDACTED)
+        return text
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        message = record.getMessage()
+        clean = self.redact(message)
+        if clean != message:
+            record.msg, record.args = clean, None
+        if record.exc_info and not record.exc_text:
+            # Formatters use exc_text when it is set: the redacted text is what gets written.
+            record.exc_text = self._exc_formatter.formatException(record.exc_info)
+        if record.exc_text:
+            record.exc_text = self.redact(record.exc_text)
+        if record.stack_info:
+            record.stack_info = self.redact(record.stack_info)
+        return True
+
+
+def message_fields(message: str) -> dict[str, str]:
+    """The key=value pairs of a message; quoted values are unquoted."""
+    fields = {}
+    for key, value in _FIELD.findall(message):
+        if len(value) >= 2 and value[0] == value[-1] and value[0] in "'\"":
+            value = value[1:-1]
+        fields[key] = value
+    return fields
 
 
 class JsonFormatter(logging.Formatter):
     def format(self, record: logging.LogRecord) -> str:
+        message = record.getMessage()
         entry = {
             "ts": self.formatTime(record, "%Y-%m-%dT%H:%M:%S"),
             "level": record.levelname.lower(),
             "logger": record.name,
-            "msg": record.getMessage(),
+            "msg": message,
         }
-        if record.exc_info:
-            entry["exc"] = self.formatException(record.exc_info)
+        entry.update((k, v) for k, v in message_fields(message).items() if k not in _BASE_FIELDS)
+        if record.exc_info and not record.exc_text:
+            record.exc_text = self.formatException(record.exc_info)
+        if record.exc_text:
+            entry["exc"] = record.exc_text
+        if record.stack_info:
+            entry["stack"] = record.stack_info
         return json.dumps(entry)
 
 
-def setup_logging(level: str = "info", fmt: str = "text") -> None:
-    handler = logging.StreamHandler(sys.stderr)
+def make_handler(fmt: str = "text", secrets: Iterable[str | None] = (), stream=None) -> logging.Handler:
+    handler = logging.StreamHandler(sys.stderr if stream is None else stream)
     if fmt == "json":
         handler.setFormatter(JsonFormatter())
     else:
         handler.setFormatter(logging.Formatter("%(asctime)s level=%(levelname)s logger=%(name)s %(message)s"))
+    handler.addFilter(RedactingFilter(secrets))
+    return handler
+
+
+def setup_logging(level: str = "info", fmt: str = "text", secrets: Iterable[str | None] = ()) -> None:
+    """Log to stderr in `fmt`; `secrets` (the API token) are redacted wherever they appear."""
     root = logging.getLogger()
-    root.handlers[:] = [handler]
+    root.handlers[:] = [make_handler(fmt, secrets)]
     root.setLevel(level.upper())
     # ovsdbapp and the ovs IDL are chatty at info about every reconnect attempt.
     logging.getLogger("ovsdbapp").setLevel(max(root.level, logging.WARNING))

@@ -1,7 +1,12 @@
 """Running the agent in the foreground: `lbagent run`.
 
-Starts the agent and the API listener, then waits for SIGTERM/SIGINT, which
-stop the agent (not the data path: namespaces, rules and haproxy keep serving).
+Starts the agent and the API listener, tells systemd about its lifecycle
+(`lbagent.sdnotify`), then waits for SIGTERM/SIGINT, which stop the agent
+(not the data path: namespaces, rules and haproxy keep serving).
+
+A unix-socket listener is bound, made mode 0600 and only then listened on,
+so there is no moment at which anyone else could connect. A TCP listener
+speaks TLS when the configuration names a certificate and key.
 """
 
 from __future__ import annotations
@@ -10,20 +15,30 @@ import asyncio
 import logging
 import os
 import signal
+import socket
 import ssl
+from pathlib import Path
 
 from aiohttp import web
 
 from lbagent.agent import Agent
 from lbagent.api import create_app
 from lbagent.config import Config
+from lbagent.errors import ConfigError
+from lbagent.sdnotify import Notifier, SystemdLink
 
 log = logging.getLogger(__name__)
 
+SOCKET_MODE = 0o600
+
 
 async def serve(config: Config) -> None:
+    notifier = Notifier.from_environment()
     agent = Agent(config)
-    runner = web.AppRunner(create_app(agent, config.read_token(), config.api.max_body_bytes),
+    systemd = SystemdLink(notifier, agent.not_ready_reason)
+    # api.md: a unix socket relies on its file mode instead of a token.
+    token = None if config.api.address.is_unix else config.read_token()
+    runner = web.AppRunner(create_app(agent, token, config.api.max_body_bytes),
                            access_log=None, handle_signals=False)
     await runner.setup()
     stop = asyncio.Event()
@@ -31,29 +46,58 @@ async def serve(config: Config) -> None:
     for sig in (signal.SIGTERM, signal.SIGINT):
         loop.add_signal_handler(sig, stop.set)
     try:
+        # Watchdog pings start now: connecting to OVSDB and adopting haproxy may take a while.
+        systemd.start()
         await agent.start()
-        site = _site(runner, config)
+        site = await asyncio.to_thread(_site, runner, config)
         await site.start()
-        if config.api.address.is_unix:
-            os.chmod(config.api.address.path, 0o600)
-        log.info("action=listening api=%s", config.api.listen)
+        log.info("action=listening api=%s tls=%s", config.api.listen, config.api.tls_cert_file is not None)
         await stop.wait()
         log.info("action=stopping reason=signal")
     finally:
+        await systemd.stop()
         await runner.cleanup()
         await agent.stop()
     log.info("action=stopped data_path=left_serving")
 
 
 def _site(runner: web.AppRunner, config: Config) -> web.BaseSite:
+    """The listener of the configuration (blocking: files, sockets, certificates)."""
     address = config.api.address
     if address.is_unix:
-        address.path.parent.mkdir(parents=True, exist_ok=True)
-        if address.path.exists():
-            address.path.unlink()  # a stale socket from an earlier run
-        return web.UnixSite(runner, str(address.path))
+        return web.SockSite(runner, bind_unix_socket(address.path))
     context = None
     if config.api.tls_cert_file is not None:
         context = ssl.create_default_context(ssl.Purpose.CLIENT_AUTH)
+        context.minimum_version = ssl.TLSVersion.TLSv1_2
         context.load_cert_chain(config.api.tls_cert_file, config.api.tls_key_file)
     return web.TCPSite(runner, address.host, address.port, ssl_context=context)
+
+
+def bind_unix_socket(path: Path) -> socket.socket:
+    """A unix stream socket bound at `path` with mode 0600, not yet listening."""
+    path.parent.mkdir(parents=True, exist_ok=True, mode=0o700)
+    if path.is_socket():
+        if _answers(path):
+            raise ConfigError(f"api.listen unix:{path}: another process is already listening there")
+        path.unlink()  # a stale socket from an earlier run
+    sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    try:
+        sock.bind(str(path))
+        # Before listen(): until then a connect is refused, so the mode is in
+        # place before anyone can be served.
+        os.chmod(path, SOCKET_MODE)
+    except OSError:
+        sock.close()
+        raise
+    return sock
+
+
+def _answers(path: Path) -> bool:
+    with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as probe:
+        probe.settimeout(1.0)
+        try:
+            probe.connect(str(path))
+        except OSError:
+            return False
+    return True

@@ -1,30 +1,72 @@
 """`lbagent status`: fetch the status document and render it for a person.
 
 When the agent is down the document is rebuilt from the state directory and
-the host (which namespaces exist), and says so.
+the host (which namespaces exist), and says so. `lbagent status ID` adds the
+packet counters of the load balancer's NAT rules, read from its namespace by
+the CLI itself (`lbagent.natcounters`), whether the agent runs or not.
 """
 
 from __future__ import annotations
+
+from urllib.parse import quote
 
 import click
 
 from lbagent.client import AgentUnreachable, get_json
 from lbagent.config import Config
 from lbagent.naming import netns_name
+from lbagent.natcounters import read_counters
 from lbagent.ovnhost.netns import netns_exists
 from lbagent.state import StateFileError, StateStore
 
-STATE_COLORS = {"ready": "green", "error": "red", "pending": "yellow", "deleting": "yellow"}
+STATE_COLORS = {"ready": "green", "up": "green", "error": "red", "down": "red",
+                "pending": "yellow", "deleting": "yellow", "draining": "yellow", "unknown": "yellow"}
+OFFLINE = "state directory (the agent is not running)"
 
 
-def collect_status(config: Config) -> tuple[dict, str]:
+def collect_status(config: Config, lb_id: str | None = None) -> tuple[dict, str]:
+    """(status document, where it came from); with lb_id, only that load balancer, NAT counters included."""
     try:
-        code, document = get_json(config, "/v1/status")
-        if code == 200:
-            return document, "agent"
-        raise click.ClickException(f"agent answered {code}: {document.get('message', document)}")
+        if lb_id is None:
+            return _answer(get_json(config, "/v1/status")), "agent"
+        document, source = _from_agent_one(config, lb_id), "agent"
     except AgentUnreachable as exc:
-        return offline_status(config, str(exc)), "state directory (the agent is not running)"
+        document, source = offline_status(config, str(exc)), OFFLINE
+        if lb_id is None:
+            return document, source
+        document["loadbalancers"] = [lb for lb in document["loadbalancers"] if lb["id"] == lb_id]
+    if not document["loadbalancers"]:
+        raise click.ClickException(f"no load balancer {lb_id!r} on this host")
+    for lb in document["loadbalancers"]:
+        _add_counters(lb)
+    return document, source
+
+
+def _answer(reply: tuple[int, dict]) -> dict:
+    code, document = reply
+    if code != 200:
+        raise click.ClickException(f"agent answered {code}: {document.get('message', document)}")
+    return document
+
+
+def _from_agent_one(config: Config, lb_id: str) -> dict:
+    code, found = get_json(config, f"/v1/loadbalancers/{quote(lb_id, safe='')}")
+    if code == 404:
+        raise click.ClickException(f"no load balancer {lb_id!r} on this host")
+    status = _answer(get_json(config, "/v1/status"))
+    return {**status, "loadbalancers": [_answer((code, found))]}
+
+
+def _add_counters(lb: dict) -> None:
+    netns = lb.get("netns") or netns_name(lb["id"])
+    lb["nat_rules"], lb["nat_rules_error"] = [], None
+    if not netns_exists(netns):
+        lb["nat_rules_error"] = f"namespace {netns} does not exist"
+        return
+    try:
+        lb["nat_rules"] = [rule.to_json() for rule in read_counters(netns)]
+    except RuntimeError as exc:
+        lb["nat_rules_error"] = str(exc)
 
 
 def offline_status(config: Config, why: str) -> dict:
@@ -58,14 +100,40 @@ def offline_status(config: Config, why: str) -> dict:
             "loadbalancers": lbs}
 
 
-def render_status(document: dict, source: str, color: bool = False, detail: bool = False) -> str:
+# --- rendering ---------------------------------------------------------------------
+
+
+def table(rows: list[tuple], color: bool = False, colored: tuple[int, ...] = (), indent: str = "") -> list[str]:
+    """Aligned columns; the header is rows[0]; `colored` columns are coloured by their word."""
+    cells = [[str("-" if cell is None or cell == "" else cell) for cell in row] for row in rows]
+    widths = [max(len(row[i]) for row in cells) for i in range(len(cells[0]))]
+    lines = []
+    for index, row in enumerate(cells):
+        out = []
+        for column, (cell, width) in enumerate(zip(row, widths)):
+            padded = cell.ljust(width) if column < len(row) - 1 else cell
+            if color and index > 0 and column in colored:
+                padded = click.style(padded, fg=STATE_COLORS.get(cell))
+            out.append(padded)
+        lines.append((indent + "  ".join(out)).rstrip())
+    return lines
+
+
+def _header(document: dict, source: str) -> list[str]:
     agent = document.get("agent", {})
     lines = [f"source: {source}",
              f"host: {agent.get('host')}  generation: {agent.get('generation')}  synced: {agent.get('synced', '-')}"]
+    if agent.get("running") is False:
+        lines.append(f"agent: not running ({agent.get('reason') or agent.get('error')})")
     haproxy = agent.get("haproxy")
     if haproxy:
         lines.append(f"haproxy: pid {haproxy.get('pid')} running={haproxy.get('running')} "
-                     f"reloads={haproxy.get('reloads')}")
+                     f"reloads={haproxy.get('reloads')} failed_reloads={haproxy.get('failed_reloads', 0)}")
+    return lines
+
+
+def render_status(document: dict, source: str, color: bool = False, detail: bool = False) -> str:
+    lines = _header(document, source)
     lbs = document.get("loadbalancers", [])
     if not lbs:
         lines.append("no load balancers")
@@ -75,21 +143,36 @@ def render_status(document: dict, source: str, color: bool = False, detail: bool
         listeners = ",".join(f"{ls['listener_type']}/{ls['listener_port']}" for ls in lb.get("listeners", []))
         backends = ",".join(f"{b['address']}:{b['port']}→{b.get('mapped_port')}({b.get('health', '?')})"
                             for b in lb.get("backends", []))
-        rows.append((lb["id"], lb["state"], lb.get("vip") or "-", f"{lb.get('inner')}/{lb.get('outer')}",
-                     listeners or "-", backends or "-", lb.get("last_error") or "-"))
-    widths = [max(len(str(row[i])) for row in rows) for i in range(len(rows[0]) - 1)]
-    for index, row in enumerate(rows):
-        cells = [str(cell).ljust(width) for cell, width in zip(row, widths)]
-        state = cells[1]
-        if color and index > 0:
-            cells[1] = click.style(state, fg=STATE_COLORS.get(row[1].strip(), None))
-        lines.append("  ".join(cells + [str(row[-1])]).rstrip())
+        rows.append((lb["id"], lb["state"], lb.get("vip"), f"{lb.get('inner')}/{lb.get('outer')}",
+                     listeners, backends, lb.get("last_error")))
+    lines += table(rows, color, colored=(1,))
     if detail:
         for lb in lbs:
-            lines.append("")
-            lines.append(f"{lb['id']}: netns {lb.get('netns')} ovs_port {lb.get('ovs_port')} "
-                         f"ovn_installed={lb.get('ovn_installed')} retries={lb.get('retries')}")
-            for b in lb.get("backends", []):
-                lines.append(f"  backend {b['id']} {b['address']}:{b['port']} mapped {b.get('mapped_port')} "
-                             f"health {b.get('health')}")
+            lines += [""] + render_detail(lb, color)
     return "\n".join(lines)
+
+
+def render_detail(lb: dict, color: bool = False) -> list[str]:
+    present = lb.get("netns_present")
+    lines = [f"{lb['id']}: state {lb['state']} generation {lb.get('generation')} retries {lb.get('retries', '-')} "
+             f"last pass {lb.get('last_reconciled_at') or '-'}",
+             f"  netns {lb.get('netns')}{'' if present is None else (' (present)' if present else ' (absent)')}"
+             f"  ovs_port {lb.get('ovs_port') or '-'}  ovn_installed={lb.get('ovn_installed', '-')}"]
+    if lb.get("last_error"):
+        lines.append(f"  last error: {lb['last_error']}")
+    lines.append("  listeners:")
+    lines += table([("ID", "TYPE", "PORT", "STATE")]
+                   + [(ls["id"], ls["listener_type"], ls["listener_port"], ls["state"])
+                      for ls in lb.get("listeners", [])], color, colored=(3,), indent="    ")
+    lines.append("  backends:")
+    lines += table([("ID", "ADDRESS", "MAPPED PORT", "WEIGHT", "HEALTH")]
+                   + [(b["id"], f"{b['address']}:{b['port']}", b.get("mapped_port"), b.get("weight"), b.get("health"))
+                      for b in lb.get("backends", [])], color, colored=(4,), indent="    ")
+    lines.append(f"  NAT rules in {lb.get('netns')} (packets, bytes since the rule was added):")
+    if lb.get("nat_rules_error"):
+        lines.append(f"    unavailable: {lb['nat_rules_error']}")
+    else:
+        lines += table([("CHAIN", "PACKETS", "BYTES", "TARGET", "TO", "RULE")]
+                       + [(r["chain"], r["packets"], r["bytes"], r["target"], r["to"], r["tag"])
+                          for r in lb.get("nat_rules", [])], indent="    ")
+    return lines

@@ -15,7 +15,7 @@ from dataclasses import dataclass, field
 from ovsdbapp.backend.ovs_idl import command, connection, idlutils
 from ovsdbapp.schema.open_vswitch import impl_idl
 
-from lbagent.counters import count_write
+from lbagent.counters import count_write, note_ovsdb_session
 from lbagent.ovnhost.errors import OvsdbError
 
 log = logging.getLogger(__name__)
@@ -80,6 +80,12 @@ class _BridgeDatapath(command.ReadOnlyCommand):
         self.result = None if br is None else (br.datapath_type or "system")
 
 
+class _CountingIdl(connection.OvsdbIdl):
+    def restart_fsm(self):  # runs once per newly established session: counts reconnects
+        note_ovsdb_session()
+        super().restart_fsm()
+
+
 class OvsClient:
     def __init__(self, db: str, integration_bridge: str, host: str, timeout: float = 10.0):
         self.db = db
@@ -91,7 +97,7 @@ class OvsClient:
     def start(self) -> None:
         """Connect; blocks until the first update arrives."""
         try:
-            idl = connection.OvsdbIdl.from_server(self.db, "Open_vSwitch")
+            idl = _CountingIdl.from_server(self.db, "Open_vSwitch")
             conn = connection.Connection(idl=idl, timeout=self._timeout)
             self._api = impl_idl.OvsdbIdl(conn, start=True)
         except Exception as exc:  # ovsdbapp raises bare Exceptions on connect failures

@@ -1,4 +1,4 @@
-"""The HTTP layer alone, with a fake agent: status codes, error bodies, auth."""
+"""The HTTP layer alone, with a fake agent: status codes, error bodies, auth, metrics."""
 
 import json
 from pathlib import Path
@@ -17,16 +17,28 @@ AUTH = {"Authorization": f"Bearer {TOKEN}"}
 class FakeWorker:
     def __init__(self):
         self.settle = True
+        self.tasks = {}
+        self.generation = None
 
     async def wait_settled(self, generation, timeout):
         return self.settle
+
+
+class FakeHaproxy:
+    def __init__(self):
+        self.counts = {"reloads": 0, "failed_reloads": 0, "starts": 1, "running": True}
+
+    def status(self):
+        return dict(self.counts)
 
 
 class FakeAgent:
     def __init__(self):
         self.accepted = []
         self.worker = FakeWorker()
+        self.haproxy = FakeHaproxy()
         self.ready_reason = "no complete desired state yet"
+        self.gauges_updated = 0
 
     async def refresh(self, desired, raw):
         if self.accepted and desired.generation < self.accepted[-1]:
@@ -47,7 +59,7 @@ class FakeAgent:
         return self.ready_reason
 
     def update_gauges(self):
-        pass
+        self.gauges_updated += 1
 
 
 @pytest.fixture
@@ -124,3 +136,49 @@ async def test_loadbalancer_and_readiness(client):
     client.agent.ready_reason = None
     assert (await client.get("/readyz")).status == 200
     assert (await client.get("/nowhere", headers=AUTH)).status == 404
+
+
+async def test_errors_are_json_everywhere(client):
+    resp = await client.get("/v1/refresh", headers=AUTH)
+    assert resp.status == 405 and (await resp.json())["error"] == "method_not_allowed"
+    resp = await client.head("/v1/status", headers=AUTH)  # no implicit HEAD routes
+    assert resp.status == 405
+
+    async def broken():
+        raise OSError("disk full")
+
+    client.agent.status = broken
+    resp = await client.get("/v1/status", headers=AUTH)
+    assert resp.status == 500
+    assert await resp.json() == {"error": "internal_error", "message": "the agent failed to answer; see its log",
+                                 "details": []}
+
+
+@pytest.mark.parametrize("body, path", [
+    (b"{", ""),
+    (b"[" * 50_000, ""),  # deeper than the JSON decoder recurses
+    (b"\xff\xfe{}", ""),
+])
+async def test_undecodable_bodies_are_400_with_a_detail(client, body, path):
+    resp = await client.post("/v1/refresh", data=body, headers={**AUTH, "Content-Type": "application/json"})
+    answer = await resp.json()
+    assert resp.status == 400 and answer["error"] == "invalid_json"
+    assert [d["path"] for d in answer["details"]] == [path]
+    assert client.agent.accepted == []
+
+
+@pytest.mark.parametrize("wait", ["soon", "-1", "nan", "inf"])
+async def test_bad_wait_names_the_parameter(client, wait):
+    resp = await client.post(f"/v1/refresh?wait={wait}", json=EXAMPLE, headers=AUTH)
+    answer = await resp.json()
+    assert resp.status == 400 and answer["error"] == "invalid_parameter"
+    assert answer["details"][0]["path"] == "?wait"
+    assert client.agent.accepted == []
+
+
+async def test_openapi_needs_no_token(client):
+    from lbagent.openapi import document
+
+    resp = await client.get("/v1/openapi.json")
+    assert resp.status == 200 and resp.content_type == "application/json"
+    assert await resp.json() == document()

@@ -1,0 +1,139 @@
+"""The shapes of the API's answers (api.md "Status" and errors), for the OpenAPI document.
+
+These models describe; they do not build the answers (the agent and the
+handlers do). Tests validate real answers against the schemas generated from
+them, so a drift between the document and the implementation fails a test.
+Every object allows fields not listed here: clients must ignore what they
+do not know, and the agent may report more than this minimum.
+"""
+
+from __future__ import annotations
+
+from typing import Literal, Optional
+
+from pydantic import BaseModel, ConfigDict
+
+LbState = Literal["pending", "ready", "error", "deleting"]
+
+
+class _Answer(BaseModel):
+    model_config = ConfigDict(extra="allow")
+
+
+class ErrorDetail(_Answer):
+    path: str  # JSON pointer into the request body; "" is the whole body
+    message: str
+
+
+class Error(_Answer):
+    error: str
+    message: str
+    details: list[ErrorDetail]
+
+
+class Accepted(_Answer):
+    generation: int
+
+
+class LoadBalancerResult(_Answer):
+    id: str
+    state: LbState
+    generation: Optional[int]
+    last_error: Optional[str]
+
+
+class Results(_Answer):
+    generation: int
+    loadbalancers: list[LoadBalancerResult]
+
+
+class Health(_Answer):
+    status: Literal["ok"]
+
+
+class Readiness(_Answer):
+    ready: bool
+    reason: Optional[str] = None
+
+
+class HaproxyStatus(_Answer):
+    pid: Optional[int]
+    running: bool
+    last_reload_at: Optional[str]
+    reloads: int
+    failed_reloads: int = 0
+
+
+class AgentStatus(_Answer):
+    version: str
+    host: str
+    synced: bool
+    generation: Optional[int]
+    started_at: str
+    ready: bool = False
+    haproxy: HaproxyStatus
+
+
+class Interfaces(_Answer):
+    ovn: list[str]
+    haproxy: list[str]
+
+
+class ListenerStatus(_Answer):
+    id: str
+    listener_type: str
+    listener_port: int
+    state: str  # a load balancer state, or "disabled"
+
+
+class BackendStatus(_Answer):
+    id: str
+    address: str
+    port: int
+    mapped_port: Optional[int]
+    health: str  # up | down | draining | maint | unchecked | unknown
+
+
+class LoadBalancerStatus(_Answer):
+    id: str
+    state: LbState
+    generation: Optional[int]
+    netns: str
+    inner: Optional[str]
+    outer: Optional[str]
+    interfaces: Optional[Interfaces]
+    ovs_port: Optional[str]
+    ovn_installed: bool
+    listeners: list[ListenerStatus]
+    backends: list[BackendStatus]
+    last_error: Optional[str]
+    retries: int
+    last_reconciled_at: Optional[str]
+
+
+class SubnetStatus(_Answer):
+    id: str
+    state: str
+    loadbalancers: int
+
+
+class ProviderNetworkStatus(_Answer):
+    name: str
+    state: str
+
+
+class PodCount(_Answer):
+    count: int
+
+
+class Status(_Answer):
+    agent: AgentStatus
+    loadbalancers: list[LoadBalancerStatus]
+    subnets: list[SubnetStatus]
+    provider_networks: list[ProviderNetworkStatus]
+    pods: PodCount
+
+
+ANSWERS: tuple[type[BaseModel], ...] = (
+    Error, Accepted, Results, Health, Readiness, Status, LoadBalancerStatus,
+)

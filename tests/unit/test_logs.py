@@ -1,0 +1,79 @@
+"""Logs: key=value text or JSON with the pairs lifted into fields, and secrets
+(private keys, the API token) redacted from every line, tracebacks included."""
+
+import io
+import json
+import logging
+
+import pytest
+
+from lbagent.logs import REDACTED, make_handler, message_fields
+
+TOKEN = "c2VjcmV0LXRva2VuLWZvci10ZXN0cw=="
+KEY = "-----BEGIN PRIVATE KEY-----\nMIIEvQIBADANBgkqhkiG9w0BAQEFAASC\nBKcwggSjAgEAAoIBAQC7\n-----END PRIVATE KEY-----\n"
+RSA_KEY = KEY.replace("PRIVATE KEY", "RSA PRIVATE KEY")
+CERT = "-----BEGIN CERTIFICATE-----\nMIIBszCCAVmgAwIBAgIU\n-----END CERTIFICATE-----"
+
+
+@pytest.fixture(params=["text", "json"])
+def capture(request):
+    stream = io.StringIO()
+    logger = logging.getLogger(f"lbagent.test.{request.param}")
+    logger.handlers[:] = [make_handler(request.param, secrets=[TOKEN, None, "short"], stream=stream)]
+    logger.propagate = False
+    logger.setLevel(logging.DEBUG)
+    yield logger, stream
+    logger.handlers.clear()
+
+
+@pytest.mark.parametrize("message, args", [
+    ("lb=%s action=refresh body=%r", ("web", {"private_key": KEY})),
+    ("key in text: %s", (RSA_KEY,)),
+    ("truncated repr: %s", (KEY[:60],)),  # no END line: still redacted to the end
+    ("header Authorization: Bearer %s", (TOKEN,)),
+    ("token inside %s", (f"x{TOKEN}y",)),
+])
+def test_secrets_never_reach_a_line(capture, message, args):
+    logger, stream = capture
+    logger.info(message, *args)
+    text = stream.getvalue()
+    assert REDACTED in text
+    assert TOKEN not in text and "MIIEvQIBADANBgkqhkiG9w0BAQEFAASC" not in text
+    assert "BEGIN PRIVATE KEY-----\\n" not in text and "BEGIN RSA PRIVATE KEY-----\n" not in text
+
+
+def test_secrets_in_tracebacks_are_redacted(capture):
+    logger, stream = capture
+    try:
+        raise ValueError(f"bad key {KEY} for token {TOKEN}")
+    except ValueError:
+        logger.exception("action=load result=error")
+    text = stream.getvalue()
+    assert "ValueError" in text and TOKEN not in text and "MIIEvQIBADANBgkqhkiG9w0BAQEFAASC" not in text
+
+
+def test_certificates_and_short_words_are_kept(capture):
+    logger, stream = capture
+    logger.info("cert=%s word=short", CERT)
+    text = stream.getvalue()
+    assert "MIIBszCCAVmgAwIBAgIU" in text and "short" in text and REDACTED not in text
+
+
+def test_json_lines_carry_the_key_value_pairs_as_fields():
+    stream = io.StringIO()
+    logger = logging.getLogger("lbagent.test.fields")
+    logger.handlers[:] = [make_handler("json", stream=stream)]
+    logger.propagate = False
+    logger.warning("lb=%s object=haproxy action=reload result=error error=%r", "web-1", "it's broken")
+    entry = json.loads(stream.getvalue())
+    assert entry["level"] == "warning" and entry["logger"] == "lbagent.test.fields"
+    assert {k: entry[k] for k in ("lb", "object", "action", "result")} == {
+        "lb": "web-1", "object": "haproxy", "action": "reload", "result": "error"}
+    assert entry["error"] == "it's broken"
+    logger.handlers.clear()
+
+
+def test_message_fields():
+    assert message_fields("lb=a action=x msg=ignored error='a b' n=3") == {
+        "lb": "a", "action": "x", "msg": "ignored", "error": "a b", "n": "3"}
+    assert message_fields("no pairs here") == {}

@@ -1,0 +1,79 @@
+"""The OpenAPI document: valid OpenAPI 3.1, equal to the routes the app serves,
+and its schemas agree with what the app and the validators really do."""
+
+import copy
+
+import pytest
+from openapi_schema_validator import OAS31Validator
+from openapi_spec_validator import validate
+
+from lbagent import api
+from lbagent.api import create_app
+from lbagent.model import parse_desired_state
+from lbagent.openapi import document, open_paths
+from test_api import AUTH, EXAMPLE, FakeAgent, client  # noqa: F401  (client is a fixture)
+
+METHODS = {"get", "put", "post", "delete", "patch", "head", "options", "trace"}
+
+
+def answer_validator(schema: str) -> OAS31Validator:
+    doc = document()
+    return OAS31Validator({"$ref": f"#/components/schemas/{schema}", "components": doc["components"]})
+
+
+def test_document_is_valid_openapi():
+    validate(document())
+
+
+def test_every_route_is_documented_and_every_documented_operation_is_served():
+    app = create_app(FakeAgent(), "t0ken-t0ken", max_body_bytes=1024)
+    served = {(route.method.lower(), route.resource.canonical) for route in app.router.routes()}
+    documented = {(method, path) for path, operations in document()["paths"].items()
+                  for method in operations if method in METHODS}
+    assert served == documented
+
+
+def test_the_documented_open_paths_are_the_ones_the_app_leaves_open():
+    assert api.OPEN_PATHS == open_paths() == {"/healthz", "/readyz", "/v1/openapi.json"}
+
+
+async def test_unauthenticated_requests_get_what_the_document_says(client):
+    for path, operations in document()["paths"].items():
+        for method, operation in operations.items():
+            url = path.replace("{lb_id}", "known")
+            resp = await client.request(method.upper(), url, json={} if method == "post" else None)
+            if operation.get("security") == []:
+                assert resp.status != 401, (method, path)
+            else:
+                assert resp.status == 401 and "401" in operation["responses"], (method, path)
+                answer_validator("Error").validate(await resp.json())
+
+
+def test_the_example_body_matches_the_request_schema():
+    validator = answer_validator("DesiredState")
+    validator.validate(EXAMPLE)
+    parse_desired_state(EXAMPLE)
+
+
+@pytest.mark.parametrize("breaks", [
+    lambda body: body.pop("generation"),
+    lambda body: body.update(bogus=1),
+    lambda body: body["loadbalancers"][0]["listeners"][0].update(listener_port=0),
+    lambda body: body["loadbalancers"][0]["network"].update(mac=7),
+])
+def test_the_request_schema_refuses_what_the_validator_refuses(breaks):
+    body = copy.deepcopy(EXAMPLE)
+    breaks(body)
+    assert not answer_validator("DesiredState").is_valid(body)
+
+
+async def test_real_answers_match_their_schemas(client):
+    resp = await client.post("/v1/refresh", json=EXAMPLE, headers=AUTH)
+    answer_validator("Accepted").validate(await resp.json())
+    resp = await client.post("/v1/refresh", json={"generation": 1, "bogus": 1}, headers=AUTH)
+    answer_validator("Error").validate(await resp.json())
+    resp = await client.get("/healthz")
+    answer_validator("Health").validate(await resp.json())
+    resp = await client.get("/readyz")
+    assert resp.status == 503
+    answer_validator("Readiness").validate(await resp.json())
