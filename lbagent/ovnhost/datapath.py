@@ -26,6 +26,12 @@ DEFAULT_ROUTE = "0.0.0.0/0"
 # which are unique per load balancer: nothing to allocate or persist.
 RULE_PRIORITY = 31000
 TABLE_BASE = 0x4C420000
+# Rules are walked one by one for every route lookup: with a thousand load
+# balancers that is ~12 us per packet for all the host's traffic (see
+# docs/design-notes.md). Sources outside 169.254/16 jump past the block.
+SKIP_PRIORITY = RULE_PRIORITY - 1
+SKIP_TARGET = RULE_PRIORITY + 999
+LINK_LOCAL_NET = ("169.254.0.0", 16)
 
 
 def reply_table(outer: str) -> int:
@@ -106,6 +112,8 @@ def _ensure_reply_path(nl: Netlink, spec: LinkSpec, haproxy: Link) -> None:
         nl.delete_route(route)
     for route in sorted(wanted - observed, key=lambda r: r.dst == DEFAULT_ROUTE):
         nl.replace_route(route)
+    if SKIP_PRIORITY not in nl.rule_priorities():
+        nl.add_skip_rules(*LINK_LOCAL_NET, SKIP_PRIORITY, SKIP_TARGET)
     rule = SourceRule(spec.outer, table, RULE_PRIORITY)
     rules = {r for r in nl.source_rules(RULE_PRIORITY) if r.src == spec.outer}
     for stale in rules - {rule}:
@@ -119,10 +127,17 @@ def delete_reply_rules(outers: set[str]) -> list[str]:
     went with the links)."""
     deleted = []
     with Netlink.open() as nl:
+        remaining = 0
         for rule in nl.source_rules(RULE_PRIORITY):
             if rule.src in outers and is_reply_table(rule.table):
                 nl.delete_source_rule(rule)
                 deleted.append(rule.src)
+            elif is_reply_table(rule.table):
+                remaining += 1
+        if deleted and not remaining:
+            # The shared skip rules go with the last load balancer's rule.
+            nl.delete_rules_at(SKIP_PRIORITY)
+            nl.delete_rules_at(SKIP_TARGET)
     return deleted
 
 

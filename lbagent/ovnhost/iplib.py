@@ -22,6 +22,7 @@ IFA_F_NOPREFIXROUTE = 0x200
 IFF_UP = 0x1
 MAIN_TABLE = 254
 RT_SCOPE_LINK = 253
+FIB_RULE_INVERT = 0x2
 
 
 @dataclass(frozen=True)
@@ -114,6 +115,27 @@ class Netlink:
             for m in msgs
             if m.get("FRA_PRIORITY") == priority and m.get("FRA_SRC") and m["src_len"] == 32
         }
+
+    def rule_priorities(self) -> set[int]:
+        msgs = self._call("dump rules", "", self._ipr.get_rules, family=socket.AF_INET)
+        return {m.get("FRA_PRIORITY") for m in msgs}
+
+    def add_skip_rules(self, src: str, src_len: int, first: int, target: int) -> None:
+        """`not from src/len goto target` at `first`, and a no-op rule at `target`
+        for it to land on."""
+        if target not in self.rule_priorities():
+            self._call("add rule", f"nop at {target}", self._ipr.rule, "add", write=True,
+                       priority=target, action="FR_ACT_NOP")
+        self._call("add rule", f"not from {src}/{src_len} goto {target}", self._ipr.rule, "add", write=True,
+                   priority=first, src=src, src_len=src_len, flags=FIB_RULE_INVERT, action="FR_ACT_GOTO",
+                   goto=target)
+
+    def delete_rules_at(self, priority: int) -> int:
+        deleted = 0
+        while priority in self.rule_priorities():
+            self._call("delete rule", f"at {priority}", self._ipr.rule, "del", write=True, priority=priority)
+            deleted += 1
+        return deleted
 
     def add_source_rule(self, rule: SourceRule) -> None:
         self._call("add rule", f"from {rule.src} lookup {rule.table}", self._ipr.rule, "add", write=True,

@@ -26,7 +26,7 @@ def host_state() -> dict:
         return subprocess.run(cmd, capture_output=True, text=True, check=True).stdout
 
     return {"netns": sh("ip", "netns", "list"), "links": sh("ip", "-br", "link"),
-            "addrs": sh("ip", "-br", "addr"), "routes": sh("ip", "route")}
+            "addrs": sh("ip", "-br", "addr"), "routes": sh("ip", "route"), "rules": sh("ip", "rule")}
 
 
 def web_lb(lb_id, backends=("a", "b"), listeners=None):

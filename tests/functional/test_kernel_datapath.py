@@ -81,7 +81,9 @@ async def test_converge_builds_the_data_path_and_a_second_pass_writes_nothing(ex
     assert f"169.254.0.100 dev {names.haproxy_host}" in sh("ip route")
     # haproxy's replies to real client addresses go back through this load balancer.
     table = datapath.reply_table("169.254.0.101")
-    assert f"from 169.254.0.101 lookup {table}" in sh("ip rule")
+    policy = sh("ip rule")
+    assert f"from 169.254.0.101 lookup {table}" in policy
+    assert "30999:\tnot from 169.254.0.0/16 goto 31999" in policy and "31999:\tfrom all nop" in policy
     assert f"default via 169.254.0.100 dev {names.haproxy_host}" in sh(f"ip route show table {table}")
     nat = sh(f"ip netns exec {netns} iptables-legacy-save -t nat")
     assert "--to-destination 169.254.0.101:80" in nat and "--to-destination 198.18.0.21:8000" in nat

@@ -98,7 +98,7 @@ def test_drift_is_repaired_within_an_interval(agent_factory, vpc, web, sandbox):
     ids = json.loads(sandbox.vsctl("--format=json", "--columns=external_ids", "list", "Interface", port))
     assert f"iface/lb/{lb_id}" in json.dumps(ids)
     nat = sh("ip", "netns", "exec", status["netns"], "iptables-legacy-save", "-t", "nat")
-    assert "-j ACCEPT" not in nat and "--to-source 169.254" in nat
+    assert "-j ACCEPT" not in nat and f"--to-source {VIP}" in nat
 
 
 def test_restart_mid_refresh_adopts_everything_and_drops_nothing(agent_factory, vpc, web):
