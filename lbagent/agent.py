@@ -24,7 +24,9 @@ from lbagent.ovnhost.netns import NamespaceExecutor
 from lbagent.ovnhost.ovs import OvsClient
 from lbagent.state import PersistedState, StateFileError, StateStore
 from lbagent.status import backend_health, loadbalancer_status
+from lbagent.ovnhost.bridges import ProviderBridges
 from lbagent.workers.gc import GarbageCollector
+from lbagent.workers.provider_networks import ProviderNetworkController
 from lbagent.workers.ovn_worker import OvnWorker
 
 log = logging.getLogger(__name__)
@@ -45,6 +47,8 @@ class Agent:
                                       prometheus_listen=config.haproxy.prometheus_listen)
         self.host = OvnHost(self.ovs, self.namespaces, self.iptc)
         self.worker = OvnWorker(self.host, self.haproxy, self.store, config.agent.resync_interval)
+        self.provider_networks = ProviderNetworkController(
+            ProviderBridges(self.ovs), self.namespaces, config.agent.host, config.agent.resync_interval)
         self.gc = GarbageCollector(self.host, self.haproxy, config.agent.gc_max_deletions_per_pass)
         self.gc_stats = {"passes": 0, "skipped": 0, "deleted": 0}
         self.state_error: str | None = None
@@ -56,6 +60,9 @@ class Agent:
         await asyncio.to_thread(self.ovs.start)
         await self.haproxy.start()
         await self.worker.resume(persisted, desired)
+        if desired is not None:
+            self.provider_networks.update(desired.provider_networks)
+        await self.provider_networks.start()
         self._background.append(asyncio.create_task(self._supervise_haproxy(), name="haproxy-supervisor"))
         self._background.append(asyncio.create_task(self._collect_garbage(), name="gc"))
         log.info("action=started host=%s generation=%s", self.config.agent.host, self.worker.generation)
@@ -106,6 +113,7 @@ class Agent:
             task.cancel()
         await asyncio.gather(*self._background, return_exceptions=True)
         await self.worker.stop()
+        await self.provider_networks.stop()
         await asyncio.to_thread(self.ovs.stop)
         self.namespaces.shutdown()
         self.iptc.shutdown()
@@ -114,6 +122,7 @@ class Agent:
 
     async def refresh(self, desired: DesiredState, raw: dict) -> int:
         generation = await self.worker.apply(desired, raw)
+        self.provider_networks.update(desired.provider_networks)
         self.state_error = None
         return generation
 
@@ -149,10 +158,11 @@ class Agent:
                 "haproxy": self.haproxy.status(),
                 "writes": write_counts(),
                 "gc": dict(self.gc_stats),
+                "queues": {"provider_networks": self.provider_networks.queue.stats()},
             },
             "loadbalancers": lbs,
             "subnets": self._subnet_status(),
-            "provider_networks": [],
+            "provider_networks": self.provider_networks.status(),
             "pods": self._pod_status(),
         }
 

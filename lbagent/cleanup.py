@@ -15,6 +15,7 @@ from lbagent.config import Config
 from lbagent.haproxy.manager import HaproxyManager
 from lbagent.naming import INTERFACE_RE, InterfaceNames, interface_names, netns_name
 from lbagent.ovnhost import datapath
+from lbagent.ovnhost.bridges import ProviderBridges, bridge_name
 from lbagent.ovnhost.netns import delete_netns
 from lbagent.ovnhost.ovs import OvsClient
 from lbagent.state import StateFileError, StateStore
@@ -45,6 +46,10 @@ async def cleanup_host(config: Config) -> list[str]:
     ovs = OvsClient(config.ovs.db, config.ovs.integration_bridge, config.agent.host)
     try:
         await asyncio.to_thread(ovs.start)
+        bridges = ProviderBridges(ovs)
+        for network in await asyncio.to_thread(bridges.owned_networks):
+            await asyncio.to_thread(bridges.remove, network)
+            report.append(f"removed provider bridge {bridge_name(network)} (its interface got its addresses back)")
         for port, lb_id in (await asyncio.to_thread(ovs.owned_ports)).items():
             names = _names_from_port(port)
             if lb_id and names is not None:

@@ -41,6 +41,7 @@ class AgentProcess:
     def __init__(self, base: Path, ovs_db: str, host: str, resync_interval: float = 30.0, extra_config: str = "",
                  env: dict | None = None):
         self.base = base
+        self.host = host
         self.env = env
         base.mkdir(parents=True, exist_ok=True)
         self.token = secrets.token_hex(16)
