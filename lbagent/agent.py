@@ -17,6 +17,7 @@ from lbagent.config import Config
 from lbagent.counters import set_lb_states, write_counts
 from lbagent.errors import InvalidDesiredState
 from lbagent.haproxy.manager import HaproxyManager
+from lbagent.haproxy.render import server_name
 from lbagent.model import DesiredState, parse_desired_state
 from lbagent.naming import interface_names, netns_name
 from lbagent.ovnhost.host import OvnHost
@@ -27,6 +28,7 @@ from lbagent.status import backend_health, loadbalancer_status
 from lbagent.ovnhost.bridges import ProviderBridges
 from lbagent.workers.gc import GarbageCollector
 from lbagent.workers.provider_networks import ProviderNetworkController
+from lbagent.workers.udp_health import UdpHealthChecker
 from lbagent.workers.ovn_worker import OvnWorker
 
 log = logging.getLogger(__name__)
@@ -47,6 +49,7 @@ class Agent:
                                       prometheus_listen=config.haproxy.prometheus_listen)
         self.host = OvnHost(self.ovs, self.namespaces, self.iptc)
         self.worker = OvnWorker(self.host, self.haproxy, self.store, config.agent.resync_interval)
+        self.worker.udp_health = UdpHealthChecker(self.namespaces, self.worker.kick)
         self.provider_networks = ProviderNetworkController(
             ProviderBridges(self.ovs), self.namespaces, config.agent.host, config.agent.resync_interval)
         self.gc = GarbageCollector(self.host, self.haproxy, config.agent.gc_max_deletions_per_pass)
@@ -193,9 +196,10 @@ class Agent:
         names = interface_names(lb_id, allocation.salt) if allocation else None
         runtime = worker.runtime.get(lb_id)
         members = worker.members(lb) if lb is not None and allocation is not None else {}
+        udp = {server_name(key): word for key, word in worker.udp_health.health(lb_id).items()}
+        member_health = {**backend_health(health, lb_id), **udp}
         document = loadbalancer_status(task, lb, allocation, names, netns_name(lb_id),
-                                       runtime.observation if runtime else None,
-                                       backend_health(health, lb_id), members)
+                                       runtime.observation if runtime else None, member_health, members)
         if installed is not None and names is not None:
             document["ovn_installed"] = names.ovn_host in installed
         return document

@@ -128,6 +128,10 @@ def _to_iptc(spec: NatRule) -> iptc.Rule:
         if spec.dport:
             match = rule.create_match(spec.protocol)
             match.dport = str(spec.dport)
+    if spec.probability:
+        statistic = rule.create_match("statistic")
+        statistic.mode = "random"
+        statistic.probability = spec.probability
     comment = rule.create_match("comment")
     comment.comment = spec.comment
     target = rule.create_target(spec.target)

@@ -31,11 +31,12 @@ class NatRule:
     protocol: str = ""
     dst: str = ""
     dport: int = 0
+    probability: str = ""  # statistic match in random mode; "" for none
 
     @property
     def hash(self) -> str:
         material = repr((self.chain, self.target, self.to, self.in_interface, self.out_interface,
-                         self.protocol, self.dst, self.dport, self.tag))
+                         self.protocol, self.dst, self.dport, self.probability, self.tag))
         return hashlib.sha256(material.encode()).hexdigest()[:HASH_CHARS]
 
     @property
@@ -71,6 +72,7 @@ class NatPlan:
     outer: str
     tcp_ports: tuple[int, ...]  # enabled TCP-class listener ports
     members: tuple[Member, ...]  # every member of every group, unique by key
+    udp: tuple[tuple[int, tuple[Member, ...]], ...] = ()  # (port, healthy members) per UDP listener
 
 
 def nat_rules(plan: NatPlan) -> list[NatRule]:
@@ -82,5 +84,28 @@ def nat_rules(plan: NatPlan) -> list[NatRule]:
         rules.append(NatRule(PRE_CHAIN, f"{BACKEND_TAG}{member.key}", "DNAT", f"{member.address}:{member.port}",
                              in_interface=plan.haproxy_ns, protocol="tcp", dst=plan.inner,
                              dport=member.mapped_port))
+    for port, members in plan.udp:
+        rules += udp_listener_rules(plan, port, members)
     rules.append(NatRule(POST_CHAIN, "to vpc", "SNAT", plan.vip, out_interface=plan.ovn_ns))
+    return rules
+
+
+def udp_listener_rules(plan: NatPlan, port: int, members: tuple[Member, ...]) -> list[NatRule]:
+    """UDP is balanced by the kernel: new flows pick a member at random in
+    proportion to its weight (rule i matches with w_i / (w_i + ... + w_n), the
+    last always); conntrack keeps a flow on its member. The tag carries a hash
+    of the whole set, so any change replaces all of the listener's rules and
+    they are appended again in order."""
+    live = [m for m in members if m.weight > 0]
+    material = repr([(m.address, m.port, m.weight) for m in live])
+    set_tag = hashlib.sha256(material.encode()).hexdigest()[:8]
+    remaining = sum(m.weight for m in live)
+    rules = []
+    for index, member in enumerate(live):
+        last = index == len(live) - 1
+        probability = "" if last else f"{member.weight / remaining:.6f}"
+        remaining -= member.weight
+        rules.append(NatRule(PRE_CHAIN, f"listener udp/{port} {set_tag} {index}", "DNAT",
+                             f"{member.address}:{member.port}", in_interface=plan.ovn_ns, protocol="udp",
+                             dst=plan.vip, dport=port, probability=probability))
     return rules

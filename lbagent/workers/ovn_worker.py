@@ -44,8 +44,9 @@ class LbRuntime:
 
 
 class OvnWorker:
-    def __init__(self, host: OvnHost, haproxy, store: StateStore, resync_interval: float):
+    def __init__(self, host: OvnHost, haproxy, store: StateStore, resync_interval: float, udp_health=None):
         self._host = host
+        self.udp_health = udp_health  # UdpHealthChecker, or None: UDP members are then always live
         self._haproxy = haproxy
         self._store = store
         self._resync = resync_interval
@@ -204,14 +205,28 @@ class OvnWorker:
         members = self.members(lb)
         if self._netdev is None:
             self._netdev = await self._host.bridge_is_netdev()
-        spec = plan.host_spec(lb, subnet, allocation, members, self._netdev)
+        unhealthy = {}
+        if self.udp_health is not None:
+            self.udp_health.sync(lb.id, netns_name(lb.id), [
+                (ls.id, ls.health_check, members.get(ls.backend_group_id, []))
+                for ls in plan.udp_listeners(lb) if ls.health_check is not None])
+            unhealthy = self.udp_health.unhealthy(lb.id)
+        spec = plan.host_spec(lb, subnet, allocation, members, self._netdev, unhealthy)
         self.runtime[lb.id].observation = await self._host.converge(spec)
         text = render_loadbalancer(lb, allocation.outer, members, inner=allocation.inner)
         if await self._haproxy.apply(lb.id, text):
             log.info("lb=%s object=haproxy action=reload", lb.id)
 
+    def kick(self, lb_id: str) -> None:
+        """Reconcile one load balancer now (a dependency of it changed)."""
+        task = self.tasks.get(lb_id)
+        if task is not None:
+            task.kick()
+
     async def _remove_data_path(self, lb_id: str) -> None:
         allocation = self.allocations.get(lb_id)
+        if self.udp_health is not None:
+            self.udp_health.forget(lb_id)
         await self._haproxy.apply(lb_id, None)
         if allocation is not None:
             await self._host.remove(lb_id, netns_name(lb_id), interface_names(lb_id, allocation.salt),
@@ -273,3 +288,5 @@ class OvnWorker:
 
     async def stop(self) -> None:
         await asyncio.gather(*(task.stop() for task in list(self.tasks.values())))
+        if self.udp_health is not None:
+            await self.udp_health.stop()

@@ -71,7 +71,17 @@ def members_by_group(targets: dict[str, list[Target]], ports: dict[str, int]) ->
     }
 
 
-def host_spec(lb, subnet, allocation: Allocation, members: dict[str, list[Member]], tx_checksum_off: bool) -> HostSpec:
+def udp_listeners(lb):
+    if lb.status != "enabled":
+        return []
+    return [ls for ls in lb.listeners if ls.status == "enabled" and ls.listener_type == "udp"]
+
+
+def host_spec(lb, subnet, allocation: Allocation, members: dict[str, list[Member]], tx_checksum_off: bool,
+              unhealthy: dict[str, set[str]] | None = None) -> HostSpec:
+    """`unhealthy` names, per UDP listener id, the members its health check
+    has taken out: they get no new flows."""
+    unhealthy = unhealthy or {}
     names = interface_names(lb.id, allocation.salt)
     network = ipaddress.IPv4Network(subnet.cidr)
     links = LinkSpec(
@@ -95,6 +105,11 @@ def host_spec(lb, subnet, allocation: Allocation, members: dict[str, list[Member
     for group_members in members.values():
         for member in group_members:
             unique.setdefault(member.key, member)
+    udp = tuple(
+        (listener.listener_port, tuple(m for m in members.get(listener.backend_group_id, [])
+                                       if m.key not in unhealthy.get(listener.id, set())))
+        for listener in udp_listeners(lb)
+    )
     nat = NatPlan(names.ovn_ns, names.haproxy_ns, lb.network.ip, allocation.inner, allocation.outer,
-                  tcp_ports, tuple(unique.values()))
+                  tcp_ports, tuple(unique.values()), udp)
     return HostSpec(lb.id, netns_name(lb.id), links, tuple(nat_rules(nat)))

@@ -37,3 +37,14 @@ def test_changing_a_backend_changes_exactly_its_rule():
     before = {r.hash for r in nat_rules(plan())}
     after = {r.hash for r in nat_rules(plan(members=(Member("be-1", "198.18.0.22", 8000, 1, "off", False, 1025),)))}
     assert len(before - after) == 1 and len(after - before) == 1
+
+
+def test_udp_rules_split_new_flows_by_weight_and_change_as_a_set():
+    members = (Member("a", "198.18.0.21", 53, 1, "off", False, 0), Member("b", "198.18.0.22", 53, 3, "off", False, 0),
+               Member("c", "198.18.0.23", 53, 0, "off", False, 0))
+    rules = [r for r in nat_rules(plan(udp=((53, members),))) if r.protocol == "udp"]
+    assert [(r.to, r.probability) for r in rules] == [("198.18.0.21:53", "0.250000"), ("198.18.0.22:53", "")]
+    assert all(r.dst == "198.18.0.12" and r.dport == 53 and r.in_interface == "oabc0" for r in rules)
+    fewer = [r for r in nat_rules(plan(udp=((53, members[1:]),))) if r.protocol == "udp"]
+    assert not {r.hash for r in rules} & {r.hash for r in fewer}  # replaced together, in order
+    assert [r for r in nat_rules(plan(udp=((53, ()),))) if r.protocol == "udp"] == []
