@@ -403,22 +403,30 @@ class OvnSandbox:
         # sandbox instead of failing: LBAGENT_SANDBOX_WAIT=<seconds>.
         deadline = time.monotonic() + float(os.environ.get("LBAGENT_SANDBOX_WAIT", "0"))
         while True:
-            try:
-                fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            busy = self._try_claim(fd)
+            if busy is None:
                 break
-            except BlockingIOError:
-                if time.monotonic() >= deadline:
-                    os.close(fd)
-                    raise SandboxBusy(f"{BUSY_MESSAGE} (lock {HOST_LOCK} is held)") from None
-                time.sleep(1)
-        if NETDEV_DEVICE in link_names():
-            owner = os.pread(fd, 4096, 0).decode(errors="replace").strip()
-            os.close(fd)
-            hint = f"; last started from {owner}" if owner else ""
-            raise SandboxBusy(f"{BUSY_MESSAGE} (device {NETDEV_DEVICE} exists{hint})")
+            if time.monotonic() >= deadline:
+                os.close(fd)
+                raise SandboxBusy(f"{BUSY_MESSAGE} ({busy})")
+            time.sleep(1)
         os.ftruncate(fd, 0)
         os.pwrite(fd, f"{self.base_dir}\n".encode(), 0)
         self._lock_fd = fd
+
+    @staticmethod
+    def _try_claim(fd: int) -> str | None:
+        """None once we hold the lock and no other sandbox's devices exist; else why not."""
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            return f"lock {HOST_LOCK} is held"
+        if NETDEV_DEVICE in link_names():
+            owner = os.pread(fd, 4096, 0).decode(errors="replace").strip()
+            fcntl.flock(fd, fcntl.LOCK_UN)
+            hint = f"; last started from {owner}" if owner else ""
+            return f"device {NETDEV_DEVICE} exists{hint}"
+        return None
 
     def _release_host(self) -> None:
         if self._lock_fd is not None:

@@ -13,7 +13,15 @@ from __future__ import annotations
 import threading
 from typing import Callable
 
+import logging
+from contextvars import ContextVar
+
 from prometheus_client import REGISTRY, Counter, Gauge, Histogram
+
+_log = logging.getLogger("lbagent.changes")
+# The load balancer a pass is working on; set by its task, carried into the
+# namespace and OVS threads, so every change logs which load balancer it is for.
+CURRENT_LB: ContextVar[str] = ContextVar("current_lb", default="-")
 
 HOST_WRITES = Counter(
     "lbagent_host_writes_total",
@@ -33,8 +41,11 @@ OVSDB_CONNECTIONS = Counter("lbagent_ovsdb_connections_total", "OVSDB sessions e
 OVSDB_RECONNECTS = Counter("lbagent_ovsdb_reconnects_total", "OVSDB sessions established after the first one")
 
 
-def count_write(kind: str, amount: int = 1) -> None:
+def count_write(kind: str, amount: int = 1, what: str = "") -> None:
+    """Count (and log, one line per applied change) a write to the host."""
     HOST_WRITES.labels(kind).inc(amount)
+    if what:
+        _log.info("lb=%s object=%s action=%s", CURRENT_LB.get(), kind, what)
 
 
 def write_counts() -> dict[str, int]:

@@ -81,7 +81,7 @@ def converge_namespace(spec: LinkSpec, host_netns_fd: int) -> set[str]:
             ethtool.ensure_tx_checksum_off(names.ovn_ns)
         # A fresh namespace does not forward; both directions route through it.
         if write_sysctl("net/ipv4/ip_forward", "1"):
-            count_write("netlink")
+            count_write("netlink", what="ip_forward on")
     return created
 
 

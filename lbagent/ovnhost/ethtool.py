@@ -46,5 +46,5 @@ def ensure_tx_checksum_off(ifname: str) -> bool:
     if not tx_checksum_enabled(ifname):
         return False
     _ethtool(ifname, ETHTOOL_STXCSUM, 0)
-    count_write("netlink")
+    count_write("netlink", what=f"tx checksum offload off {ifname}")
     return True

@@ -81,7 +81,7 @@ class Netlink:
         except PyrouteNetlinkError as exc:
             raise translate_netlink(op, exc, target) from exc
         if write:
-            count_write("netlink")
+            count_write("netlink", what=f"{op} {target}".strip())
         return result
 
     # --- reads -----------------------------------------------------------

@@ -33,7 +33,7 @@ def sync_nat(rules: list[NatRule]) -> int:
             changes = _stage(table, rules)
             if changes:
                 table.commit()
-                count_write("iptables", changes)
+                count_write("iptables", changes, what=f"commit nat table ({changes} rule changes)")
             return changes
         except iptc.IPTCError as exc:
             # A concurrent writer makes commit fail with EAGAIN: start over.

@@ -11,6 +11,7 @@ and the agent adopts what exists).
 from __future__ import annotations
 
 import asyncio
+import contextvars
 import ctypes
 import errno
 import functools
@@ -65,7 +66,9 @@ class NamespaceExecutor:
 
     async def run(self, netns: str | None, fn: Callable[..., T], *args) -> T:
         loop = asyncio.get_running_loop()
-        return await loop.run_in_executor(self._pool, functools.partial(self.call, netns, fn, *args))
+        # Like asyncio.to_thread: the caller's context (which load balancer) goes along.
+        context = contextvars.copy_context()
+        return await loop.run_in_executor(self._pool, context.run, functools.partial(self.call, netns, fn, *args))
 
     def call(self, netns: str | None, fn: Callable[..., T], *args) -> T:
         """Run fn inside netns (None: the host namespace) on the current thread."""

@@ -152,27 +152,20 @@ class OvsClient:
         ids_ok = observed is not None and all(observed.external_ids.get(k) == v for k, v in wanted.items())
         if on_bridge == self.bridge and ids_ok:
             return False
-        try:
-            with self.api.transaction(check_error=True, log_errors=False, nested=False) as txn:
-                if on_bridge is not None and on_bridge != self.bridge:
-                    txn.add(self.api.del_port(name, bridge=on_bridge, if_exists=True))
-                if on_bridge != self.bridge:
-                    txn.add(self.api.add_port(self.bridge, name, may_exist=True))
-                txn.add(self.api.db_set("Interface", name, ("external_ids", wanted)))
-        except Exception as exc:
-            raise OvsdbError(f"OVSDB add port {name}: {exc}") from exc
-        count_write("ovsdb")
+        commands = []
+        if on_bridge is not None and on_bridge != self.bridge:
+            commands.append(self.api.del_port(name, bridge=on_bridge, if_exists=True))
+        if on_bridge != self.bridge:
+            commands.append(self.api.add_port(self.bridge, name, may_exist=True))
+        commands.append(self.api.db_set("Interface", name, ("external_ids", wanted)))
+        self._transact(f"add port {name}" if on_bridge != self.bridge else f"set external_ids of {name}",
+                       *commands)
         return True
 
     def delete_port(self, name: str) -> bool:
         if self.observe_port(name) is None:
             return False
-        try:
-            with self.api.transaction(check_error=True, log_errors=False, nested=False) as txn:
-                txn.add(self.api.del_port(name, if_exists=True))
-        except Exception as exc:
-            raise OvsdbError(f"OVSDB delete port {name}: {exc}") from exc
-        count_write("ovsdb")
+        self._transact(f"delete port {name}", self.api.del_port(name, if_exists=True))
         return True
 
     # --- provider bridges ------------------------------------------------------
@@ -267,7 +260,7 @@ class OvsClient:
                     txn.add(cmd)
         except Exception as exc:
             raise OvsdbError(f"OVSDB {what}: {exc}") from exc
-        count_write("ovsdb")
+        count_write("ovsdb", what=what)
 
 
 # --- provider bridges ---------------------------------------------------------------

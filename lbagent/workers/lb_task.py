@@ -15,7 +15,7 @@ import time
 from datetime import datetime, timezone
 from typing import Awaitable, Callable
 
-from lbagent.counters import RECONCILE_ERRORS, RECONCILE_SECONDS
+from lbagent.counters import CURRENT_LB, RECONCILE_ERRORS, RECONCILE_SECONDS
 
 log = logging.getLogger(__name__)
 
@@ -88,6 +88,7 @@ class LbTask:
 
     async def _pass(self) -> int | None:
         started = time.monotonic()
+        CURRENT_LB.set(self.lb_id)  # this task's own context
         try:
             generation = await self._reconcile(self.lb_id)
         except asyncio.CancelledError:
