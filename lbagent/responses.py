@@ -79,11 +79,21 @@ class Interfaces(_Answer):
     haproxy: list[str]
 
 
+class RuleStatus(_Answer):
+    id: str
+    domain: str
+    path: str
+    backend_group_id: Optional[str] = None
+    redirect: Optional[dict] = None
+
+
 class ListenerStatus(_Answer):
     id: str
     listener_type: str
     listener_port: int
     state: str  # a load balancer state, or "disabled"
+    backend_group_id: Optional[str] = None
+    rules: list[RuleStatus] = []
 
 
 class BackendStatus(_Answer):
@@ -119,7 +129,12 @@ class SubnetStatus(_Answer):
 
 class ProviderNetworkStatus(_Answer):
     name: str
-    state: str
+    state: str  # pending | ready | error | excluded
+    bridge: Optional[str] = None
+    interface: Optional[str] = None
+    mtu: Optional[int] = None
+    error: Optional[str] = None
+    retries: int = 0
 
 
 class PodCount(_Answer):

@@ -24,6 +24,12 @@ def backend_health(server_states: dict[tuple[str, str], str], lb_id: str) -> dic
     return merged
 
 
+def _rule_status(rule) -> dict:
+    redirect = rule.redirect.model_dump(mode="json") if rule.redirect is not None else None
+    return {"id": rule.id, "domain": rule.domain, "path": rule.path, "backend_group_id": rule.backend_group_id,
+            "redirect": redirect}
+
+
 def loadbalancer_status(task, lb, allocation, names, netns: str, observation, health: dict[str, str],
                         members: dict) -> dict:
     listeners = []
@@ -32,7 +38,9 @@ def loadbalancer_status(task, lb, allocation, names, netns: str, observation, he
         for listener in lb.listeners:
             state = task.state if listener.enabled and lb.enabled else "disabled"
             listeners.append({"id": listener.id, "listener_type": listener.listener_type,
-                              "listener_port": listener.listener_port, "state": state})
+                              "listener_port": listener.listener_port, "state": state,
+                              "backend_group_id": listener.backend_group_id,
+                              "rules": [_rule_status(rule) for rule in listener.rules]})
         seen = set()
         for group_id, group in members.items():
             for member in group:

@@ -164,6 +164,12 @@ def render_detail(lb: dict, color: bool = False) -> list[str]:
     lines += table([("ID", "TYPE", "PORT", "STATE")]
                    + [(ls["id"], ls["listener_type"], ls["listener_port"], ls["state"])
                       for ls in lb.get("listeners", [])], color, colored=(3,), indent="    ")
+    rules = [(ls["id"], r["id"], r.get("domain") or "*", r.get("path") or "/",
+              r.get("backend_group_id") or f"redirect {(r.get('redirect') or {}).get('code', '')}".strip())
+             for ls in lb.get("listeners", []) for r in ls.get("rules", [])]
+    if rules:
+        lines.append("  rules (the most specific match wins):")
+        lines += table([("LISTENER", "RULE", "DOMAIN", "PATH", "TO")] + rules, indent="    ")
     lines.append("  backends:")
     lines += table([("ID", "ADDRESS", "MAPPED PORT", "WEIGHT", "HEALTH")]
                    + [(b["id"], f"{b['address']}:{b['port']}", b.get("mapped_port"), b.get("weight"), b.get("health"))

@@ -72,3 +72,16 @@ def test_detail_says_why_counters_are_missing_and_that_the_agent_is_down():
     text = render_status(doc, "state directory (the agent is not running)", detail=True)
     assert "agent: not running (connection refused)" in text
     assert "lb-web (absent)" in text and "unavailable: namespace lb-web does not exist" in text
+
+
+def test_detail_lists_http_rules():
+    from lbagent.statusview import render_detail
+
+    lb = {"id": "web", "state": "ready", "netns": "lb-web", "backends": [], "nat_rules": [],
+          "listeners": [{"id": "http", "listener_type": "http", "listener_port": 80, "state": "ready",
+                         "rules": [{"id": "api", "domain": "api.example.com", "path": "/v1",
+                                    "backend_group_id": "bg-2", "redirect": None},
+                                   {"id": "old", "domain": "", "path": "/old", "backend_group_id": None,
+                                    "redirect": {"code": 301}}]}]}
+    text = "\n".join(render_detail(lb))
+    assert "api.example.com" in text and "/v1" in text and "bg-2" in text and "redirect 301" in text
