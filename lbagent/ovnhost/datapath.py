@@ -32,6 +32,8 @@ TABLE_BASE = 0x4C420000
 SKIP_PRIORITY = RULE_PRIORITY - 1
 SKIP_TARGET = RULE_PRIORITY + 999
 LINK_LOCAL_NET = ("169.254.0.0", 16)
+# Any address outside 169.254/16: where the reply path is checked to lead.
+REPLY_PROBE = "198.18.255.254"
 
 
 def reply_table(outer: str) -> int:
@@ -86,21 +88,29 @@ def converge_namespace(spec: LinkSpec, host_netns_fd: int) -> set[str]:
 
 
 def converge_host(spec: LinkSpec) -> None:
+    """Host side of one load balancer. Looks links up by name and checks the
+    routes with two route lookups, so a converged pass costs a handful of small
+    requests however many load balancers the host carries."""
     names = spec.names
     with Netlink.open() as nl:
-        links = nl.links()
-        missing = [n for n in (names.ovn_host, names.haproxy_host) if n not in links]
+        ovn, haproxy = nl.link(names.ovn_host), nl.link(names.haproxy_host)
+        missing = [n for n, link in ((names.ovn_host, ovn), (names.haproxy_host, haproxy)) if link is None]
         if missing:
             raise LinkNotFound("find link", errno.ENODEV, ", ".join(missing))
-        _ensure_link(nl, links[names.ovn_host], up=True, mtu=spec.mtu)
-        haproxy = _ensure_link(nl, links[names.haproxy_host], up=True)
+        _ensure_link(nl, ovn, up=True, mtu=spec.mtu)
+        _ensure_link(nl, haproxy, up=True)
         # noprefixroute: every load balancer's OUTER lives in 169.254/16 on the
         # host; only the /32 towards its own INNER may route there.
         _ensure_addresses(nl, haproxy, {Address(spec.outer, LINK_LOCAL_PREFIX, True)})
         route = Route(f"{spec.inner}/32", None, haproxy.index, spec.outer)
-        if route not in {r for r in nl.routes() if r.dst == route.dst}:
+        used = nl.route_to(spec.inner)
+        if used is None or (used.dst, used.oif, used.prefsrc) != (route.dst, route.oif, route.prefsrc):
             nl.replace_route(route)
-        _ensure_reply_path(nl, spec, haproxy)
+        # A reply from OUTER to any client must leave through this load balancer.
+        reply = nl.route_to(REPLY_PROBE, src=spec.outer)
+        expected = (reply_table(spec.outer), spec.inner, haproxy.index)
+        if reply is None or (reply.table, reply.gateway, reply.oif) != expected:
+            _ensure_reply_path(nl, spec, haproxy)
 
 
 def _ensure_reply_path(nl: Netlink, spec: LinkSpec, haproxy: Link) -> None:

@@ -7,6 +7,7 @@ netlink failure becomes a typed `NetlinkError` naming the operation.
 
 from __future__ import annotations
 
+import errno
 import socket
 from contextlib import contextmanager
 from dataclasses import dataclass
@@ -69,7 +70,9 @@ class Netlink:
     @contextmanager
     def open(cls) -> Iterator["Netlink"]:
         """A socket in the calling thread's current namespace, closed on exit."""
-        ipr = IPRoute()
+        # strict_check: the kernel filters dumps (by index, table) instead of
+        # sending everything for pyroute2 to decode and drop.
+        ipr = IPRoute(strict_check=True)
         try:
             yield cls(ipr)
         finally:
@@ -91,7 +94,25 @@ class Netlink:
         return {link.name: link for link in map(_to_link, msgs)}
 
     def link(self, name: str) -> Link | None:
-        return self.links().get(name)
+        """One link by name: a single request, not a dump of the host's links."""
+        try:
+            msgs = self._ipr.link("get", ifname=name)
+        except PyrouteNetlinkError as exc:
+            if exc.code == errno.ENODEV:
+                return None
+            raise translate_netlink("get link", exc, name) from exc
+        return _to_link(msgs[0]) if msgs else None
+
+    def route_to(self, dst: str, src: str | None = None) -> Route | None:
+        """The route the kernel would use (policy rules included), or None."""
+        args = {"dst": dst, **({"src": src} if src else {})}
+        try:
+            msgs = self._ipr.route("get", **args)
+        except PyrouteNetlinkError as exc:
+            if exc.code in (errno.ENETUNREACH, errno.EHOSTUNREACH, errno.EINVAL):
+                return None
+            raise translate_netlink("get route", exc, dst) from exc
+        return _to_route(msgs[0]) if msgs else None
 
     def addresses(self, index: int) -> set[Address]:
         msgs = self._call("dump addresses", str(index), self._ipr.get_addr, family=socket.AF_INET, index=index)

@@ -104,6 +104,9 @@ class LbTask:
             self._finish(started)
             return None
         if generation != DONE:
+            # A refresh may have moved this (unchanged) load balancer to a newer
+            # generation while this pass, started earlier, was running.
+            generation = max(generation, self.generation or generation)
             self.generation = self.attempted_generation = generation
             self.state = "ready"
             self.last_error = None
