@@ -5,13 +5,21 @@ PYTHON ?= $(shell command -v python3.11 || command -v python3)
 VENV := .venv
 PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed
-DEB_PACKAGES := openvswitch-switch ovn-central ovn-host haproxy iptables ethtool iproute2 curl
+# wrk and nginx-light: the benchmark, whose small-N smoke run is part of `make test`.
+DEB_PACKAGES := openvswitch-switch ovn-central ovn-host haproxy iptables ethtool iproute2 curl openssl wrk nginx-light
 PYTEST_ARGS ?=
+# `make bench BENCH_N="10 100"` for a smaller run; BENCH_ARGS adds flags of
+# `python -m bench.run --help` (e.g. --p2-seconds 20); BENCH_PROFILE=1 installs
+# py-spy and records the agent during P1 and P2.
+BENCH_N ?= 100 1000
+BENCH_ARGS ?=
+BENCH_PROFILE ?=
 
-.PHONY: deps venv test unit functional demo demo-down bench clean
-
-deps:
-	@missing=""; for p in $(DEB_PACKAGES); do \
+# $(call apt_install,PACKAGES): install those of PACKAGES that are missing.
+# (On these machines policy-rc.d stops package scripts from starting services:
+# nginx-light installs without an nginx running.)
+define apt_install
+	@missing=""; for p in $(1); do \
 	  dpkg-query -W -f='$${Status}\n' $$p 2>/dev/null | grep -q "install ok installed" || missing="$$missing $$p"; \
 	done; \
 	if [ -n "$$missing" ]; then \
@@ -19,6 +27,12 @@ deps:
 	  export DEBIAN_FRONTEND=noninteractive; \
 	  apt-get update -qq && apt-get install -y -qq --no-install-recommends $$missing; \
 	fi
+endef
+
+.PHONY: deps venv test unit functional demo demo-down bench bench-smoke clean
+
+deps:
+	$(call apt_install,$(DEB_PACKAGES))
 
 $(STAMP): pyproject.toml
 	@test -x $(PY) || { $(PYTHON) -m venv $(VENV) 2>/dev/null || { apt-get install -y -qq python3-venv && $(PYTHON) -m venv $(VENV); }; }
@@ -42,6 +56,17 @@ demo: deps venv
 
 demo-down: venv
 	$(PY) -m devtools.demo down
+
+# The full benchmark (issue 7): one table, bench/results.json. It queues for the
+# machine's one OVS sandbox for up to LBAGENT_SANDBOX_WAIT seconds (default 1200).
+bench: deps venv
+	$(if $(BENCH_PROFILE),$(PY) -m pip install -q py-spy)
+	LBAGENT_SANDBOX_WAIT=$${LBAGENT_SANDBOX_WAIT:-1200} $(PY) -m bench.run --n $(BENCH_N) \
+	  $(if $(BENCH_PROFILE),--profile) $(BENCH_ARGS)
+
+# The benchmark's code path at N=3 with short durations (also part of `make test`).
+bench-smoke: deps venv
+	$(PY) -m pytest -p no:cacheprovider tests/functional/test_bench_smoke.py $(PYTEST_ARGS)
 
 clean:
 	rm -rf $(VENV) .coverage .coverage.* htmlcov

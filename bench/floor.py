@@ -1,0 +1,398 @@
+"""The floor of P1: what building N load balancers' kernel objects costs at the least.
+
+One minimal in-process client makes, for every load balancer, what the agent
+makes in the kernel (see ../shared/design.md and lbagent/ovnhost/datapath.py):
+
+- a named network namespace;
+- two veth pairs, created with their final MAC, MTU and state and the
+  namespace ends placed in the namespace in the same request;
+- inside: the VIP on the OVN-side end, INNER/16 on the haproxy-side end, the
+  default route via the subnet gateway, TX checksum offload off (userspace
+  datapath), ip_forward on, and the nat table (two owned chains, the jumps,
+  a DNAT per listener and per backend, the SNAT, all with comments) in one
+  python-iptables commit;
+- on the host: OUTER/16 noprefixroute, the route to INNER/32, the reply table
+  (two routes) and its policy rule, plus the two shared skip rules once.
+
+It reads nothing back and decides nothing. Requests are compiled by pyroute2
+(`IPBatch`) and sent as two batches per load balancer, one write each: one on
+the host's netlink socket, one on the namespace's (opened while the thread is
+inside it, so it acts there without entering again); interface indexes are
+chosen up front so a batch can name the links it creates. One setns() out of
+each new namespace.
+The OVS ports are added in one OVSDB transaction for all load balancers,
+timed separately (`ovs_seconds`): the issue's floor is the kernel part.
+
+Everything carries the run's prefix (namespace names, link names) or lives
+in ranges the agent does not use (reply tables 0x4C43xxxx, rule priorities
+32099-32199), and `remove_floor` deletes it again.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import errno
+import ipaddress
+import os
+import socket
+import struct
+import threading
+import time
+from dataclasses import dataclass
+
+import iptc
+from pyroute2 import IPBatch, IPRoute
+from pyroute2 import netns as pyroute_netns
+
+from lbagent.ovnhost import ethtool  # the SIOCETHTOOL ioctl, no fork: acts in the socket's namespace
+
+CLONE_NEWNET = 0x40000000
+IFA_F_NOPREFIXROUTE = 0x200
+FIB_RULE_INVERT = 0x2
+RT_SCOPE_LINK = 253
+RULE_PRIORITY = 32100
+SKIP_PRIORITY = RULE_PRIORITY - 1
+SKIP_TARGET = RULE_PRIORITY + 99
+TABLE_BASE = 0x4C430000  # the agent uses 0x4C42xxxx
+PAIR_BASE = int(ipaddress.IPv4Address("169.254.200.1"))
+_libc = ctypes.CDLL(None, use_errno=True)
+
+
+@dataclass(frozen=True)
+class FloorLb:
+    """One load balancer's kernel objects, as the floor makes them."""
+
+    netns: str
+    ovn_ns: str
+    ovn_host: str
+    haproxy_ns: str
+    haproxy_host: str
+    mac: str
+    vip: str
+    prefixlen: int
+    gateway: str
+    mtu: int
+    inner: str
+    outer: str
+    table: int
+    listener_ports: tuple[int, ...]
+    members: tuple[tuple[str, str, int, int], ...]  # (key, address, port, mapped port)
+
+
+def plan_floor(prefix: str, lbs: list[dict], subnet: dict, host_addresses: set[str]) -> list[FloorLb]:
+    """FloorLb for every load balancer of a desired state (`lbs`: api.md bodies)."""
+    net = ipaddress.IPv4Network(subnet["cidr"])
+    planned = []
+    cursor = PAIR_BASE
+    for index, lb in enumerate(lbs):
+        while {str(ipaddress.IPv4Address(cursor)), str(ipaddress.IPv4Address(cursor + 1))} & host_addresses:
+            cursor += 2
+        inner, outer = str(ipaddress.IPv4Address(cursor)), str(ipaddress.IPv4Address(cursor + 1))
+        cursor += 2
+        tag = f"{prefix[:6]}{index:05x}"  # <= 11 characters, + 2 below: <= 13 of the 15 allowed
+        members, port = [], 1025
+        for group in lb["backend_groups"]:
+            for backend in group["backends"]:
+                members.append((backend["id"], backend["address"], backend["port"], port))
+                port += 1
+        planned.append(FloorLb(
+            netns=f"{prefix}-f{index}", ovn_ns=f"{tag}o0", ovn_host=f"{tag}o1", haproxy_ns=f"{tag}h0",
+            haproxy_host=f"{tag}h1", mac=lb["network"]["mac"], vip=lb["network"]["ip"], prefixlen=net.prefixlen,
+            gateway=subnet["gateway"], mtu=subnet.get("mtu", 1500), inner=inner, outer=outer,
+            table=TABLE_BASE + index, listener_ports=tuple(l["listener_port"] for l in lb["listeners"]),
+            members=tuple(members)))
+    return planned
+
+
+def _setns(fd: int) -> None:
+    if _libc.setns(fd, CLONE_NEWNET) != 0:
+        raise OSError(ctypes.get_errno(), "setns")
+
+
+def _in_thread(fn, *args):
+    """Run fn on a fresh thread (namespace switches must never touch the caller's thread)."""
+    box: dict = {}
+
+    def work() -> None:
+        try:
+            box["result"] = fn(*args)
+        except BaseException as exc:  # re-raised on the caller's thread
+            box["error"] = exc
+
+    thread = threading.Thread(target=work, name="bench-floor")
+    thread.start()
+    thread.join()
+    if "error" in box:
+        raise box["error"]
+    return box.get("result")
+
+
+def build_floor(lbs: list[FloorLb], tx_checksum_off: bool) -> float:
+    """Make every load balancer's kernel objects; return the seconds it took."""
+    return _in_thread(_build, lbs, tx_checksum_off)
+
+
+def _build(lbs: list[FloorLb], tx_checksum_off: bool) -> float:
+    host_fd = os.open("/proc/thread-self/ns/net", os.O_RDONLY | os.O_CLOEXEC)
+    _warm_up_iptc(host_fd)
+    started = time.perf_counter()
+    try:
+        compiler = IPBatch()  # encodes requests into a buffer, sends nothing
+        host = _netlink_socket()
+        try:
+            # Interface indexes chosen by us, so that a whole batch can name
+            # links it creates itself: no lookups, no waiting between requests.
+            next_index = max(_host_indexes()) + 1000
+            compiler.rule("add", priority=SKIP_TARGET, action="FR_ACT_NOP")
+            compiler.rule("add", priority=SKIP_PRIORITY, src="169.254.0.0", src_len=16, flags=FIB_RULE_INVERT,
+                          action="FR_ACT_GOTO", goto=SKIP_TARGET)
+            _send_batch(host, compiler, 2)
+            for lb in lbs:
+                _build_one(compiler, host, host_fd, lb, next_index, tx_checksum_off)
+                next_index += 2
+        finally:
+            host.close()
+            compiler.close()
+    finally:
+        os.close(host_fd)
+    return time.perf_counter() - started
+
+
+def _warm_up_iptc(host_fd: int) -> None:
+    """Load python-iptables' modules once, in a scratch namespace.
+
+    The first rule that jumps to a user chain makes python-iptables open four
+    sockets that it never closes. Opened in a load balancer's namespace they
+    would keep it alive after its deletion (and its veths with it); opened
+    in an unnamed scratch namespace they keep only that, empty, until exit.
+    """
+    if _libc.unshare(CLONE_NEWNET) != 0:
+        raise OSError(ctypes.get_errno(), "unshare")
+    try:
+        table = iptc.Table(iptc.Table.NAT, autocommit=False)
+        table.refresh()
+        try:
+            table.create_chain("LBAGENT-PRE")
+            _rule("warm-up", "LBAGENT-PRE")
+            _rule("warm-up", "DNAT", "127.0.0.1:1", in_if="lo", dst="127.0.0.1", dport=1)
+            _rule("warm-up", "SNAT", "127.0.0.1", out_if="lo")
+        finally:
+            table.close()
+    finally:
+        _setns(host_fd)
+
+
+def _host_indexes() -> list[int]:
+    return [int(open(f"/sys/class/net/{name}/ifindex").read()) for name in os.listdir("/sys/class/net")]
+
+
+NS_OVN_INDEX, NS_HAPROXY_INDEX, LO_INDEX = 2, 3, 1
+
+
+def _build_one(compiler: IPBatch, host: socket.socket, host_fd: int, lb: FloorLb, index: int,
+               tx_checksum_off: bool) -> None:
+    # The namespace: this thread enters it, makes what must be made from inside
+    # (sysctl, nat table, the sockets), and comes back once.
+    if _libc.unshare(CLONE_NEWNET) != 0:
+        raise OSError(ctypes.get_errno(), "unshare")
+    try:
+        pyroute_netns.attach(lb.netns, "thread-self")
+        inside = _netlink_socket()  # bound to the namespace for good
+        ioctl_sock = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
+        with open("/proc/sys/net/ipv4/ip_forward", "w") as f:
+            f.write("1")
+        _write_nat(lb)
+        ns_fd = os.open(f"/run/netns/{lb.netns}", os.O_RDONLY | os.O_CLOEXEC)
+    finally:
+        _setns(host_fd)
+    o1, h1 = index, index + 1
+    try:
+        # Host side, one batch: both pairs (the namespace ends created in the
+        # namespace), OUTER, the route to INNER, the reply table and its rule.
+        compiler.link("add", ifname=lb.ovn_host, index=o1, kind="veth", mtu=lb.mtu,
+                      peer={"ifname": lb.ovn_ns, "index": NS_OVN_INDEX, "net_ns_fd": ns_fd, "address": lb.mac,
+                            "mtu": lb.mtu})
+        compiler.link("add", ifname=lb.haproxy_host, index=h1, kind="veth",
+                      peer={"ifname": lb.haproxy_ns, "index": NS_HAPROXY_INDEX, "net_ns_fd": ns_fd})
+        compiler.link("set", index=o1, state="up")
+        compiler.link("set", index=h1, state="up")
+        compiler.addr("add", index=h1, address=lb.outer, prefixlen=16, flags=IFA_F_NOPREFIXROUTE)
+        compiler.route("replace", dst=f"{lb.inner}/32", oif=h1, prefsrc=lb.outer, scope=RT_SCOPE_LINK)
+        compiler.route("replace", dst=f"{lb.inner}/32", oif=h1, prefsrc=lb.outer, scope=RT_SCOPE_LINK,
+                       table=lb.table)
+        compiler.route("replace", dst="0.0.0.0/0", gateway=lb.inner, oif=h1, table=lb.table)
+        compiler.rule("add", src=lb.outer, src_len=32, table=lb.table, priority=RULE_PRIORITY)
+        _send_batch(host, compiler, 9)
+    finally:
+        os.close(ns_fd)
+    with ioctl_sock:
+        try:
+            # Inside, one batch on the namespace's own socket.
+            for link in (LO_INDEX, NS_OVN_INDEX, NS_HAPROXY_INDEX):
+                compiler.link("set", index=link, state="up")
+            compiler.addr("add", index=NS_OVN_INDEX, address=lb.vip, prefixlen=lb.prefixlen)
+            compiler.addr("add", index=NS_HAPROXY_INDEX, address=lb.inner, prefixlen=16)
+            compiler.route("replace", dst="0.0.0.0/0", gateway=lb.gateway, oif=NS_OVN_INDEX)
+            _send_batch(inside, compiler, 6)
+            if tx_checksum_off:
+                _tx_checksum_off(ioctl_sock, lb.ovn_ns)
+        finally:
+            inside.close()
+
+
+NETLINK_ROUTE = 0
+SO_RCVBUFFORCE = 33
+NLMSG_ERROR = 2
+
+
+def _netlink_socket() -> socket.socket:
+    """A raw rtnetlink socket in the calling thread's namespace."""
+    sock = socket.socket(socket.AF_NETLINK, socket.SOCK_RAW, NETLINK_ROUTE)
+    sock.setsockopt(socket.SOL_SOCKET, SO_RCVBUFFORCE, 8 << 20)
+    sock.bind((0, 0))
+    return sock
+
+
+def _send_batch(sock: socket.socket, compiler: IPBatch, count: int) -> None:
+    """Send the compiled requests in one write and collect their `count` acknowledgements."""
+    data = bytes(compiler.batch)
+    compiler.reset()
+    sock.send(data)
+    acks, errors = 0, []
+    while acks < count:
+        buf = sock.recv(1 << 20)
+        offset = 0
+        while offset < len(buf):
+            length, kind, _, seq, _ = struct.unpack_from("IHHII", buf, offset)
+            if kind == NLMSG_ERROR:
+                acks += 1
+                code = struct.unpack_from("i", buf, offset + 16)[0]
+                if code:
+                    errors.append(f"request {seq}: {os.strerror(-code)}")
+            offset += (length + 3) & ~3
+    if errors:
+        raise OSError(f"netlink batch: {'; '.join(errors)}")
+
+
+def _tx_checksum_off(sock: socket.socket, ifname: str) -> None:
+    """ethtool -K <ifname> tx off, on a socket of the namespace (the ioctl acts in the socket's namespace)."""
+    import fcntl
+
+    value = ethtool._EthtoolValue(ethtool.ETHTOOL_STXCSUM, 0)
+    ifreq = struct.pack("16sP", ifname.encode(), ctypes.addressof(value)) + b"\0" * 16
+    fcntl.ioctl(sock.fileno(), ethtool.SIOCETHTOOL, ifreq)
+
+
+def _write_nat(lb: FloorLb) -> None:
+    """The namespace's nat table in one commit (this thread is inside the namespace)."""
+    table = iptc.Table(iptc.Table.NAT, autocommit=False)
+    table.refresh()  # the handle is cached process-wide: make it this namespace's
+    try:
+        pre, post = table.create_chain("LBAGENT-PRE"), table.create_chain("LBAGENT-POST")
+        rules = [(iptc.Chain(table, "PREROUTING"), _rule("jump", target="LBAGENT-PRE")),
+                 (iptc.Chain(table, "POSTROUTING"), _rule("jump", target="LBAGENT-POST"))]
+        for port in lb.listener_ports:
+            rules.append((pre, _rule(f"listener tcp/{port}", "DNAT", f"{lb.outer}:{port}", in_if=lb.ovn_ns,
+                                     dst=lb.vip, dport=port)))
+        for key, address, port, mapped in lb.members:
+            rules.append((pre, _rule(f"backend {key}", "DNAT", f"{address}:{port}", in_if=lb.haproxy_ns,
+                                     dst=lb.inner, dport=mapped)))
+        rules.append((post, _rule("to vpc", "SNAT", lb.vip, out_if=lb.ovn_ns)))
+        for chain, rule in rules:
+            chain.append_rule(rule)
+        table.commit()
+    finally:
+        table.close()  # leave no handle (and socket) pinned to this namespace
+
+
+def _rule(tag: str, target: str = "", to: str = "", *, in_if: str = "", out_if: str = "", dst: str = "",
+          dport: int = 0) -> iptc.Rule:
+    rule = iptc.Rule()
+    if in_if:
+        rule.in_interface = in_if
+    if out_if:
+        rule.out_interface = out_if
+    if dst:
+        rule.dst = dst
+    if dport:
+        rule.protocol = "tcp"
+        rule.create_match("tcp").dport = str(dport)
+    rule.create_match("comment").comment = f"floor000000:{tag}"
+    made = rule.create_target(target)
+    if target == "DNAT":
+        made.to_destination = to
+    elif target == "SNAT":
+        made.to_source = to
+    return rule
+
+
+def add_ovs_ports(vsctl, bridge: str, lbs: list[FloorLb]) -> float:
+    """Every OVN-side host end on the integration bridge, in one transaction; the seconds it took.
+
+    No iface-id: the floor's ports must not bind the load balancers' logical
+    ports, which the agent binds later in the same run.
+    """
+    started = time.perf_counter()
+    args: list[str] = []
+    for lb in lbs:
+        args += ["--", "add-port", bridge, lb.ovn_host]
+    if args:
+        vsctl(*args[1:], timeout=600)
+    return time.perf_counter() - started
+
+
+def delete_netns(name: str) -> None:
+    """`ip netns del`: unmount and unlink /run/netns/<name> (the kernel frees it, veths included)."""
+    path = f"/run/netns/{name}"
+    if _libc.umount2(path.encode(), 2) != 0 and ctypes.get_errno() not in (errno.EINVAL, errno.ENOENT):
+        raise OSError(ctypes.get_errno(), f"umount {path}")
+    try:
+        os.unlink(path)
+    except FileNotFoundError:
+        pass
+
+
+def remove_floor(lbs: list[FloorLb], vsctl=None, bridge: str = "br-int") -> list[str]:
+    """Delete everything build_floor (and add_ovs_ports) made; problems as text, [] when all went.
+
+    The namespaces go first: each takes its veth pairs with it, host ends
+    included, so nothing is deleted link by link. The host's policy rules
+    and routes of the reply tables follow (the routes went with the links).
+    """
+    problems: list[str] = []
+    if vsctl is not None:
+        args: list[str] = []
+        for lb in lbs:
+            args += ["--", "--if-exists", "del-port", bridge, lb.ovn_host]
+        try:
+            if args:
+                vsctl(*args[1:], timeout=600)
+        except Exception as exc:  # noqa: BLE001 - reported, the rest still goes
+            problems.append(f"OVS ports: {exc}")
+    for lb in lbs:
+        try:
+            delete_netns(lb.netns)
+        except OSError as exc:
+            problems.append(f"namespace {lb.netns}: {exc}")
+    names = {n for lb in lbs for n in (lb.ovn_host, lb.haproxy_host)}
+    deadline = time.monotonic() + 120
+    while names & set(os.listdir("/sys/class/net")) and time.monotonic() < deadline:
+        time.sleep(0.1)  # the kernel tears namespaces down asynchronously
+    tables = {lb.table for lb in lbs}
+    with IPRoute() as host:
+        for name in sorted(names & set(os.listdir("/sys/class/net"))):
+            try:
+                host.link("del", ifname=name)
+            except Exception as exc:  # noqa: BLE001
+                problems.append(f"link {name}: {exc}")
+        for rule in host.get_rules(family=socket.AF_INET):
+            priority = rule.get("FRA_PRIORITY")
+            table = rule.get("FRA_TABLE") or rule["table"]
+            try:
+                if priority == RULE_PRIORITY and table in tables:
+                    host.rule("del", priority=priority, src=rule.get("FRA_SRC"), src_len=32, table=table)
+                elif priority in (SKIP_PRIORITY, SKIP_TARGET):
+                    host.rule("del", priority=priority)
+            except Exception as exc:  # noqa: BLE001
+                problems.append(f"rule at {priority}: {exc}")
+    return problems

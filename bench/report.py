@@ -1,0 +1,168 @@
+"""Targets of issue 7, the one table `make bench` prints, and the machine it ran on."""
+
+from __future__ import annotations
+
+import os
+import platform
+import subprocess
+from typing import Any
+
+import psutil
+
+from devtools.sandbox import which
+
+
+def percentile(values: list[float], q: float) -> float:
+    """Linear interpolation between closest ranks (numpy's default)."""
+    if not values:
+        return float("nan")
+    ordered = sorted(values)
+    position = q * (len(ordered) - 1)
+    low = int(position)
+    high = min(low + 1, len(ordered) - 1)
+    return ordered[low] + (ordered[high] - ordered[low]) * (position - low)
+
+
+# --------------------------------------------------------------------------
+# verdicts
+
+
+def evaluate(results: dict[str, Any]) -> list[dict[str, Any]]:
+    """One row per figure: what was measured, the target, met/missed (or n/a when not measured)."""
+    rows: list[dict[str, Any]] = []
+
+    def row(figure: str, measured: str, target: str, met: bool | None, note: str = "") -> None:
+        rows.append({"figure": figure, "measured": measured, "target": target,
+                     "result": "n/a" if met is None else ("met" if met else "MISSED"), "note": note})
+
+    for entry in results.get("p1", []):
+        n, agent, floor = entry["n"], entry["agent_seconds"], entry["floor_seconds"]
+        ratio = agent / floor if agent is not None and floor else None
+        entry["ratio"] = round(ratio, 2) if ratio is not None else None
+        met = None if ratio is None else ratio <= 3.0 and (n < 1000 or agent < 60.0)
+        target = "≤ 3× floor" + (", < 60 s" if n >= 1000 else "")
+        measured = (f"{_s(agent)} (floor {_s(floor)}, {ratio:.1f}×)" if ratio is not None
+                    else f"not converged in {_s(entry.get('timeout'))}: {entry.get('ready_at_timeout')} of {n} "
+                         f"ready (floor {_s(floor)})")
+        if agent is None:
+            met = False
+        row(f"P1 cold convergence, N={n}", measured, target, met,
+            f"all ovn-installed {_s(entry.get('ovn_installed_seconds'))}; floor OVS ports +{_s(entry.get('floor_ovs_seconds'))}")
+    p2 = results.get("p2")
+    if p2:
+        w = p2["writes"]
+        row(f"P2 writes in {p2['seconds']:.0f} s, N={p2['n']} (netlink/iptables/ovsdb)",
+            f"{w['netlink']}/{w['iptables']}/{w['ovsdb']}", "0", sum(w.values()) == 0)
+        row(f"P2 haproxy reloads in {p2['seconds']:.0f} s", str(p2["reloads"]), "0", p2["reloads"] == 0)
+        row("P2 agent CPU", f"{p2['cpu_percent']:.1f} % of one core", "< 5 %", p2["cpu_percent"] < 5.0,
+            f"{p2['passes']} passes" + ("" if p2.get("ready", p2["n"]) == p2["n"]
+                                        else f"; not converged: {p2['ready']} of {p2['n']} ready"))
+    p3 = [e for e in results.get("p3", []) if "skipped" not in e]
+    for entry in results.get("p3", []):
+        if "skipped" in entry:
+            row(f"P3 backend change → traffic, N={entry['n']}", "not measured", "p99 < 1 s", False, entry["skipped"])
+    small = min(p3, key=lambda e: e["n"]) if p3 else None
+    for entry in p3:
+        target, met = "p99 < 1 s", entry["p99"] < 1.0 and entry["missed"] == 0
+        if small is not None and entry is not small:
+            target += f", ≤ 1.5× N={small['n']}"
+            met = met and entry["p99"] <= 1.5 * small["p99"]
+        row(f"P3 backend change → traffic, N={entry['n']}",
+            f"p50 {_ms(entry['p50'])}, p99 {_ms(entry['p99'])}", target, met,
+            f"{entry['changes']} changes; POST answered 202 in {_ms(entry['post_p50'])} p50"
+            + (f", {entry['missed']} never seen" if entry["missed"] else ""))
+    p4 = results.get("p4")
+    if p4:
+        lb, direct = p4["loadbalancer"]["rps"], p4["direct"]["rps"]
+        ratio = lb / direct if direct else 0.0
+        ovn = p4.get("ovn_lb", {})
+        if ovn.get("error"):
+            ovn_text = f"OVN native LB not measured: {ovn['error']}"
+        elif ovn:
+            ovn_text = f"OVN native LB {ovn['rps']:,.0f} ({ovn['rps'] / direct if direct else 0:.2f}×)"
+        else:
+            ovn_text = "OVN native LB not run"
+        row(f"P4 HTTP req/s via load balancer, N={p4.get('n', '?')}", f"{lb:,.0f} ({ratio:.2f}× direct)", "≥ 0.8× direct", ratio >= 0.8,
+            f"direct {direct:,.0f}; {ovn_text}")
+    p5 = results.get("p5")
+    if p5:
+        row(f"P5 failed requests during {p5['reloads']} reloads, N={p5['n']}", f"{p5['failed']} of {p5['requests']:,}", "0",
+            p5["failed"] == 0 and p5["reloads"] >= p5["reloads_wanted"],
+            f"{p5['tool']} clients, a new connection per request, {p5['rps']:,.0f} requests/s")
+    p6 = results.get("p6")
+    if p6:
+        row(f"P6 agent resident memory, N={p6['n']}", f"{p6['rss_mb']:.0f} MB", "≤ 150 MB", p6["rss_mb"] <= 150,
+            f"peak during convergence {p6['peak_rss_mb']:.0f} MB")
+    return rows
+
+
+def _s(value) -> str:
+    return "–" if value is None else f"{value:.1f} s"
+
+
+def _ms(value) -> str:
+    return "–" if value is None else f"{value * 1000:.0f} ms"
+
+
+def table(rows: list[dict[str, Any]]) -> str:
+    """A Markdown table (readable on a terminal, pasteable into the README)."""
+    headers = ("figure", "measured", "target", "result", "note")
+    cells = [headers] + [tuple(str(r[h]) for h in headers) for r in rows]
+    widths = [max(len(c[i]) for c in cells) for i in range(len(headers))]
+    lines = ["| " + " | ".join(c.ljust(w) for c, w in zip(cells[0], widths)) + " |",
+             "|" + "|".join("-" * (w + 2) for w in widths) + "|"]
+    lines += ["| " + " | ".join(c.ljust(w) for c, w in zip(line, widths)) + " |" for line in cells[1:]]
+    return "\n".join(lines)
+
+
+# --------------------------------------------------------------------------
+# the machine
+
+
+def _first_line(*argv: str) -> str:
+    if not which(argv[0]):
+        return "not installed"
+    try:
+        out = subprocess.run([which(argv[0]), *argv[1:]], capture_output=True, text=True, timeout=10)
+    except (OSError, subprocess.TimeoutExpired) as exc:
+        return f"unknown ({exc})"
+    return ((out.stdout or out.stderr).strip().splitlines() or ["unknown"])[0]
+
+
+def machine() -> dict[str, str]:
+    import pyroute2
+
+    return {
+        "cpus": str(os.cpu_count()),
+        "cpu_model": _cpu_model(),
+        "memory_gib": f"{psutil.virtual_memory().total / 2**30:.1f}",
+        "kernel": platform.release(),
+        "os": _os_release(),
+        "python": platform.python_version(),
+        "pyroute2": getattr(pyroute2, "__version__", "unknown"),
+        "ovs": _first_line("ovs-vswitchd", "--version"),
+        "ovn": _first_line("ovn-controller", "--version"),
+        "haproxy": _first_line("haproxy", "-v"),
+        "nginx": _first_line("nginx", "-v"),
+        "wrk": _first_line("wrk", "-v"),
+    }
+
+
+def _cpu_model() -> str:
+    try:
+        for line in open("/proc/cpuinfo"):
+            if line.startswith("model name"):
+                return line.split(":", 1)[1].strip()
+    except OSError:
+        pass
+    return platform.processor() or "unknown"
+
+
+def _os_release() -> str:
+    try:
+        for line in open("/etc/os-release"):
+            if line.startswith("PRETTY_NAME="):
+                return line.split("=", 1)[1].strip().strip('"')
+    except OSError:
+        pass
+    return platform.platform()

@@ -1,0 +1,54 @@
+"""The benchmark's code path (`make bench`, bench/run.py) at N=3 with short durations.
+
+Not a performance test: it keeps the benchmark working. Every figure must be
+produced and sane; only P5 (no request may fail during reloads) and the P2
+write counts (a converged agent writes nothing) are held to their targets,
+the others depend on the machine.
+"""
+
+from __future__ import annotations
+
+import math
+
+from bench.report import table
+from bench.run import BenchConfig, run_benchmark
+
+
+def test_benchmark_runs_at_small_n_and_produces_sane_figures(sandbox, prefix, tmp_path):
+    config = BenchConfig(ns=[3], p3_small=2, p2_seconds=2, changes=2, reloads=2, wrk_seconds=1, connections=4,
+                         converge_timeout=120, policy_rules=False, output=tmp_path / "results.json")
+    # Its own short working directory under /var/tmp (haproxy's sockets live there), removed afterwards.
+    results = run_benchmark(config, sandbox=sandbox, prefix=prefix)
+
+    (p1,) = results["p1"]
+    assert p1["n"] == 3 and p1["floor_seconds"] > 0 and p1["agent_seconds"] > 0, p1
+    assert p1["ovn_installed_seconds"] is not None and p1["ratio"] > 0
+
+    p2 = results["p2"]
+    assert p2["writes"] == {"netlink": 0, "iptables": 0, "ovsdb": 0}, p2
+    assert p2["reloads"] == 0 and 0 <= p2["cpu_percent"] < 100, p2
+
+    assert sorted(entry["n"] for entry in results["p3"]) == [2, 3]
+    for entry in results["p3"]:
+        assert entry["missed"] == 0 and len(entry["latencies"]) == 2, entry
+        assert 0 < entry["p50"] <= entry["p99"] < 60, entry
+
+    p4 = results["p4"]
+    for leg in ("loadbalancer", "direct", "ovn_lb"):
+        assert p4[leg]["rps"] > 0 and p4[leg]["errors"] == 0, (leg, p4[leg])
+
+    p5 = results["p5"]
+    assert p5["reloads"] == 2 and p5["requests"] > 0, p5
+    assert p5["failed"] == 0, p5
+
+    p6 = results["p6"]
+    assert 10 < p6["rss_mb"] < 1000, p6
+
+    rows = results["rows"]
+    assert {row["result"] for row in rows} <= {"met", "MISSED"}
+    assert all(not math.isnan(float(entry["p99"])) for entry in results["p3"])
+    rendered = table(rows)
+    assert rendered.count("\n") == len(rows) + 1 and "P5 failed requests" in rendered
+    assert (tmp_path / "results.json").exists()
+    # Nothing of the run is left: its agents' load balancers, namespaces and links went with it.
+    assert results["left_after_delete"] == {"2": []}
