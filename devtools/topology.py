@@ -52,18 +52,44 @@ NS_IFNAME = "eth0"
 # Marker in the HTTP server's command line: proves a recorded pid is still
 # our server before we signal it.
 HTTPD_MARKER = "lbagent-devtools-httpd"
-HTTPD_CODE = f"""# {HTTPD_MARKER}
-import http.server, sys
-BODY = (sys.argv[1] + "\\n").encode()
+# argv: text, port, and optionally a JSON object of options (all off by default):
+#   echo: true            the body's second line is JSON {"peer", "path", "headers", "proxy"}
+#                         of what the server saw (peer address, request headers)
+#   set_cookie: "NAME"    every answer sets NAME=<text>-session
+#   proxy_protocol: true  every connection starts with a PROXY protocol v1 line
+#   tls: [cert, key]      serve HTTPS with these PEM files
+#   http11: true          answer HTTP/1.1 (persistent connections) instead of HTTP/1.0
+HTTPD_CODE = f"# {HTTPD_MARKER}\n" + """
+import http.server, json, ssl, sys
+TEXT = sys.argv[1]
+OPTIONS = json.loads(sys.argv[3]) if len(sys.argv) > 3 else {}
 
 class Handler(http.server.BaseHTTPRequestHandler):
+    proxy_line = None
+
+    def handle(self):
+        if OPTIONS.get("proxy_protocol"):
+            # A v1 header is one line of at most 107 bytes, before any request.
+            self.proxy_line = self.rfile.readline(108).decode("ascii", "replace").strip()
+        super().handle()
+
+    def _body(self):
+        if not OPTIONS.get("echo"):
+            return (TEXT + "\\n").encode()
+        headers = {name: ", ".join(self.headers.get_all(name)) for name in self.headers.keys()}
+        seen = {"peer": self.client_address[0], "path": self.path, "headers": headers, "proxy": self.proxy_line}
+        return (TEXT + "\\n" + json.dumps(seen) + "\\n").encode()
+
     def _answer(self, with_body=True):
+        body = self._body()
         self.send_response(200)
         self.send_header("Content-Type", "text/plain")
-        self.send_header("Content-Length", str(len(BODY)))
+        self.send_header("Content-Length", str(len(body)))
+        if OPTIONS.get("set_cookie"):
+            self.send_header("Set-Cookie", OPTIONS["set_cookie"] + "=" + TEXT + "-session; Path=/")
         self.end_headers()
         if with_body:
-            self.wfile.write(BODY)
+            self.wfile.write(body)
 
     # haproxy's httpchk defaults to OPTIONS; answer every method alike.
     do_GET = do_POST = do_OPTIONS = _answer
@@ -74,9 +100,50 @@ class Handler(http.server.BaseHTTPRequestHandler):
     def log_message(self, *args):
         pass
 
+if OPTIONS.get("http11"):
+    Handler.protocol_version = "HTTP/1.1"
 http.server.ThreadingHTTPServer.allow_reuse_address = True
-http.server.ThreadingHTTPServer(("0.0.0.0", int(sys.argv[2])), Handler).serve_forever()
+server = http.server.ThreadingHTTPServer(("0.0.0.0", int(sys.argv[2])), Handler)
+if OPTIONS.get("tls"):
+    context = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)
+    context.load_cert_chain(*OPTIONS["tls"])
+    server.socket = context.wrap_socket(server.socket, server_side=True)
+server.serve_forever()
 """
+
+
+def self_signed_certificate(common_name: str, alt_names: tuple[str, ...] = (), days: int = 2) -> tuple[str, str]:
+    """(certificate PEM, unencrypted private key PEM) for `common_name`, RSA 2048, valid `days` days.
+
+    RSA, so that both the ECDHE-RSA and the plain RSA key exchange can be
+    tried against it. Needs the `cryptography` package (a test extra).
+    """
+    import datetime
+
+    from cryptography import x509
+    from cryptography.hazmat.primitives import hashes, serialization
+    from cryptography.hazmat.primitives.asymmetric import rsa
+    from cryptography.x509.oid import NameOID
+
+    key = rsa.generate_private_key(public_exponent=65537, key_size=2048)
+    name = x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, common_name)])
+    now = datetime.datetime.now(datetime.timezone.utc)
+    certificate = (
+        x509.CertificateBuilder()
+        .subject_name(name)
+        .issuer_name(name)
+        .public_key(key.public_key())
+        .serial_number(x509.random_serial_number())
+        .not_valid_before(now - datetime.timedelta(minutes=5))
+        .not_valid_after(now + datetime.timedelta(days=days))
+        .add_extension(x509.SubjectAlternativeName([x509.DNSName(n) for n in (common_name, *alt_names)]),
+                       critical=False)
+        .sign(key, hashes.SHA256())
+    )
+    key_pem = key.private_bytes(serialization.Encoding.PEM, serialization.PrivateFormat.PKCS8,
+                                serialization.NoEncryption())
+    return certificate.public_bytes(serialization.Encoding.PEM).decode(), key_pem.decode()
+
 
 # iputils-ping is not among the machine's packages: a minimal ICMP echo in
 # Python (raw socket, root inside the namespace) instead.
@@ -177,12 +244,22 @@ class VpcHost:
         """Ping until one reply arrives (the first may wait for ARP) or `timeout` passes."""
         return self.run(sys.executable, "-c", PING_CODE, ip, str(timeout), timeout=timeout + 5)
 
-    def start_http(self, text: str, port: int = 8000, timeout: float = 10) -> None:
-        """Start the HTTP server answering `text` + newline; return once it answers."""
+    def start_http(self, text: str, port: int = 8000, timeout: float = 10, *, echo: bool = False,
+                   set_cookie: str | None = None, proxy_protocol: bool = False,
+                   tls: tuple[str, str] | None = None, http11: bool = False) -> None:
+        """Start the HTTP server answering `text` + newline; return once it answers.
+
+        The keyword options are HTTPD_CODE's (all off: a plain HTTP server);
+        `tls` is (certificate file, key file).
+        """
         self.stop_http()
+        options = {"echo": echo, "set_cookie": set_cookie, "proxy_protocol": proxy_protocol,
+                   "tls": list(tls) if tls else None, "http11": http11}
+        argv = [sys.executable, "-c", HTTPD_CODE, text, str(port)]
+        if any(options.values()):
+            argv.append(json.dumps({key: value for key, value in options.items() if value}))
         self._proc = subprocess.Popen(
-            [which("ip") or "ip", "netns", "exec", self.netns, sys.executable, "-c", HTTPD_CODE, text,
-             str(port)],
+            [which("ip") or "ip", "netns", "exec", self.netns, *argv],
             stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
             # Its own session: a Ctrl-C meant for the test runner must not
             # take it down mid-test, and the demo's servers outlive `up`.
@@ -194,7 +271,11 @@ class VpcHost:
         def answers() -> bool:
             if self._proc is not None and self._proc.poll() is not None:
                 raise WaitAborted(f"HTTP server in {self.netns} exited with {self._proc.returncode}")
-            return self.curl(f"http://127.0.0.1:{port}/", timeout=1) == text + "\n"
+            probe = ["curl", "-sS", "--fail", "--noproxy", "*", "--max-time", "1", "-k"]
+            if proxy_protocol:
+                probe.append("--haproxy-protocol")
+            url = f"{'https' if tls else 'http'}://127.0.0.1:{port}/"
+            return self.run(*probe, url, timeout=6).split("\n")[0] == text
 
         wait_for(answers, timeout, f"HTTP server in {self.netns} on port {port}")
 

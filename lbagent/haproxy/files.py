@@ -2,8 +2,12 @@
 
     haproxy.cfg        global + defaults (rendered from base.cfg.j2)
     conf.d/<lbid>.cfg  one load balancer each; haproxy loads the directory
-    staging/           candidates being checked; same filesystem as conf.d so
-                       that moving one into place is an atomic rename
+    certs/<lbid>/      that load balancer's own files (certificates with their
+                       keys), directories 0700, files 0600; haproxy finds them
+                       through `crt-base certs/`, so a file refers to them by
+                       paths relative to certs/
+    staging/           candidates being checked; same filesystem as conf.d and
+                       certs/ so that moving one into place is an atomic rename
     master.sock        master CLI (reload, show proc), mode 600
     stats.sock         runtime API of the current worker (show stat), mode 600
     haproxy.pid        the master's pid
@@ -15,13 +19,19 @@ from __future__ import annotations
 
 import os
 import re
+import shutil
 import tempfile
+from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
 
 from lbagent.haproxy.errors import HaproxyError
 
 _LB_ID_RE = re.compile(r"[A-Za-z0-9_-]{1,64}")
+# One component of a load balancer file's relative path: no '/', no leading
+# dot (so never '.', '..' or a hidden file), a length any filesystem takes.
+_FILE_PART_RE = re.compile(r"[A-Za-z0-9_-][A-Za-z0-9_.-]{0,127}")
+MAX_FILE_DEPTH = 2
 LB_SUFFIX = ".cfg"
 # haproxy binds a UNIX socket as "<path>.<pid>.tmp" first and sun_path holds
 # 107 characters: longer paths fail at start with a cryptic message.
@@ -49,6 +59,10 @@ class HaproxyPaths:
         return self.root / "conf.d"
 
     @property
+    def certs_dir(self) -> Path:
+        return self.root / "certs"
+
+    @property
     def staging_dir(self) -> Path:
         return self.root / "staging"
 
@@ -70,25 +84,33 @@ class HaproxyPaths:
             raise HaproxyError(f"not a load balancer id usable as a file name: {lb_id!r}")
         return self.conf_dir / f"{lb_id}{LB_SUFFIX}"
 
+    def lb_files_dir(self, lb_id: str) -> Path:
+        self.lb_file(lb_id)  # the same check of the id
+        return self.certs_dir / lb_id
+
     def check_socket_paths(self) -> None:
         for path in (self.master_sock, self.stats_sock):
             if len(str(path)) > MAX_SOCKET_PATH:
                 raise HaproxyError(f"run_dir too long: {path} exceeds {MAX_SOCKET_PATH} characters (UNIX socket limit)")
 
     def make_dirs(self) -> None:
-        for directory in (self.root, self.conf_dir, self.staging_dir):
+        for directory in (self.root, self.conf_dir, self.certs_dir, self.staging_dir):
             directory.mkdir(mode=0o700, parents=True, exist_ok=True)
 
     def lb_ids_on_disk(self) -> set[str]:
-        try:
-            names = os.listdir(self.conf_dir)
-        except FileNotFoundError:
-            return set()
-        return {
-            name[: -len(LB_SUFFIX)]
-            for name in names
-            if name.endswith(LB_SUFFIX) and _LB_ID_RE.fullmatch(name[: -len(LB_SUFFIX)])
+        """Load balancers with a config file or a files directory here."""
+        configs = {
+            name[: -len(LB_SUFFIX)] for name in _listdir(self.conf_dir) if name.endswith(LB_SUFFIX)
         }
+        with_files = {name for name in _listdir(self.certs_dir) if (self.certs_dir / name).is_dir()}
+        return {lb_id for lb_id in configs | with_files if _LB_ID_RE.fullmatch(lb_id)}
+
+
+def _listdir(directory: Path) -> list[str]:
+    try:
+        return os.listdir(directory)
+    except FileNotFoundError:
+        return []
 
 
 def read_or_none(path: Path) -> str | None:
@@ -136,3 +158,91 @@ def replace_text(path: Path, text: str | None, staging_dir: Path) -> None:
         fsync_dir(path.parent)
         return
     install(write_staged(staging_dir, text), path)
+
+
+# --- a load balancer's files: a directory replaced as a whole ------------------------
+
+
+def check_file_name(name: str) -> None:
+    """Refuse a relative file path that could leave its directory or hide in it."""
+    parts = name.split("/")
+    if len(parts) > MAX_FILE_DEPTH or not all(_FILE_PART_RE.fullmatch(part) for part in parts):
+        raise HaproxyError(f"not a file name usable under a load balancer's directory: {name!r}")
+
+
+def read_tree(directory: Path) -> dict[str, bytes]:
+    """Relative path -> content of every regular file below `directory` ({} if it does not exist)."""
+    found: dict[str, bytes] = {}
+    if not directory.is_dir():
+        return found
+    for path in sorted(directory.rglob("*")):
+        if path.is_dir() and not path.is_symlink():
+            continue
+        # Anything but a regular file (a symlink, say) is not ours: reading it
+        # as empty makes the tree differ, so the next apply replaces it.
+        regular = path.is_file() and not path.is_symlink()
+        found[path.relative_to(directory).as_posix()] = path.read_bytes() if regular else b""
+    return found
+
+
+def write_tree(directory: Path, files: Mapping[str, bytes]) -> None:
+    """Create `directory` (0700) holding `files` (0600 each, fsynced); it must not exist yet."""
+    for name in files:
+        check_file_name(name)
+    directory.mkdir(mode=0o700)
+    directories = {directory}
+    for name, content in sorted(files.items()):
+        path = directory / name
+        if path.parent not in directories:
+            path.parent.mkdir(mode=0o700)
+            directories.add(path.parent)
+        # Created 0600 from the start: a key is never readable by others, not even for a moment.
+        fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW, 0o600)
+        with os.fdopen(fd, "wb") as f:
+            f.write(content)
+            f.flush()
+            os.fsync(f.fileno())
+    for written in directories:
+        fsync_dir(written)
+
+
+def swap_tree(new: Path | None, live: Path, park: Path) -> bool:
+    """Make `live` be the directory `new` (None: no directory), by renames on one filesystem.
+
+    The directory that was live is moved to `park` (which must not exist);
+    True if there was one. `restore_tree` undoes it.
+    """
+    had = live.is_dir()
+    if had:
+        os.replace(live, park)
+    if new is not None:
+        os.replace(new, live)
+    fsync_dir(live.parent)
+    return had
+
+
+def restore_tree(live: Path, park: Path, had: bool) -> None:
+    """Undo `swap_tree`: `live` becomes what was parked (or nothing)."""
+    if live.is_dir():
+        shutil.rmtree(live)
+    if had:
+        os.replace(park, live)
+    fsync_dir(live.parent)
+
+
+def remove_tree(path: Path) -> None:
+    shutil.rmtree(path, ignore_errors=True)
+
+
+def empty_dir(directory: Path) -> list[str]:
+    """Remove everything in `directory` (files, links, whole subdirectories); the removed paths."""
+    removed = []
+    if not directory.is_dir():
+        return removed
+    for entry in sorted(directory.iterdir()):
+        if entry.is_dir() and not entry.is_symlink():
+            remove_tree(entry)
+        else:
+            entry.unlink(missing_ok=True)
+        removed.append(str(entry))
+    return removed

@@ -3,16 +3,24 @@
 It owns the files under `<run_dir>/haproxy/` and turns per-load-balancer
 changes into as few reloads as possible:
 
-- `apply(lb_id, text)` does nothing (and does not reload) when the file already
-  holds `text`. Otherwise it checks the candidate alone with the base file, so
-  a bad load balancer is refused before it can disturb the others, and queues
-  it for the next reload.
+- `apply(lb_id, text, files)` does nothing (and does not reload) when the
+  load balancer's file already holds `text` and its directory exactly `files`
+  (certificates and keys, see `candidate`). Otherwise it checks the candidate
+  with its files alone with the base file, so a bad load balancer is refused
+  before it can disturb the others, and queues it for the next reload.
 - A single batcher collects queued changes until the burst settles (no new
   change for `debounce` seconds and no candidate still being checked, or at
   most `max_delay`), installs them, checks the whole directory once and
   reloads once. Every waiter of the batch gets the outcome; on failure the
   batch's files are put back as they were, so the running configuration and
   the disk agree again and one bad batch cannot block later reloads.
+- Reloads are paced by their own cost: the next one starts no sooner than
+  `RELOAD_PACE` times the last one's duration after it ended (at most
+  `MAX_RELOAD_PAUSE`), so reloading (a check, and a new worker parsing every
+  load balancer) takes at most about a quarter of the time. A change after a
+  quiet spell still goes out at once; when the passes of a large refresh
+  arrive one by one, pacing is what keeps the batches large and the reloads
+  few.
 - A marker file says "on disk but maybe not loaded yet": an agent restarted
   between installing and reloading reloads once when it adopts the master.
 
@@ -23,13 +31,15 @@ from __future__ import annotations
 
 import asyncio
 import logging
+from collections.abc import Mapping
 from contextlib import asynccontextmanager
 from dataclasses import dataclass, field
 from datetime import datetime, timezone
 from pathlib import Path
 
+from lbagent.haproxy.candidate import StagedChange, current, discard, install_change, roll_back, stage
 from lbagent.haproxy.errors import HaproxyCheckError, HaproxyError, HaproxyReloadError
-from lbagent.haproxy.files import HaproxyPaths, install, read_or_none, replace_text, write_staged
+from lbagent.haproxy.files import HaproxyPaths, empty_dir, install, read_or_none, replace_text, write_staged
 from lbagent.haproxy.process import HaproxyProcess
 from lbagent.haproxy.render import render_base
 from lbagent.haproxy.sockets import parse_show_stat, send_command
@@ -38,21 +48,23 @@ log = logging.getLogger(__name__)
 
 # haproxy -c processes at once: each takes a core for tens of milliseconds.
 MAX_PARALLEL_CHECKS = 4
+# After a reload that took t seconds the next one waits until t * RELOAD_PACE has passed,
+# but never longer than MAX_RELOAD_PAUSE: on a busy host t swells with contention, and
+# a change must not wait for that.
+RELOAD_PACE = 3.0
+MAX_RELOAD_PAUSE = 10.0
 PENDING_MARKER = "reload-pending"
 
 
 @dataclass
 class _Change:
-    lb_id: str
-    target: Path
-    staged: Path | None  # None: remove the file
-    previous: str | None  # what the file held, to put back if the batch fails
+    staged: StagedChange
     done: asyncio.Future = field(repr=False)
 
 
 class HaproxyManager:
     def __init__(self, binary: str, run_dir: Path, prometheus_listen: str = "", debounce: float = 0.05,
-                 max_delay: float | None = None):
+                 max_delay: float | None = None, reload_pace: float = RELOAD_PACE):
         self.paths = HaproxyPaths(Path(run_dir))
         self.process = HaproxyProcess(binary, Path(run_dir))
         self._prometheus_listen = prometheus_listen
@@ -62,6 +74,9 @@ class HaproxyManager:
         self._marker = self.paths.root / PENDING_MARKER
         self._pending: list[_Change] = []
         self._in_flight = 0  # applies between "differs from disk" and "queued or refused"
+        self.reload_pace = reload_pace
+        self._next_reload_at = 0.0  # loop time before which the batcher does not reload (pacing)
+        self._last_reload_seconds: float | None = None
         self._activity: asyncio.Event | None = None
         self._batcher: asyncio.Task | None = None
         self._lb_locks: dict[str, tuple[asyncio.Lock, int]] = {}
@@ -79,6 +94,8 @@ class HaproxyManager:
         """Write the base file if it changed and adopt the running master, or start one."""
         self._ensure_loop_objects()
         self.paths.check_socket_paths()
+        # Changes a previous agent staged but never installed: not live, and no longer wanted.
+        await asyncio.to_thread(empty_dir, self.paths.staging_dir)
         base_changed = await asyncio.to_thread(self._write_base)
         async with self._process_lock:
             outcome = await asyncio.to_thread(self._adopt_or_start)
@@ -111,6 +128,7 @@ class HaproxyManager:
             self._batcher = None
         for change in self._pending:
             change.done.cancel()
+            await asyncio.to_thread(discard, change.staged)
         self._pending.clear()
 
     async def supervise_once(self) -> bool:
@@ -154,14 +172,8 @@ class HaproxyManager:
 
     def remove_files(self) -> list[str]:
         """Remove every file of ours under <run_dir>/haproxy (after stop()); the removed paths."""
-        removed = []
-        directories = (self.paths.conf_dir, self.paths.staging_dir)
-        for directory in directories:
-            if directory.is_dir():
-                for entry in sorted(directory.iterdir()):
-                    if entry.is_file() or entry.is_symlink():
-                        entry.unlink()
-                        removed.append(str(entry))
+        directories = (self.paths.conf_dir, self.paths.staging_dir, self.paths.certs_dir)
+        removed = [path for directory in directories for path in empty_dir(directory)]
         for path in (self.paths.base_cfg, self.paths.pidfile, self._marker, self.paths.master_sock,
                      self.paths.stats_sock):
             if path.exists() or path.is_symlink():
@@ -176,24 +188,28 @@ class HaproxyManager:
 
     # --- applying ------------------------------------------------------------------
 
-    async def apply(self, lb_id: str, text: str | None) -> bool:
-        """Make conf.d/<lb_id>.cfg hold `text` (None: no file) and haproxy run it.
+    async def apply(self, lb_id: str, text: str | None, files: Mapping[str, bytes] | None = None) -> bool:
+        """Make conf.d/<lb_id>.cfg hold `text` (None: no file), certs/<lb_id>/ hold
+        exactly `files` (relative path -> content; None or empty: no directory),
+        and haproxy run them.
 
-        False, with no reload, if the file already holds it. True once a reload
-        that includes it has succeeded. HaproxyCheckError if haproxy refuses
-        the candidate (the previous file stays and keeps serving);
-        HaproxyError if the batch's reload failed (the previous file is back).
+        False, with no reload, if the disk already holds them. True once a
+        reload that includes them has succeeded. HaproxyCheckError if haproxy
+        refuses the candidate (the previous text and files stay and keep
+        serving); HaproxyError if the batch's reload failed (the previous ones
+        are back).
         """
         self._ensure_loop_objects()
-        target = self.paths.lb_file(lb_id)
+        files = dict(files or {})
+        self.paths.lb_file(lb_id)  # refuses an id that is no file name, before any I/O
         async with self._lb_lock(lb_id):
-            current = await asyncio.to_thread(read_or_none, target)
-            if current == text:
+            previous_text, previous_files = await asyncio.to_thread(current, self.paths, lb_id)
+            if (previous_text, previous_files) == (text, files):
                 return False
             self._in_flight += 1
             try:
-                staged = None if text is None else await self._checked_candidate(lb_id, text)
-                change = _Change(lb_id, target, staged, current, asyncio.get_running_loop().create_future())
+                staged = await self._checked_candidate(lb_id, text, files, previous_text)
+                change = _Change(staged, asyncio.get_running_loop().create_future())
                 self._pending.append(change)
             finally:
                 self._in_flight -= 1
@@ -201,21 +217,26 @@ class HaproxyManager:
             self._ensure_batcher()
             return await change.done
 
-    async def _checked_candidate(self, lb_id: str, text: str) -> Path:
-        """A staged file holding `text` that haproxy accepts next to the base file."""
-        await asyncio.to_thread(self.paths.make_dirs)
-        staged = await asyncio.to_thread(write_staged, self.paths.staging_dir, text)
+    async def _checked_candidate(self, lb_id: str, text: str | None, files: dict[str, bytes],
+                                 previous_text: str | None) -> StagedChange:
+        """The change staged with its files, and accepted by haproxy next to the base file."""
+        staged = await asyncio.to_thread(stage, self.paths, lb_id, text, files, self._check_base, previous_text)
+        if text is None:
+            return staged  # a removal needs no check
         try:
             async with self._check_slots:
-                await asyncio.to_thread(self.process.check, [self.paths.base_cfg, staged])
+                await asyncio.to_thread(self.process.check, staged.check_paths)
         except BaseException as exc:
-            await asyncio.to_thread(staged.unlink, missing_ok=True)
+            await asyncio.to_thread(discard, staged)
             if isinstance(exc, HaproxyCheckError):
-                # Name the load balancer, not the temporary file haproxy saw.
-                output = exc.output.replace(str(staged), f"<candidate for {lb_id}>")
-                raise HaproxyCheckError(output, f"configuration of load balancer {lb_id}") from None
+                # Name the load balancer, not the temporary files haproxy saw.
+                raise HaproxyCheckError(staged.hide_paths(exc.output),
+                                        f"configuration of load balancer {lb_id}") from None
             raise
         return staged
+
+    def _check_base(self, crt_base: Path) -> str:
+        return render_base(self.paths.run_dir, self._prometheus_listen, crt_base=crt_base)
 
     def lb_ids_on_disk(self) -> set[str]:
         return self.paths.lb_ids_on_disk()
@@ -231,9 +252,16 @@ class HaproxyManager:
             while not self._pending:
                 self._activity.clear()
                 await self._activity.wait()
+            await self._pace()
             await self._settle()
             batch, self._pending = self._pending, []
             await self._commit(batch)
+
+    async def _pace(self) -> None:
+        """Let the last reload's cost pass before the next (changes keep joining the batch meanwhile)."""
+        delay = self._next_reload_at - asyncio.get_running_loop().time()
+        if delay > 0:
+            await asyncio.sleep(delay)
 
     async def _settle(self) -> None:
         """Wait for the burst to end: quiet for `debounce`, no check in flight, or `max_delay` reached."""
@@ -249,8 +277,10 @@ class HaproxyManager:
                 return
 
     async def _commit(self, batch: list[_Change]) -> None:
+        loop = asyncio.get_running_loop()
         try:
             async with self._process_lock:
+                started = loop.time()
                 outcome = await asyncio.to_thread(self._install_and_reload, batch)
         except Exception as exc:  # every waiter hears about it; the batcher carries on
             self._record_failure(exc)
@@ -259,11 +289,15 @@ class HaproxyManager:
                 if not change.done.done():
                     change.done.set_exception(exc)
             return
+        # Paced after successes only: a failed batch's fix should not wait for its cost.
+        took = loop.time() - started
+        self._next_reload_at = loop.time() + min(self.reload_pace * took, MAX_RELOAD_PAUSE)
+        self._last_reload_seconds = round(took, 3)
         if outcome == "reloaded":
             self._record_reload()
         else:
             self._record_start(outcome)
-        log.info("object=haproxy action=%s lbs=%d", outcome, len(batch))
+        log.info("object=haproxy action=%s lbs=%d seconds=%.2f", outcome, len(batch), took)
         for change in batch:
             if not change.done.done():
                 change.done.set_result(True)
@@ -273,24 +307,18 @@ class HaproxyManager:
         self._marker.touch()
         try:
             for change in batch:
-                if change.staged is None:
-                    replace_text(change.target, None, self.paths.staging_dir)
-                else:
-                    install(change.staged, change.target)
+                install_change(change.staged)
             self._check_directory()
             outcome = self.process.reload_or_start()
-        except Exception:
-            self._roll_back(batch)
+        except BaseException:
+            for change in batch:
+                roll_back(change.staged)
             self._clear_marker()
             raise
         self._clear_marker()
-        return outcome
-
-    def _roll_back(self, batch: list[_Change]) -> None:
         for change in batch:
-            if change.staged is not None:
-                change.staged.unlink(missing_ok=True)  # never installed
-            replace_text(change.target, change.previous, self.paths.staging_dir)
+            discard(change.staged)  # the previous files are no longer needed
+        return outcome
 
     def _check_and_reload(self) -> None:
         self._check_directory()
@@ -366,6 +394,7 @@ class HaproxyManager:
             "pid": pid,
             "running": pid is not None,
             "last_reload_at": self._last_reload_at,
+            "last_reload_seconds": self._last_reload_seconds,
             "reloads": self._reloads,
             "failed_reloads": self._failed_reloads,
             "starts": self._starts,

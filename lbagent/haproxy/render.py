@@ -6,19 +6,26 @@ them out. Values are validated upstream; every one of them still goes through
 the templates' `token` filter, which raises RenderError rather than write a
 line haproxy would read differently.
 
-Only tcp and http listeners get a frontend/backend pair: udp is balanced by
-the kernel in the namespace, https comes in a later milestone.
+tcp, http and https listeners get a frontend and a backend (plus one backend
+per rule that routes to a group); udp is balanced by the kernel in the
+namespace. Routing and redirects live in `routing`, TLS in `tls`, the plain
+views handed to the templates in `views`.
 """
 
 from __future__ import annotations
 
+import hashlib
 import re
-from dataclasses import dataclass
 from pathlib import Path
 
 from lbagent.haproxy.errors import RenderError
 from lbagent.haproxy.files import HaproxyPaths
+from lbagent.haproxy.routing import RULE_VARIABLE, redirect_view, rule_views
 from lbagent.haproxy.templates import environment
+from lbagent.haproxy.tls import certificate_files, tls_bind
+from lbagent.haproxy.views import (
+    AclView, BackendView, CookieView, HaproxyConfig, HealthView, HttpCheckView, ListenerView, ServerView,
+)
 from lbagent.members import Member
 
 # api.md timeouts a listener leaves unset (seconds), as in cloudpods.
@@ -28,10 +35,22 @@ DEFAULT_TIMEOUTS = {"client_request": 10, "client_idle": 90, "backend_connect": 
 # reloads does not leave a crowd of old workers holding memory.
 HARD_STOP_AFTER = 1800
 
-MODES = {"tcp": "tcp", "http": "http"}  # https: later milestone; udp: kernel
+MODES = {"tcp": "tcp", "http": "http", "https": "http"}  # udp: the kernel
+SCHEMES = {"http": "http", "https": "https"}
 BALANCE = {"rr": "roundrobin", "wrr": "roundrobin", "wlc": "leastconn", "sch": "source", "tch": "source"}
 SEND_PROXY = {"off": None, "v1": "send-proxy", "v2": "send-proxy-v2",
               "v2-ssl": "send-proxy-v2-ssl", "v2-ssl-cn": "send-proxy-v2-ssl-cn"}
+# Sticky sessions: the agent's own cookie, or a prefix on the backend's cookie
+# (haproxy strips it again before the request reaches the backend).
+COOKIE_METHODS = {"insert": "insert", "server": "prefix"}
+# What gzip compresses: text, not already-compressed images or archives.
+COMPRESSIBLE_TYPES = ("text/html", "text/plain", "text/css", "text/xml", "text/javascript",
+                      "application/javascript", "application/json", "application/xml")
+ACL_CIDRS_PER_LINE = 16  # haproxy reads at most 64 words a line
+# Per-source request rates are kept this long after a source's last request
+# (well over the 1 s they measure), for at most this many sources per listener.
+SOURCE_TABLE_EXPIRE = 10
+SOURCE_TABLE_SIZE = "100k"
 _BLANK_RUNS = re.compile(r"\n{3,}")
 HTTP_CODE_CLASSES = {"http_2xx": 2, "http_3xx": 3, "http_4xx": 4, "http_5xx": 5}
 
@@ -42,8 +61,9 @@ def frontend_name(lb_id: str, listener_id: str) -> str:
     return f"fe:{lb_id}:{listener_id}"
 
 
-def backend_name(lb_id: str, listener_id: str) -> str:
-    return f"be:{lb_id}:{listener_id}"
+def backend_name(lb_id: str, listener_id: str, rule_id: str | None = None) -> str:
+    name = f"be:{lb_id}:{listener_id}"
+    return name if rule_id is None else f"{name}:{rule_id}"
 
 
 def server_name(member_key: str) -> str:
@@ -51,59 +71,26 @@ def server_name(member_key: str) -> str:
     return member_key.replace("/", ".")
 
 
-@dataclass(frozen=True)
-class ServerView:
-    name: str
-    address: str
-    port: int
-    weight: int
-    send_proxy: str | None
-    ssl: bool
+def server_cookie(member_key: str) -> str:
+    # Stable per member, and no backend id or address in the client's cookie.
+    return hashlib.sha256(member_key.encode()).hexdigest()[:16]
 
 
-@dataclass(frozen=True)
-class HttpCheckView:
-    uri: str
-    host: str  # "" sends no Host header (HTTP/1.0)
-    expect: str  # "" accepts haproxy's default (2xx and 3xx)
-
-
-@dataclass(frozen=True)
-class HealthView:
-    inter: int
-    rise: int
-    fall: int
-    http: HttpCheckView | None
-
-
-@dataclass(frozen=True)
-class ListenerView:
-    frontend: str
-    backend: str
-    mode: str
-    outer: str
-    port: int
-    balance: str
-    forwardfor: bool
-    frontend_timeouts: tuple[tuple[str, int], ...]
-    backend_timeouts: tuple[tuple[str, int], ...]
-    health: HealthView | None
-    servers: tuple[ServerView, ...]
-
-
-def render_base(run_dir: Path, prometheus_listen: str = "") -> str:
+def render_base(run_dir: Path, prometheus_listen: str = "", crt_base: Path | None = None) -> str:
+    """The global/defaults file; `crt_base` (default: the live certificates directory) for checks."""
     paths = HaproxyPaths(Path(run_dir))
     return _render(
         "base.cfg.j2",
         stats_socket=str(paths.stats_sock),
+        crt_base=str(crt_base or paths.certs_dir),
         hard_stop_after=HARD_STOP_AFTER,
         timeouts=DEFAULT_TIMEOUTS,
         prometheus_listen=prometheus_listen,
     )
 
 
-def render_loadbalancer(lb, outer: str, members: dict[str, list[Member]], *, inner: str) -> str:
-    """One load balancer's file: it binds `outer:<listener port>`, its servers are `inner:<mapped port>`.
+def render_config(lb, outer: str, members: dict[str, list[Member]], *, inner: str) -> HaproxyConfig:
+    """One load balancer's file and files: it binds `outer:<listener port>`, its servers are `inner:<mapped port>`.
 
     `members` maps backend group id to the group's resolved members. A disabled
     load balancer renders to its header alone (nothing bound, nothing checked).
@@ -111,11 +98,20 @@ def render_loadbalancer(lb, outer: str, members: dict[str, list[Member]], *, inn
     listeners = []
     if _value(lb.status) == "enabled":
         listeners = [
-            _listener_view(lb.id, listener, outer, inner, members.get(listener.backend_group_id, []))
-            for listener in lb.listeners
+            listener for listener in lb.listeners
             if _value(listener.status) == "enabled" and _value(listener.listener_type) in MODES
         ]
-    return _render("loadbalancer.cfg.j2", lb_id=lb.id, listeners=listeners)
+    views = [_listener_view(lb.id, listener, outer, inner, members) for listener in listeners]
+    files: dict[str, bytes] = {}
+    for listener in listeners:
+        if _value(listener.listener_type) == "https":
+            files.update(certificate_files(listener))
+    return HaproxyConfig(_render("loadbalancer.cfg.j2", lb_id=lb.id, listeners=views), files)
+
+
+def render_loadbalancer(lb, outer: str, members: dict[str, list[Member]], *, inner: str) -> str:
+    """The text of `render_config` alone."""
+    return render_config(lb, outer, members, inner=inner).text
 
 
 def _render(template: str, **context) -> str:
@@ -137,25 +133,47 @@ def _lookup(table: dict, key: str, what: str):
         raise RenderError(f"unsupported {what}: {key!r}") from None
 
 
-def _listener_view(lb_id: str, listener, outer: str, inner: str, members: list[Member]) -> ListenerView:
-    mode = MODES[_value(listener.listener_type)]
-    scheduler = _value(listener.scheduler)
+def _listener_view(lb_id: str, listener, outer: str, inner: str, members: dict[str, list[Member]]) -> ListenerView:
+    kind = _value(listener.listener_type)
+    mode = MODES[kind]
+    http = mode == "http"
     frontend_timeouts, backend_timeouts = _timeouts(listener.timeouts, mode)
     health = _health(listener.health_check)
     if health is not None:
         backend_timeouts += (("check", listener.health_check.timeout),)
+
+    cookie = _cookie(listener.sticky_session) if http else None
+
+    def backend(name: str, group_id: str) -> BackendView:
+        return BackendView(
+            name=name, mode=mode, balance=_lookup(BALANCE, _value(listener.scheduler), "scheduler"),
+            timeouts=backend_timeouts, health=health, cookie=cookie,
+            servers=_servers(members.get(group_id, []), inner, listener, use_ssl=http, cookies=cookie is not None),
+        )
+
+    default = backend(backend_name(lb_id, listener.id), listener.backend_group_id)
+    rules = rule_views(listener.rules, lambda rule: backend_name(lb_id, listener.id, rule.id), SCHEMES.get(kind, ""))
+    routed = {rule.id: rule.backend_group_id for rule in listener.rules}
+    rule_backends = tuple(backend(rule.backend, routed[rule.id]) for rule in rules if rule.backend)
+    per_src = listener.http_request_rate_per_src if http else 0
     return ListenerView(
         frontend=frontend_name(lb_id, listener.id),
-        backend=backend_name(lb_id, listener.id),
         mode=mode,
         outer=outer,
         port=listener.listener_port,
-        balance=_lookup(BALANCE, scheduler, "scheduler"),
-        forwardfor=mode == "http" and bool(listener.x_forwarded_for),
-        frontend_timeouts=frontend_timeouts,
-        backend_timeouts=backend_timeouts,
-        health=health,
-        servers=_servers(members, inner, scheduler, _value(listener.send_proxy), use_ssl=mode == "http"),
+        tls=tls_bind(lb_id, listener) if kind == "https" else None,
+        timeouts=frontend_timeouts,
+        acl=_acl(listener.acl),
+        request_rate=listener.http_request_rate if http else 0,
+        request_rate_per_src=per_src,
+        source_table=(SOURCE_TABLE_SIZE, SOURCE_TABLE_EXPIRE) if per_src else None,
+        forwardfor=http and bool(listener.x_forwarded_for),
+        compression=COMPRESSIBLE_TYPES if http and listener.gzip else (),
+        rules=rules,
+        rule_variable=RULE_VARIABLE,
+        redirect=redirect_view(listener.redirect, SCHEMES[kind]) if http and listener.redirect else None,
+        default_backend=default.name,
+        backends=(default, *rule_backends),
     )
 
 
@@ -200,16 +218,40 @@ def _expect_status(http_code: str) -> str:
     return ",".join(f"{first}00-{last}99" for first, last in ranges)
 
 
-def _servers(members: list[Member], inner: str, scheduler: str, listener_proxy: str, use_ssl: bool):
-    listener_keyword = _lookup(SEND_PROXY, listener_proxy, "send_proxy")
+def _cookie(sticky) -> CookieView | None:
+    if sticky is None:
+        return None
+    method = _lookup(COOKIE_METHODS, _value(sticky.type), "sticky_session type")
+    maxlife = sticky.cookie_timeout if method == "insert" and sticky.cookie_timeout else None
+    return CookieView(name=sticky.cookie, method=method, maxlife=maxlife)
+
+
+def _acl(acl) -> AclView | None:
+    if acl is None:
+        return None
+    kind = _value(acl.type)
+    if kind not in ("black", "white"):
+        raise RenderError(f"unsupported acl type: {kind!r}")
+    if kind == "black" and not acl.cidrs:
+        return None  # denies no one
+    cidrs = list(acl.cidrs)
+    lines = tuple(tuple(cidrs[i:i + ACL_CIDRS_PER_LINE]) for i in range(0, len(cidrs), ACL_CIDRS_PER_LINE))
+    return AclView(cidr_lines=lines, reject_listed=kind == "black")
+
+
+def _servers(members: list[Member], inner: str, listener, use_ssl: bool, cookies: bool) -> tuple[ServerView, ...]:
+    scheduler = _value(listener.scheduler)
+    listener_keyword = _lookup(SEND_PROXY, _value(listener.send_proxy), "send_proxy")
     servers = []
-    seen = set()
+    seen: dict[str, set[str]] = {"name": set(), "cookie": set()}
     for member in members:
         name = server_name(member.key)
-        if name in seen:
-            # haproxy would refuse the whole directory, not just this load balancer.
-            raise RenderError(f"two members named {name!r} in one backend")
-        seen.add(name)
+        cookie = server_cookie(member.key) if cookies else None
+        for what, value in (("name", name), ("cookie", cookie)):
+            if value is not None and value in seen[what]:
+                # haproxy would refuse the whole directory, not just this load balancer.
+                raise RenderError(f"two members with the {what} {value!r} in one backend")
+            seen[what].add(value)
         servers.append(ServerView(
             name=name,
             address=inner,
@@ -217,6 +259,7 @@ def _servers(members: list[Member], inner: str, scheduler: str, listener_proxy: 
             weight=_weight(member.weight, scheduler),
             send_proxy=listener_keyword or _lookup(SEND_PROXY, member.send_proxy, "send_proxy"),
             ssl=use_ssl and member.ssl,
+            cookie=cookie,
         ))
     return tuple(servers)
 

@@ -14,7 +14,7 @@ from dataclasses import dataclass
 from lbagent.counters import count_write
 from lbagent.naming import INTERFACE_RE, InterfaceNames
 from lbagent.ovnhost import ethtool
-from lbagent.ovnhost.errors import LinkNotFound
+from lbagent.ovnhost.errors import AlreadyExists, LinkNotFound
 from lbagent.ovnhost.iplib import Address, Link, Netlink, Route, SourceRule
 from lbagent.ovnhost.netns import write_sysctl
 
@@ -123,7 +123,10 @@ def _ensure_reply_path(nl: Netlink, spec: LinkSpec, haproxy: Link) -> None:
     for route in sorted(wanted - observed, key=lambda r: r.dst == DEFAULT_ROUTE):
         nl.replace_route(route)
     if SKIP_PRIORITY not in nl.rule_priorities():
-        nl.add_skip_rules(*LINK_LOCAL_NET, SKIP_PRIORITY, SKIP_TARGET)
+        try:
+            nl.add_skip_rules(*LINK_LOCAL_NET, SKIP_PRIORITY, SKIP_TARGET)
+        except AlreadyExists:
+            pass  # shared by all load balancers: another pass, on another thread, was first
     rule = SourceRule(spec.outer, table, RULE_PRIORITY)
     rules = {r for r in nl.source_rules(RULE_PRIORITY) if r.src == spec.outer}
     for stale in rules - {rule}:

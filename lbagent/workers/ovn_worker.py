@@ -14,7 +14,7 @@ import logging
 from dataclasses import astuple, dataclass
 
 from lbagent.errors import StaleGeneration
-from lbagent.haproxy.render import render_loadbalancer
+from lbagent.haproxy.render import render_config
 from lbagent.inventory import Inventory
 from lbagent.model import DesiredState, LoadBalancer
 from lbagent.naming import interface_names, lb_id_from_netns, netns_name
@@ -213,8 +213,8 @@ class OvnWorker:
             unhealthy = self.udp_health.unhealthy(lb.id)
         spec = plan.host_spec(lb, subnet, allocation, members, self._netdev, unhealthy)
         self.runtime[lb.id].observation = await self._host.converge(spec)
-        text = render_loadbalancer(lb, allocation.outer, members, inner=allocation.inner)
-        if await self._haproxy.apply(lb.id, text):
+        config = render_config(lb, allocation.outer, members, inner=allocation.inner)
+        if await self._haproxy.apply(lb.id, config.text, config.files):
             log.info("lb=%s object=haproxy action=reload", lb.id)
 
     def kick(self, lb_id: str) -> None:

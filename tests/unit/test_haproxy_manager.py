@@ -6,19 +6,27 @@ Every test stops the haproxy it started, by pid, even when it fails.
 """
 
 import asyncio
+import functools
 import os
 import shutil
 import signal
 import socket
+import ssl
+import stat
+import threading
 import time
 from pathlib import Path
 
 import psutil
 import pytest
+from cryptography import x509
+from cryptography.x509.oid import NameOID
+
+from devtools.topology import self_signed_certificate
 
 from lbagent.haproxy.errors import HaproxyCheckError, HaproxyError, HaproxyReloadError
 from lbagent.haproxy.manager import HaproxyManager
-from lbagent.haproxy.render import render_loadbalancer
+from lbagent.haproxy.render import HaproxyConfig, render_config, render_loadbalancer
 from lbagent.haproxy.sockets import parse_show_proc, parse_show_stat
 from lbagent.members import Member
 from lbagent.model import parse_desired_state
@@ -33,21 +41,58 @@ def free_port() -> int:
         return sock.getsockname()[1]
 
 
-def lb_text(lb_id: str, port: int, backend_port: int, health_check: dict | None = None) -> str:
-    listener = {"id": "l", "listener_type": "tcp", "listener_port": port, "backend_group_id": "g"}
-    if health_check:
-        listener["health_check"] = health_check
+def lb_config(lb_id: str, listeners: list[dict], backend_port: int) -> HaproxyConfig:
     state = parse_desired_state({
         "generation": 1,
         "subnets": [{"id": "net-1", "cidr": "198.18.0.0/24", "gateway": "198.18.0.1"}],
         "loadbalancers": [{
             "id": lb_id, "network": {"subnet_id": "net-1", "ip": "198.18.0.12", "mac": "00:22:0a:00:00:12"},
-            "listeners": [listener],
+            "listeners": listeners,
             "backend_groups": [{"id": "g", "backends": [{"id": "be-1", "address": "198.18.0.21", "port": 80}]}],
         }],
     })
     members = {"g": [Member("be-1", "198.18.0.21", 80, 1, "off", False, backend_port)]}
-    return render_loadbalancer(state.loadbalancers[0], "127.0.0.1", members, inner="127.0.0.1")
+    return render_config(state.loadbalancers[0], "127.0.0.1", members, inner="127.0.0.1")
+
+
+def lb_text(lb_id: str, port: int, backend_port: int, health_check: dict | None = None, **fields) -> str:
+    listener = {"id": "l", "listener_type": "tcp", "listener_port": port, "backend_group_id": "g", **fields}
+    if health_check:
+        listener["health_check"] = health_check
+    return lb_config(lb_id, [listener], backend_port).text
+
+
+@functools.cache
+def certificate(common_name: str) -> tuple[str, str]:
+    return self_signed_certificate(common_name)
+
+
+def tls_config(lb_id: str, port: int, backend_port: int, names: tuple[str, ...], key_of: str | None = None,
+               extra_listeners: tuple[dict, ...] = ()) -> HaproxyConfig:
+    """An https listener serving a certificate per name; `key_of` pairs the first with another name's key."""
+    certs = []
+    for index, name in enumerate(names):
+        cert, key = certificate(name)
+        if index == 0 and key_of:
+            key = certificate(key_of)[1]
+        certs.append({"id": f"c{index}", "certificate": cert, "private_key": key})
+    listener = {"id": "tls", "listener_type": "https", "listener_port": port, "backend_group_id": "g",
+                "certificates": certs}
+    return lb_config(lb_id, [listener, *extra_listeners], backend_port)
+
+
+async def served_name(port: int, sni: str | None = None) -> str:
+    """The common name of the certificate haproxy presents on 127.0.0.1:port for `sni`."""
+    context = ssl.SSLContext(ssl.PROTOCOL_TLS_CLIENT)
+    context.check_hostname = False
+    context.verify_mode = ssl.CERT_NONE
+    reader, writer = await asyncio.wait_for(
+        asyncio.open_connection("127.0.0.1", port, ssl=context, server_hostname=sni), WAIT)
+    try:
+        der = writer.get_extra_info("ssl_object").getpeercert(binary_form=True)
+    finally:
+        writer.close()
+    return x509.load_der_x509_certificate(der).subject.get_attributes_for_oid(NameOID.COMMON_NAME)[0].value
 
 
 async def until(condition, what: str, timeout: float = WAIT):
@@ -147,6 +192,20 @@ async def test_apply_serves_and_the_same_text_again_does_not_reload(manager, ech
     assert manager.lb_ids_on_disk() == {"lb-a"}
 
 
+async def test_reloads_are_paced_by_their_own_cost(manager, echo_port):
+    port = free_port()
+    loop = asyncio.get_running_loop()
+    finished = []
+    for i in range(3):
+        # One change after the other, each waiting for its reload.
+        assert await manager.apply("lb-a", lb_text("lb-a", port, echo_port, timeouts={"client_idle": 60 + i}))
+        finished.append((loop.time(), manager.status()["last_reload_seconds"]))
+    for (done, took), (next_done, next_took) in zip(finished, finished[1:]):
+        # The next reload started no sooner than pace * took after this one ended.
+        assert next_done - done >= manager.reload_pace * took + next_took * 0.9, finished
+    assert manager.status()["reloads"] == 3
+
+
 async def test_concurrent_changes_share_a_few_reloads(manager, echo_port):
     ports = {f"lb-{i}": free_port() for i in range(20)}
     results = await asyncio.gather(*(manager.apply(lb, lb_text(lb, p, echo_port)) for lb, p in ports.items()))
@@ -213,6 +272,182 @@ async def test_removing_a_load_balancer_stops_its_port(manager, echo_port):
 async def test_unsafe_lb_id_never_becomes_a_path(manager):
     with pytest.raises(HaproxyError):
         await manager.apply("../escape", "# nothing\n")
+
+
+# --- certificates and keys -----------------------------------------------------------------
+
+
+def tree_modes(directory: Path) -> dict[str, int]:
+    return {p.relative_to(directory).as_posix(): stat.S_IMODE(p.lstat().st_mode)
+            for p in [directory, *directory.rglob("*")]}
+
+
+async def test_files_are_written_private_checked_and_served_by_sni(manager, echo_port):
+    port = free_port()
+    config = tls_config("lb-a", port, echo_port, ("one.example.com", "two.example.com"))
+    assert await manager.apply("lb-a", config.text, config.files) is True
+    directory = manager.paths.certs_dir / "lb-a"
+    assert tree_modes(directory) == {".": 0o700, "tls": 0o700, "tls/0-c0.pem": 0o600, "tls/1-c1.pem": 0o600}
+    assert stat.S_IMODE(manager.paths.certs_dir.stat().st_mode) == 0o700
+    assert (directory / "tls" / "1-c1.pem").read_bytes() == config.files["tls/1-c1.pem"]
+    assert await served_name(port, "two.example.com") == "two.example.com"
+    assert await served_name(port, "one.example.com") == "one.example.com"
+    assert await served_name(port) == "one.example.com"  # no SNI: the first certificate
+    assert manager.lb_ids_on_disk() == {"lb-a"}
+
+    # Unchanged text and files: nothing happens.
+    reloads = manager.status()["reloads"]
+    assert await manager.apply("lb-a", config.text, config.files) is False
+    assert manager.status()["reloads"] == reloads
+
+    # Same file names, new content: written and reloaded.
+    changed = tls_config("lb-a", port, echo_port, ("three.example.com", "two.example.com"))
+    assert changed.text == config.text
+    assert await manager.apply("lb-a", changed.text, changed.files) is True
+    assert await served_name(port) == "three.example.com"
+    assert list(manager.paths.staging_dir.iterdir()) == []
+
+
+async def assert_previous_files_serve(manager, previous: HaproxyConfig, port: int) -> None:
+    """The load balancer's text and files are `previous` again, and haproxy serves its certificate."""
+    assert (manager.paths.conf_dir / "lb-a.cfg").read_text() == previous.text
+    assert (manager.paths.certs_dir / "lb-a" / "tls" / "0-c0.pem").read_bytes() == previous.files["tls/0-c0.pem"]
+    assert list(manager.paths.staging_dir.iterdir()) == []
+    assert await served_name(port) == "one.example.com"
+
+
+async def test_refused_certificate_keeps_the_previous_one_serving(manager, echo_port):
+    port = free_port()
+    good = tls_config("lb-a", port, echo_port, ("one.example.com",))
+    await manager.apply("lb-a", good.text, good.files)
+    before = manager.status()["reloads"]
+    # Well-formed PEM, but the key belongs to another certificate.
+    bad = tls_config("lb-a", port, echo_port, ("new.example.com",), key_of="other.example.com")
+    with pytest.raises(HaproxyCheckError) as caught:
+        await manager.apply("lb-a", bad.text, bad.files)
+    message = str(caught.value)
+    assert "lb-a" in message and "<certificates>" in message and "staging" not in message
+    assert "PRIVATE KEY" not in message
+    key_body = certificate("other.example.com")[1].splitlines()[1]
+    assert key_body not in message
+    assert manager.status()["reloads"] == before
+    await assert_previous_files_serve(manager, good, port)
+
+
+async def test_failed_reload_puts_the_previous_files_back(manager, echo_port):
+    port = free_port()
+    good = tls_config("lb-a", port, echo_port, ("one.example.com",))
+    await manager.apply("lb-a", good.text, good.files)
+    with socket.socket() as squatter:
+        squatter.bind(("127.0.0.1", 0))
+        squatter.listen()
+        taken = {"id": "more", "listener_type": "tcp", "listener_port": squatter.getsockname()[1],
+                 "backend_group_id": "g"}
+        bad = tls_config("lb-a", port, echo_port, ("two.example.com",), extra_listeners=(taken,))
+        with pytest.raises(HaproxyReloadError):
+            await manager.apply("lb-a", bad.text, bad.files)
+    await assert_previous_files_serve(manager, good, port)
+    # And the next reload, with the same files, works.
+    assert await manager.apply("lb-a", good.text + "# again\n", good.files) is True
+
+
+async def test_removing_a_load_balancer_removes_its_files(manager, echo_port):
+    config = tls_config("lb-a", free_port(), echo_port, ("one.example.com",))
+    await manager.apply("lb-a", config.text, config.files)
+    # Back to a plain listener: the directory goes with the last certificate.
+    plain = lb_text("lb-a", free_port(), echo_port)
+    assert await manager.apply("lb-a", plain) is True
+    assert not (manager.paths.certs_dir / "lb-a").exists()
+    await manager.apply("lb-a", config.text, config.files)
+    assert await manager.apply("lb-a", None) is True
+    assert not (manager.paths.certs_dir / "lb-a").exists() and manager.lb_ids_on_disk() == set()
+
+
+async def test_orphaned_files_directory_counts_as_on_disk_and_goes(manager):
+    orphan = manager.paths.certs_dir / "lb-gone"
+    orphan.mkdir(parents=True)
+    (orphan / "x.pem").write_bytes(b"")
+    assert manager.lb_ids_on_disk() == {"lb-gone"}
+    assert await manager.apply("lb-gone", None) is True
+    assert not orphan.exists()
+
+
+@pytest.mark.parametrize("name", ["../x.pem", "a/../../x", ".hidden", "a/b/c.pem", "", "a b"])
+async def test_file_names_that_could_escape_are_refused(manager, name):
+    with pytest.raises(HaproxyError):
+        await manager.apply("lb-a", "# nothing\n", {name: b"x"})
+    assert not (manager.paths.certs_dir / "lb-a").exists()
+
+
+async def test_remove_files_takes_certificates_and_staging_leftovers(run_dir, echo_port):
+    mgr = HaproxyManager(HAPROXY, run_dir)
+    await mgr.start()
+    config = tls_config("lb-a", free_port(), echo_port, ("one.example.com",))
+    await mgr.apply("lb-a", config.text, config.files)
+    leftover = mgr.paths.staging_dir / ".change-crashed"
+    (leftover / "certs").mkdir(parents=True)
+    await mgr.stop()
+    removed = mgr.remove_files()
+    assert str(mgr.paths.certs_dir / "lb-a") in removed and str(leftover) in removed
+    assert not (run_dir / "haproxy").exists()
+
+
+async def test_start_clears_changes_a_previous_agent_never_installed(manager, run_dir):
+    leftover = manager.paths.staging_dir / ".change-crashed"
+    leftover.mkdir()
+    (leftover / "candidate.cfg").write_text("# never installed\n")
+    successor = HaproxyManager(HAPROXY, run_dir)
+    await successor.start()
+    assert list(manager.paths.staging_dir.iterdir()) == []
+
+
+# --- hitless reloads ---------------------------------------------------------------------------
+
+
+def listening_inode(port: int) -> str | None:
+    """The inode of the socket listening on 127.0.0.1:port, from /proc/net/tcp."""
+    local = f"0100007F:{port:04X}"
+    for line in Path("/proc/net/tcp").read_text().splitlines()[1:]:
+        fields = line.split()
+        if fields[1] == local and fields[3] == "0A":  # 0A: LISTEN
+            return fields[9]
+    return None
+
+
+async def test_reloads_refuse_no_connection(manager, echo_port):
+    """Connections opened during 10 reloads all succeed: the new worker takes the
+    listening socket over from the old one instead of binding a new one."""
+    manager.reload_pace = 0  # back-to-back reloads: the more of them, the likelier a gap would show
+    port = free_port()
+    await manager.apply("lb-a", lb_text("lb-a", port, echo_port))
+    socket_before = listening_inode(port)
+    assert socket_before is not None
+    outcome = {"ok": 0, "failed": []}
+    stop = threading.Event()
+
+    def hammer():
+        while not stop.is_set():
+            try:
+                with socket.create_connection(("127.0.0.1", port), timeout=WAIT) as conn:
+                    conn.sendall(b"ping\n")
+                    assert conn.recv(16) == b"ping\n"
+                outcome["ok"] += 1
+            except (OSError, AssertionError) as exc:
+                outcome["failed"].append(repr(exc))
+
+    thread = threading.Thread(target=hammer)
+    thread.start()
+    try:
+        for i in range(10):
+            # Each text differs (a timeout), so each apply is one reload.
+            assert await manager.apply("lb-a", lb_text("lb-a", port, echo_port,
+                                                       timeouts={"client_idle": 60 + i})) is True
+    finally:
+        stop.set()
+        await asyncio.to_thread(thread.join, WAIT)
+    assert manager.status()["reloads"] == 11
+    assert outcome["failed"] == [] and outcome["ok"] > 10, outcome
+    assert listening_inode(port) == socket_before
 
 
 # --- the master process ------------------------------------------------------------------

@@ -4,6 +4,7 @@ Regenerate the golden files after an intended change with
 LBAGENT_UPDATE_GOLDEN=1 and review the diff.
 """
 
+import functools
 import os
 import shutil
 import subprocess
@@ -11,18 +12,24 @@ from pathlib import Path
 
 import pytest
 
+from devtools.topology import self_signed_certificate
 from lbagent.haproxy.errors import RenderError
-from lbagent.haproxy.render import render_base, render_loadbalancer
+from lbagent.haproxy.render import HaproxyConfig, render_base, render_config, render_loadbalancer
 from lbagent.haproxy.templates import template_dir, token
 from lbagent.members import Member
 from lbagent.model import parse_desired_state
 
 GOLDEN = Path(__file__).parent / "golden"
 HAPROXY = shutil.which("haproxy") or "/usr/sbin/haproxy"
-CERT = "-----BEGIN CERTIFICATE-----\nAAAA\n-----END CERTIFICATE-----\n"
-KEY = "-----BEGIN PRIVATE KEY-----\nAAAA\n-----END PRIVATE KEY-----\n"
 INNER, OUTER = "169.254.0.100", "169.254.0.101"
 PORTS = {"be-1": 1025, "be-2": 1026, "be-3": 1027}
+
+
+@functools.cache
+def certificate(common_name: str) -> dict[str, str]:
+    """A real self-signed certificate and key (haproxy -c loads them), made once per name."""
+    cert, key = self_signed_certificate(common_name)
+    return {"certificate": cert, "private_key": key}
 
 
 def tcp(listener_id, port, scheduler, **fields):
@@ -31,7 +38,7 @@ def tcp(listener_id, port, scheduler, **fields):
 
 
 def sample_lb(**overrides):
-    """tcp listeners with every scheduler, an http one, and what must not be rendered (udp, https, disabled)."""
+    """tcp listeners with every scheduler, http and https ones, and what must not be rendered (udp, disabled)."""
     lb = {
         "id": "lb-1", "name": 'web "shop" # free text, never rendered',
         "network": {"subnet_id": "net-1", "ip": "198.18.0.12", "mac": "00:22:0a:00:00:12"},
@@ -50,7 +57,7 @@ def sample_lb(**overrides):
             {"id": "dns", "listener_type": "udp", "listener_port": 53, "backend_group_id": "bg-web"},
             tcp("off", 8006, "rr", status="disabled"),
             {"id": "tls", "listener_type": "https", "listener_port": 8443, "backend_group_id": "bg-web",
-             "certificates": [{"id": "c1", "certificate": CERT, "private_key": KEY}]},
+             "certificates": [{"id": "c1", **certificate("www.example.com")}]},
             {"id": "empty", "listener_type": "tcp", "listener_port": 8007, "backend_group_id": "bg-none"},
         ],
         "backend_groups": [
@@ -85,6 +92,20 @@ def sample_members(lb):
 def render_sample(lb=None, outer=OUTER, inner=INNER, members=None):
     lb = lb or sample_lb()
     return render_loadbalancer(lb, outer, members if members is not None else sample_members(lb), inner=inner)
+
+
+def write_checkable(directory: Path, config: HaproxyConfig, lb_id: str, prometheus_listen: str = "") -> list[Path]:
+    """Base file (crt-base under `directory`), the load balancer's file and its files: what haproxy -c reads."""
+    certs = directory / "certs"
+    for name, content in config.files.items():
+        path = certs / lb_id / name
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_bytes(content)
+    base = directory / "haproxy.cfg"
+    base.write_text(render_base(directory, prometheus_listen=prometheus_listen, crt_base=certs))
+    lb_file = directory / "lb.cfg"
+    lb_file.write_text(config.text)
+    return [base, lb_file]
 
 
 def assert_golden(name: str, text: str) -> None:
@@ -122,12 +143,9 @@ def test_base_without_prometheus_has_no_exporter():
 
 
 def test_rendered_config_is_valid_haproxy(tmp_path):
-    (tmp_path / "haproxy").mkdir()
-    base = tmp_path / "haproxy.cfg"
-    base.write_text(render_base(tmp_path, prometheus_listen="127.0.0.1:9101"))
-    lb = tmp_path / "lb.cfg"
-    lb.write_text(render_sample(outer="127.0.0.1", inner="127.0.0.1"))
-    result = haproxy_check(base, lb)
+    lb = sample_lb()
+    config = render_config(lb, "127.0.0.1", sample_members(lb), inner="127.0.0.1")
+    result = haproxy_check(*write_checkable(tmp_path, config, lb.id, prometheus_listen="127.0.0.1:9101"))
     assert result.returncode == 0, result.stdout + result.stderr
     assert "WARNING" not in result.stdout + result.stderr
 
@@ -143,9 +161,10 @@ def test_name_is_never_rendered():
     assert "shop" not in render_sample()
 
 
-@pytest.mark.parametrize("listener_id", ["dns", "off", "tls"])
-def test_udp_disabled_and_https_listeners_are_not_rendered(listener_id):
-    assert f"_{listener_id}\n" not in render_sample()
+@pytest.mark.parametrize("listener_id", ["dns", "off"])
+def test_udp_and_disabled_listeners_are_not_rendered(listener_id):
+    assert f":{listener_id}\n" not in render_sample()
+    assert f"frontend fe:lb-1:tls\n" in render_sample()
 
 
 def test_missing_group_renders_an_empty_backend():

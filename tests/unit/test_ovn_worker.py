@@ -8,6 +8,7 @@ from pathlib import Path
 
 import pytest
 
+from lbagent.haproxy.render import HaproxyConfig
 from lbagent.model import parse_desired_state
 from lbagent.ovnhost.host import HostObservation
 from lbagent.state import StateStore
@@ -44,7 +45,7 @@ class FakeHaproxy:
     def __init__(self):
         self.configs = {}
 
-    async def apply(self, lb_id, text):
+    async def apply(self, lb_id, text, files=None):
         changed = self.configs.get(lb_id) != text
         if text is None:
             self.configs.pop(lb_id, None)
@@ -74,7 +75,8 @@ def lb_body(lb_id, ip="198.18.0.12", backends=("be-1",)):
 
 @pytest.fixture
 def worker(tmp_path, monkeypatch):
-    monkeypatch.setattr(worker_mod, "render_loadbalancer", lambda lb, outer, members, inner: f"{lb.id} {outer} {inner} {members}")
+    monkeypatch.setattr(worker_mod, "render_config",
+                        lambda lb, outer, members, inner: HaproxyConfig(f"{lb.id} {outer} {inner} {members}"))
     w = OvnWorker(FakeHost(), FakeHaproxy(), StateStore(tmp_path), resync_interval=3600)
     yield w
 

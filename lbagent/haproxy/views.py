@@ -1,0 +1,91 @@
+"""The plain views render.py hands to the templates: names, haproxy keywords and numbers only.
+
+Every field is laid out by templates/haproxy/macros.j2 through the `token`
+filter; nothing here knows the API's models.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from lbagent.haproxy.routing import RedirectView, RuleView
+from lbagent.haproxy.tls import TlsBindView
+
+
+@dataclass(frozen=True)
+class HaproxyConfig:
+    """One load balancer's config text and its files (relative path -> content; keys among them)."""
+
+    text: str
+    files: dict[str, bytes] = field(default_factory=dict, repr=False)
+
+
+@dataclass(frozen=True)
+class ServerView:
+    name: str
+    address: str
+    port: int
+    weight: int
+    send_proxy: str | None
+    ssl: bool
+    cookie: str | None
+
+
+@dataclass(frozen=True)
+class HttpCheckView:
+    uri: str
+    host: str  # "" sends no Host header (HTTP/1.0)
+    expect: str  # "" accepts haproxy's default (2xx and 3xx)
+
+
+@dataclass(frozen=True)
+class HealthView:
+    inter: int
+    rise: int
+    fall: int
+    http: HttpCheckView | None
+
+
+@dataclass(frozen=True)
+class CookieView:
+    name: str
+    method: str  # haproxy's: "insert" or "prefix"
+    maxlife: int | None
+
+
+@dataclass(frozen=True)
+class BackendView:
+    name: str
+    mode: str
+    balance: str
+    timeouts: tuple[tuple[str, int], ...]
+    health: HealthView | None
+    cookie: CookieView | None
+    servers: tuple[ServerView, ...]
+
+
+@dataclass(frozen=True)
+class AclView:
+    cidr_lines: tuple[tuple[str, ...], ...]  # one `acl` line each; lines of one name are ORed
+    reject_listed: bool  # black list: reject the listed; white list: reject the others
+
+
+@dataclass(frozen=True)
+class ListenerView:
+    frontend: str
+    mode: str
+    outer: str
+    port: int
+    tls: TlsBindView | None
+    timeouts: tuple[tuple[str, int], ...]
+    acl: AclView | None
+    request_rate: int  # 0: none
+    request_rate_per_src: int
+    source_table: tuple[str, int] | None  # (size, expire seconds) when per-source rates are kept
+    forwardfor: bool
+    compression: tuple[str, ...]  # content types gzip compresses; () for none
+    rules: tuple[RuleView, ...]
+    rule_variable: str  # names the matching rule, set by the first rule that matches
+    redirect: RedirectView | None
+    default_backend: str
+    backends: tuple[BackendView, ...]

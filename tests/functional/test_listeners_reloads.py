@@ -1,0 +1,138 @@
+"""Changes reach haproxy checked, batched and hitless: a change haproxy refuses
+leaves its load balancer and every other one serving; a refresh touching 100
+load balancers costs a handful of reloads; a steady load across 20 reloads
+loses no request."""
+
+from __future__ import annotations
+
+import re
+import signal
+import subprocess
+from pathlib import Path
+
+import pytest
+
+from agentproc import wait_until
+from devtools.topology import self_signed_certificate
+from lbstate import backend, loadbalancer
+from listenerenv import BACKEND_ADDRESSES, listener_env, openssl, request
+
+WEB = ("198.18.0.12", "00:22:0a:00:00:12")
+OTHER = ("198.18.0.13", "00:22:0a:00:00:13")
+MANY = 100
+HANDFUL = 8  # reloads allowed for a refresh that changes MANY load balancers (5-6 seen on 2 cores)
+WRK_SECONDS = 300  # an upper bound only: the test stops wrk as soon as its reloads are done
+
+
+def http(listener_id: str, port: int, group: str = "bg-ab", **fields) -> dict:
+    return {"id": listener_id, "listener_type": "http", "listener_port": port, "backend_group_id": group,
+            "scheduler": "wrr", **fields}
+
+
+def group(weight_a: int = 1) -> dict:
+    return {"bg-ab": [backend("be-a", BACKEND_ADDRESSES["a"], weight=weight_a),
+                      backend("be-b", BACKEND_ADDRESSES["b"])]}
+
+
+@pytest.fixture(scope="module")
+def env(sandbox, tmp_path_factory):
+    with listener_env(sandbox, tmp_path_factory.mktemp("reloads"),
+                      lb_ports={"web": WEB[::-1], "other": OTHER[::-1]}) as e:
+        e.web_id, e.other_id = f"{e.vpc.prefix}-web", f"{e.vpc.prefix}-other"
+        cert, key = self_signed_certificate("web.example.com")
+        e.cert = {"id": "web", "certificate": cert, "private_key": key}
+        e.apply(web_lb(e), other_lb(e))
+        yield e
+
+
+def web_lb(env, weight_a: int = 1, cert: dict | None = None) -> dict:
+    listeners = [http("http", 80), {**http("tls", 443), "listener_type": "https",
+                                    "certificates": [cert or env.cert]}]
+    return loadbalancer(env.web_id, *WEB, listeners, group(weight_a))
+
+
+def other_lb(env, weight_a: int = 1) -> dict:
+    return loadbalancer(env.other_id, *OTHER, [http("http", 80)], group(weight_a))
+
+
+def reloads(env) -> int:
+    return env.agent.status()["agent"]["haproxy"]["reloads"]
+
+
+def served_certificate(env) -> str | None:
+    result = openssl(env.client, f"{WEB[0]}:443", "-servername", "web.example.com")
+    match = re.search(r"subject=.*?CN\s*=\s*([\w.-]+)", result.stdout)
+    return match.group(1) if match else None
+
+
+def serving(env, vip: str) -> bool:
+    return request(env.client, f"http://{vip}/").backend in {"backend-a", "backend-b"}
+
+
+def test_a_refused_change_leaves_it_and_the_others_serving(env):
+    # Well-formed PEM that haproxy refuses: the key belongs to another certificate.
+    new_cert = self_signed_certificate("new.example.com")[0]
+    stranger_key = self_signed_certificate("stranger.example.com")[1]
+    broken = {"id": "web", "certificate": new_cert, "private_key": stranger_key}
+    answer = env.push(web_lb(env, weight_a=2, cert=broken), other_lb(env, weight_a=0))
+    states = {lb["id"]: lb for lb in answer["loadbalancers"]}
+    assert states[env.other_id]["state"] == "ready", answer
+    assert states[env.web_id]["state"] == "error", answer
+    status = env.agent.lb(env.web_id)
+    assert "haproxy rejected the configuration of load balancer" in status["last_error"], status
+    assert "PRIVATE" not in status["last_error"] and stranger_key.splitlines()[1] not in str(status)
+
+    # The broken one keeps its last good configuration (the old certificate), the other took its change.
+    assert served_certificate(env) == "web.example.com"
+    assert serving(env, WEB[0])
+    assert {request(env.client, f"http://{OTHER[0]}/").backend for _ in range(4)} == {"backend-b"}
+
+    # Fixed, it converges.
+    env.apply(web_lb(env), other_lb(env))
+    assert env.agent.lb(env.web_id)["last_error"] is None
+    assert served_certificate(env) == "web.example.com" and serving(env, OTHER[0])
+
+
+def many(weight_a: int) -> list[dict]:
+    return [loadbalancer(f"many-{i}", f"198.18.0.{100 + i}", f"00:22:0a:00:01:{i:02x}", [http("http", 80)],
+                         group(weight_a)) for i in range(MANY)]
+
+
+def test_a_refresh_touching_100_load_balancers_takes_a_handful_of_reloads(env):
+    try:
+        env.apply(web_lb(env), other_lb(env), *many(1))
+        before = reloads(env)
+        env.apply(web_lb(env), other_lb(env), *many(2))  # every one of them changes
+        changed = reloads(env) - before
+        # The passes reach haproxy one by one over many seconds (host-side work): the
+        # batches close on the reloads' pacing, not on one reload per load balancer.
+        assert 1 <= changed <= HANDFUL, changed
+        conf = Path(env.agent.run_dir) / "haproxy" / "conf.d" / f"many-{MANY - 1}.cfg"
+        assert " weight 2\n" in conf.read_text()
+    finally:
+        before = reloads(env)
+        env.apply(web_lb(env), other_lb(env))
+    assert 1 <= reloads(env) - before <= HANDFUL
+    assert serving(env, WEB[0]) and serving(env, OTHER[0])
+
+
+def test_steady_load_across_20_reloads_fails_no_request(env):
+    url = f"http://{WEB[0]}/"
+    assert serving(env, WEB[0])
+    # A new connection per request: each one meets whichever worker holds the socket then.
+    wrk = subprocess.Popen(["ip", "netns", "exec", env.client.netns, "wrk", "-t1", "-c4", f"-d{WRK_SECONDS}s",
+                            "-H", "Connection: close", url],
+                           stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    try:
+        before = reloads(env)
+        for i in range(20):
+            env.apply(web_lb(env, weight_a=2 + i % 2), other_lb(env))
+        assert reloads(env) - before == 20
+    finally:
+        wrk.send_signal(signal.SIGINT)  # wrk reports what it saw so far and exits
+        output, _ = wrk.communicate(timeout=30)
+    assert wrk.returncode == 0, output
+    done = re.search(r"(\d+) requests in", output)
+    assert done and int(done.group(1)) >= 200, output
+    assert "Socket errors" not in output and "Non-2xx" not in output, output
+    wait_until(lambda: serving(env, WEB[0]), 5, "the load balancer after the run")
