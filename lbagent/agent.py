@@ -24,7 +24,7 @@ from lbagent.ovnhost.host import OvnHost
 from lbagent.ovnhost.netns import NamespaceExecutor
 from lbagent.ovnhost.ovs import OvsClient
 from lbagent.state import PersistedState, StateFileError, StateStore
-from lbagent.status import backend_health, loadbalancer_status
+from lbagent.status import health_by_loadbalancer, loadbalancer_status
 from lbagent.ovnhost.bridges import ProviderBridges
 from lbagent.workers.gc import GarbageCollector
 from lbagent.workers.provider_networks import ProviderNetworkController
@@ -174,9 +174,9 @@ class Agent:
             return None
         return self._lb_status(lb_id, await self._server_health(), await self._installed_ports())
 
-    async def _server_health(self) -> dict:
+    async def _server_health(self) -> dict[str, dict[str, str]]:
         try:
-            return await self.haproxy.server_states()
+            return health_by_loadbalancer(await self.haproxy.server_states())
         except Exception as exc:  # health is best effort; the data path is what matters
             log.debug("object=haproxy action=stats result=error error=%r", str(exc))
             return {}
@@ -197,7 +197,7 @@ class Agent:
         runtime = worker.runtime.get(lb_id)
         members = worker.members(lb) if lb is not None and allocation is not None else {}
         udp = {server_name(key): word for key, word in worker.udp_health.health(lb_id).items()}
-        member_health = {**backend_health(health, lb_id), **udp}
+        member_health = {**health.get(lb_id, {}), **udp}
         document = loadbalancer_status(task, lb, allocation, names, netns_name(lb_id),
                                        runtime.observation if runtime else None, member_health, members)
         if installed is not None and names is not None:

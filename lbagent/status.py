@@ -5,23 +5,25 @@ certificates and keys are not part of it.
 
 from __future__ import annotations
 
-from lbagent.haproxy.render import backend_name, server_name
+from lbagent.haproxy.render import server_name
 
 HEALTH_WORDS = (("UP", "up"), ("DOWN", "down"), ("NOLB", "draining"), ("MAINT", "maint"), ("no check", "unchecked"))
 
 
-def backend_health(server_states: dict[tuple[str, str], str], lb_id: str) -> dict[str, str]:
-    """Server name -> health word for one load balancer, merged over its listeners
-    (a backend serving two listeners is up if any of its checks says so)."""
-    prefix = backend_name(lb_id, "")
-    merged: dict[str, str] = {}
+def health_by_loadbalancer(server_states: dict[tuple[str, str], str]) -> dict[str, dict[str, str]]:
+    """Load balancer id -> server name -> health word, in one pass over haproxy's
+    servers (a backend serving two listeners is up if any of its checks says
+    so). Backends are named "be:<lb>:<listener>[:<rule>]"."""
+    health: dict[str, dict[str, str]] = {}
     for (backend, server), raw in server_states.items():
-        if not backend.startswith(prefix):
+        kind, _, rest = backend.partition(":")
+        lb_id = rest.partition(":")[0]
+        if kind != "be" or not lb_id:
             continue
-        word = next((w for key, w in HEALTH_WORDS if raw.startswith(key)), "unknown")
+        merged = health.setdefault(lb_id, {})
         if merged.get(server) != "up":
-            merged[server] = word
-    return merged
+            merged[server] = next((w for key, w in HEALTH_WORDS if raw.startswith(key)), "unknown")
+    return health
 
 
 def _rule_status(rule) -> dict:
