@@ -9,12 +9,13 @@ from __future__ import annotations
 
 import errno
 import ipaddress
+import threading
 from dataclasses import dataclass
 
 from lbagent.counters import count_write
 from lbagent.naming import INTERFACE_RE, InterfaceNames
 from lbagent.ovnhost import ethtool
-from lbagent.ovnhost.errors import AlreadyExists, LinkNotFound
+from lbagent.ovnhost.errors import LinkNotFound
 from lbagent.ovnhost.iplib import Address, Link, Netlink, Route, SourceRule
 from lbagent.ovnhost.netns import write_sysctl
 
@@ -113,6 +114,12 @@ def converge_host(spec: LinkSpec) -> None:
             _ensure_reply_path(nl, spec, haproxy)
 
 
+# Policy rules are host-wide and the shared skip rules belong to all load
+# balancers: passes on different namespace threads change them one at a time,
+# so the last load balancer to go reliably sees that it is the last.
+_RULES_LOCK = threading.Lock()
+
+
 def _ensure_reply_path(nl: Netlink, spec: LinkSpec, haproxy: Link) -> None:
     table = reply_table(spec.outer)
     wanted = {Route(f"{spec.inner}/32", None, haproxy.index, spec.outer, table),
@@ -122,11 +129,13 @@ def _ensure_reply_path(nl: Netlink, spec: LinkSpec, haproxy: Link) -> None:
         nl.delete_route(route)
     for route in sorted(wanted - observed, key=lambda r: r.dst == DEFAULT_ROUTE):
         nl.replace_route(route)
+    with _RULES_LOCK:
+        _ensure_rules(nl, spec, table)
+
+
+def _ensure_rules(nl: Netlink, spec: LinkSpec, table: int) -> None:
     if SKIP_PRIORITY not in nl.rule_priorities():
-        try:
-            nl.add_skip_rules(*LINK_LOCAL_NET, SKIP_PRIORITY, SKIP_TARGET)
-        except AlreadyExists:
-            pass  # shared by all load balancers: another pass, on another thread, was first
+        nl.add_skip_rules(*LINK_LOCAL_NET, SKIP_PRIORITY, SKIP_TARGET)
     rule = SourceRule(spec.outer, table, RULE_PRIORITY)
     rules = {r for r in nl.source_rules(RULE_PRIORITY) if r.src == spec.outer}
     for stale in rules - {rule}:
@@ -139,7 +148,7 @@ def delete_reply_rules(outers: set[str]) -> list[str]:
     """Remove our policy rules for these OUTER addresses (their tables' routes
     went with the links)."""
     deleted = []
-    with Netlink.open() as nl:
+    with _RULES_LOCK, Netlink.open() as nl:
         remaining = 0
         for rule in nl.source_rules(RULE_PRIORITY):
             if rule.src in outers and is_reply_table(rule.table):
