@@ -13,19 +13,12 @@ import os
 
 from lbagent.config import Config
 from lbagent.haproxy.manager import HaproxyManager
-from lbagent.naming import INTERFACE_RE, InterfaceNames, interface_names, netns_name
+from lbagent.naming import InterfaceNames, interface_names, names_from_interface, netns_name
 from lbagent.ovnhost import datapath
 from lbagent.ovnhost.bridges import ProviderBridges, bridge_name
-from lbagent.ovnhost.netns import delete_netns
+from lbagent.ovnhost.netns import delete_netns, netns_path
 from lbagent.ovnhost.ovs import OvsClient
 from lbagent.state import StateFileError, StateStore
-
-
-def _names_from_port(port: str) -> InterfaceNames | None:
-    if not INTERFACE_RE.match(port) or not port.startswith("o"):
-        return None
-    tag = port[1:-1]
-    return InterfaceNames(f"o{tag}0", f"o{tag}1", f"h{tag}0", f"h{tag}1")
 
 
 async def cleanup_host(config: Config) -> list[str]:
@@ -51,7 +44,7 @@ async def cleanup_host(config: Config) -> list[str]:
             await asyncio.to_thread(bridges.remove, network)
             report.append(f"removed provider bridge {bridge_name(network)} (its interface got its addresses back)")
         for port, lb_id in (await asyncio.to_thread(ovs.owned_ports)).items():
-            names = _names_from_port(port)
+            names = names_from_interface(port)
             if lb_id and names is not None:
                 owned.setdefault(lb_id, names)
             await asyncio.to_thread(ovs.delete_port, port)
@@ -64,7 +57,7 @@ async def cleanup_host(config: Config) -> list[str]:
     for lb_id, names in sorted(owned.items()):
         report += [f"removed link {n}" for n in await asyncio.to_thread(datapath.delete_host_links, names)]
         netns = netns_name(lb_id)
-        if os.path.exists(f"/run/netns/{netns}"):
+        if os.path.exists(netns_path(netns)):
             await asyncio.to_thread(delete_netns, netns)
             report.append(f"removed namespace {netns}")
     outers = {a.outer for a in allocations.values()}

@@ -34,8 +34,16 @@ class InterfaceNames:
 
 def interface_names(lb_id: str, salt: int = 0) -> InterfaceNames:
     material = lb_id if salt == 0 else f"{lb_id}#{salt}"
-    tag = hashlib.sha256(material.encode()).hexdigest()[:HASH_CHARS]
+    return names_for_tag(hashlib.sha256(material.encode()).hexdigest()[:HASH_CHARS])
+
+
+def names_for_tag(tag: str) -> InterfaceNames:
     return InterfaceNames(f"o{tag}0", f"o{tag}1", f"h{tag}0", f"h{tag}1")
+
+
+def names_from_interface(name: str) -> InterfaceNames | None:
+    """All four names of the pair set `name` (one of ours) belongs to."""
+    return names_for_tag(name[1:-1]) if INTERFACE_RE.match(name) else None
 
 
 def netns_name(lb_id: str) -> str:

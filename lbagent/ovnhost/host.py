@@ -14,13 +14,13 @@ import os
 from dataclasses import dataclass
 
 from lbagent.inventory import Inventory
-from lbagent.naming import INTERFACE_RE, NETNS_PREFIX, InterfaceNames, iface_id, netns_name
+from lbagent.naming import INTERFACE_RE, NETNS_PREFIX, InterfaceNames, iface_id, names_from_interface, netns_name
 from lbagent.ovnhost import datapath, iptables
 from lbagent.ovnhost.datapath import LinkSpec
 from lbagent.ovnhost.errors import AlreadyExists
 from lbagent.ovnhost.iplib import Netlink
 from lbagent.ovnhost.nat import NatRule
-from lbagent.ovnhost.netns import NamespaceExecutor, list_netns, netns_exists
+from lbagent.ovnhost.netns import NamespaceExecutor, list_netns, netns_exists, netns_path
 from lbagent.ovnhost.ovs import LB_KEY, OvsClient
 
 log = logging.getLogger(__name__)
@@ -78,10 +78,6 @@ class OvnHost:
             observed = await asyncio.to_thread(self._ovs.observe_port, port)
         return HostObservation(port, bool(observed and observed.ovn_installed))
 
-    async def observe(self, names: InterfaceNames) -> HostObservation:
-        observed = await asyncio.to_thread(self._ovs.observe_port, names.ovn_host)
-        return HostObservation(names.ovn_host, bool(observed and observed.ovn_installed))
-
     async def read_allocation(self, lb_id: str) -> tuple[str, str, str, dict[str, int]] | None:
         """What an existing namespace says about its allocation: (tag, inner,
         outer, ports). Used when the state file is lost, so an adopted load
@@ -93,12 +89,12 @@ class OvnHost:
         haproxy_ns = next((n for n in inside if n.startswith("h") and n.endswith("0")), None)
         if haproxy_ns is None or not inside[haproxy_ns]:
             return None
-        tag = haproxy_ns[1:-1]
-        outer = await self._namespaces.run(None, _read_address, f"h{tag}1")
+        names = names_from_interface(haproxy_ns)
+        outer = await self._namespaces.run(None, _read_address, names.haproxy_host)
         if not outer:
             return None
         ports = await self._iptc.run(netns, iptables.observed_backend_ports)
-        return tag, inside[haproxy_ns], outer, ports
+        return names.tag, inside[haproxy_ns], outer, ports
 
     async def inventory(self) -> Inventory:
         """Everything on this host that carries our marks."""
@@ -121,14 +117,12 @@ class OvnHost:
             raise ValueError(f"unknown kind of object {kind!r}")
 
     async def remove(self, lb_id: str, netns: str, names: InterfaceNames, outer: str) -> None:
-        """Remove everything converge() made; safe on partial or absent state."""
-        if await self._namespaces.run(None, datapath.delete_reply_rules, {outer}):
-            log.info("action=delete object=rule lb=%s from=%s", lb_id, outer)
-        if await asyncio.to_thread(self._ovs.delete_port, names.ovn_host):
-            log.info("action=delete object=ovs_port lb=%s port=%s", lb_id, names.ovn_host)
-        for link in await self._namespaces.run(None, datapath.delete_host_links, names):
-            log.info("action=delete object=link lb=%s link=%s", lb_id, link)
-        if netns_exists(netns) or os.path.exists(f"/run/netns/{netns}"):
+        """Remove everything converge() made; safe on partial or absent state.
+        (Each counted write logs its own line; the namespace is not counted.)"""
+        await self._namespaces.run(None, datapath.delete_reply_rules, {outer})
+        await asyncio.to_thread(self._ovs.delete_port, names.ovn_host)
+        await self._namespaces.run(None, datapath.delete_host_links, names)
+        if os.path.exists(netns_path(netns)):  # mounted or a stale file: both go
             await self._namespaces.delete(netns)
             log.info("action=delete object=netns lb=%s netns=%s", lb_id, netns)
 

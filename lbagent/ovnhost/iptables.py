@@ -45,17 +45,6 @@ def sync_nat(rules: list[NatRule]) -> int:
     raise AssertionError("unreachable")
 
 
-def observed_hashes() -> set[str]:
-    table = iptc.Table(iptc.Table.NAT, autocommit=False)
-    try:
-        table.refresh()
-        return {h for chain in table.chains for _, h in _hashed_rules(chain)}
-    except iptc.IPTCError as exc:
-        raise IptablesError(f"iptables nat: {exc}") from exc
-    finally:
-        table.close()
-
-
 def observed_backend_ports() -> dict[str, int]:
     """Member key -> port on INNER, read back from the backend DNAT rules' tags."""
     table = iptc.Table(iptc.Table.NAT, autocommit=False)

@@ -1,4 +1,4 @@
-from lbagent.naming import INTERFACE_RE, interface_names, lb_id_from_netns, netns_name, iface_id
+from lbagent.naming import INTERFACE_RE, iface_id, interface_names, lb_id_from_netns, names_from_interface, netns_name
 
 
 def test_names_fit_and_are_marked():
@@ -25,3 +25,10 @@ def test_netns_and_iface_id():
     assert lb_id_from_netns("lb-web") == "web"
     assert lb_id_from_netns("other") is None
     assert iface_id("web") == "iface/lb/web"
+
+
+def test_names_from_any_interface_of_the_set():
+    names = interface_names("web")
+    for name in (names.ovn_ns, names.ovn_host, names.haproxy_ns, names.haproxy_host):
+        assert names_from_interface(name) == names
+    assert names_from_interface("eth0") is None
