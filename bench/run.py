@@ -83,6 +83,7 @@ class BenchConfig:
     connections: int = 32
     converge_timeout: float = 300.0
     policy_rules: bool = True
+    p1_only: bool = False  # for profiling convergence: no P2-P6
     profile: bool = False
     output: Path | None = REPO / "bench" / "results.json"
 
@@ -373,6 +374,9 @@ class Bench:
         self._p1_floor(n, entry)
         self._p1_agent(n, entry)
         self._check_sandbox(f"P1 at N={n}")
+        if self.config.p1_only:
+            self._retire_agent()
+            return
         converged = entry["agent_seconds"] is not None
         if largest:
             self._p2_p6(n)
@@ -829,6 +833,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--converge-timeout", type=float, default=300.0,
                         help="P1 gives up (and says so) after this many seconds")
     parser.add_argument("--no-policy-rules", action="store_true", help="skip bench/policy_rules.py")
+    parser.add_argument("--p1-only", action="store_true", help="measure P1 only (profiling convergence)")
     parser.add_argument("--profile", action="store_true",
                         help=f"py-spy record the agent during P1 (largest N) and P2 into {PROFILE_DIR}")
     parser.add_argument("--output", type=Path, default=REPO / "bench" / "results.json")
@@ -840,6 +845,7 @@ def main(argv: list[str] | None = None) -> int:
     config = BenchConfig(ns=args.n, p3_small=args.p3_small, p2_seconds=args.p2_seconds, changes=args.changes,
                          reloads=args.reloads, wrk_seconds=args.wrk_seconds, connections=args.connections,
                          converge_timeout=args.converge_timeout, policy_rules=not args.no_policy_rules,
+                         p1_only=args.p1_only,
                          profile=args.profile, output=args.output)
     results = run_benchmark(config)
     machine = results["machine"]

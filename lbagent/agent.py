@@ -120,6 +120,7 @@ class Agent:
         await asyncio.to_thread(self.ovs.stop)
         self.namespaces.shutdown()
         self.iptc.shutdown()
+        self.host.ovsdb.shutdown()
 
     # --- API-facing ------------------------------------------------------------
 
@@ -183,7 +184,7 @@ class Agent:
 
     async def _installed_ports(self) -> set[str] | None:
         try:
-            return await asyncio.to_thread(self.ovs.installed_ports)
+            return await self.host.ovsdb.run(self.ovs.installed_ports)
         except Exception as exc:  # OVSDB may be reconnecting; say "unknown", not "no"
             log.debug("object=ovs action=observe result=error error=%r", str(exc))
             return None

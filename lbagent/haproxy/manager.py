@@ -24,7 +24,8 @@ changes into as few reloads as possible:
 - A marker file says "on disk but maybe not loaded yet": an agent restarted
   between installing and reloading reloads once when it adopts the master.
 
-Blocking work (files, subprocesses, sockets) runs in worker threads.
+Blocking work (files, subprocesses, sockets) runs in worker threads, in
+separate pools for reloads, per-load-balancer checks and the stats socket.
 """
 
 from __future__ import annotations
@@ -32,11 +33,11 @@ from __future__ import annotations
 import asyncio
 import logging
 from collections.abc import Mapping
-from contextlib import asynccontextmanager
 from dataclasses import dataclass, field
 from datetime import datetime, timezone
 from pathlib import Path
 
+from lbagent.blocking import BlockingPool
 from lbagent.haproxy.candidate import StagedChange, current, discard, install_change, roll_back, stage
 from lbagent.haproxy.errors import HaproxyCheckError, HaproxyError, HaproxyReloadError
 from lbagent.haproxy.files import HaproxyPaths, empty_dir, install, read_or_none, replace_text, write_staged
@@ -87,6 +88,10 @@ class HaproxyManager:
         self._starts = 0
         self._last_reload_at: str | None = None
         self._last_error: str | None = None
+        # Reloads and starts never wait behind candidate checks, nor status behind either.
+        self._process_work = BlockingPool("haproxy-process", 1)
+        self._lb_work = BlockingPool("haproxy-files", MAX_PARALLEL_CHECKS)
+        self._stats_work = BlockingPool("haproxy-stats", 1)
 
     # --- lifecycle -----------------------------------------------------------------
 
@@ -95,17 +100,17 @@ class HaproxyManager:
         self._ensure_loop_objects()
         self.paths.check_socket_paths()
         # Changes a previous agent staged but never installed: not live, and no longer wanted.
-        await asyncio.to_thread(empty_dir, self.paths.staging_dir)
-        base_changed = await asyncio.to_thread(self._write_base)
+        await self._process_work.run(empty_dir, self.paths.staging_dir)
+        base_changed = await self._process_work.run(self._write_base)
         async with self._process_lock:
-            outcome = await asyncio.to_thread(self._adopt_or_start)
+            outcome = await self._process_work.run(self._adopt_or_start)
             self._record_start(outcome)
             if outcome != "adopted":
                 return
-            if base_changed or await asyncio.to_thread(self._marker.exists):
+            if base_changed or await self._process_work.run(self._marker.exists):
                 # Files the adopted master may not have loaded yet.
                 try:
-                    await asyncio.to_thread(self._check_and_reload)
+                    await self._process_work.run(self._check_and_reload)
                     self._record_reload()
                 except HaproxyError as exc:
                     self._record_failure(exc)
@@ -118,7 +123,7 @@ class HaproxyManager:
         await self.close()
         self._ensure_loop_objects()
         async with self._process_lock:
-            return await asyncio.to_thread(self.process.stop)
+            return await self._process_work.run(self.process.stop)
 
     async def close(self) -> None:
         """Stop batching (waiters of an unfinished batch are cancelled); haproxy keeps running."""
@@ -128,7 +133,7 @@ class HaproxyManager:
             self._batcher = None
         for change in self._pending:
             change.done.cancel()
-            await asyncio.to_thread(discard, change.staged)
+            await self._lb_work.run(discard, change.staged)
         self._pending.clear()
 
     async def supervise_once(self) -> bool:
@@ -138,7 +143,7 @@ class HaproxyManager:
             return False
         async with self._process_lock:
             try:
-                outcome = await asyncio.to_thread(self._adopt_or_start)
+                outcome = await self._process_work.run(self._adopt_or_start)
             except HaproxyError as exc:
                 self._last_error = str(exc)
                 raise
@@ -199,13 +204,23 @@ class HaproxyManager:
         serving); HaproxyError if the batch's reload failed (the previous ones
         are back).
         """
+        reloaded = await self.submit(lb_id, text, files)
+        return False if reloaded is None else await reloaded
+
+    async def submit(self, lb_id: str, text: str | None,
+                     files: Mapping[str, bytes] | None = None) -> asyncio.Future | None:
+        """`apply` up to the point where the change is checked and queued: None if
+        the disk already holds it, else the future of its reload (see `apply`).
+        The load balancer's next change waits until this one's reload is over."""
         self._ensure_loop_objects()
         files = dict(files or {})
         self.paths.lb_file(lb_id)  # refuses an id that is no file name, before any I/O
-        async with self._lb_lock(lb_id):
-            previous_text, previous_files = await asyncio.to_thread(current, self.paths, lb_id)
+        await self._lock_lb(lb_id)
+        try:
+            previous_text, previous_files = await self._lb_work.run(current, self.paths, lb_id)
             if (previous_text, previous_files) == (text, files):
-                return False
+                self._unlock_lb(lb_id)
+                return None
             self._in_flight += 1
             try:
                 staged = await self._checked_candidate(lb_id, text, files, previous_text)
@@ -214,20 +229,24 @@ class HaproxyManager:
             finally:
                 self._in_flight -= 1
                 self._activity.set()
-            self._ensure_batcher()
-            return await change.done
+        except BaseException:
+            self._unlock_lb(lb_id)
+            raise
+        change.done.add_done_callback(lambda _: self._unlock_lb(lb_id))
+        self._ensure_batcher()
+        return change.done
 
     async def _checked_candidate(self, lb_id: str, text: str | None, files: dict[str, bytes],
                                  previous_text: str | None) -> StagedChange:
         """The change staged with its files, and accepted by haproxy next to the base file."""
-        staged = await asyncio.to_thread(stage, self.paths, lb_id, text, files, self._check_base, previous_text)
+        staged = await self._lb_work.run(stage, self.paths, lb_id, text, files, self._check_base, previous_text)
         if text is None:
             return staged  # a removal needs no check
         try:
             async with self._check_slots:
-                await asyncio.to_thread(self.process.check, staged.check_paths)
+                await self._lb_work.run(self.process.check, staged.check_paths)
         except BaseException as exc:
-            await asyncio.to_thread(discard, staged)
+            await self._lb_work.run(discard, staged)
             if isinstance(exc, HaproxyCheckError):
                 # Name the load balancer, not the temporary files haproxy saw.
                 raise HaproxyCheckError(staged.hide_paths(exc.output),
@@ -281,7 +300,7 @@ class HaproxyManager:
         try:
             async with self._process_lock:
                 started = loop.time()
-                outcome = await asyncio.to_thread(self._install_and_reload, batch)
+                outcome = await self._process_work.run(self._install_and_reload, batch)
         except Exception as exc:  # every waiter hears about it; the batcher carries on
             self._record_failure(exc)
             log.warning("object=haproxy action=reload lbs=%d result=error error=%r", len(batch), str(exc))
@@ -358,20 +377,26 @@ class HaproxyManager:
             self._check_slots = asyncio.Semaphore(MAX_PARALLEL_CHECKS)
             self._process_lock = asyncio.Lock()
 
-    @asynccontextmanager
-    async def _lb_lock(self, lb_id: str):
-        """One apply at a time per load balancer; the lock is forgotten when nobody holds or awaits it."""
+    async def _lock_lb(self, lb_id: str) -> None:
+        """One change at a time per load balancer; a lock is forgotten when nobody holds or awaits it."""
         lock, users = self._lb_locks.get(lb_id, (asyncio.Lock(), 0))
         self._lb_locks[lb_id] = (lock, users + 1)
         try:
-            async with lock:
-                yield
-        finally:
-            lock, users = self._lb_locks[lb_id]
-            if users == 1:
-                del self._lb_locks[lb_id]
-            else:
-                self._lb_locks[lb_id] = (lock, users - 1)
+            await lock.acquire()
+        except BaseException:
+            self._forget_lock_user(lb_id)
+            raise
+
+    def _unlock_lb(self, lb_id: str) -> None:
+        self._lb_locks[lb_id][0].release()
+        self._forget_lock_user(lb_id)
+
+    def _forget_lock_user(self, lb_id: str) -> None:
+        lock, users = self._lb_locks[lb_id]
+        if users == 1:
+            del self._lb_locks[lb_id]
+        else:
+            self._lb_locks[lb_id] = (lock, users - 1)
 
     # --- observing -------------------------------------------------------------------
 
@@ -404,7 +429,7 @@ class HaproxyManager:
     async def server_states(self) -> dict[tuple[str, str], str]:
         """(backend name, server name) -> haproxy's status word ("UP", "DOWN", "MAINT", "no check", ...)."""
         try:
-            text = await asyncio.to_thread(send_command, self.paths.stats_sock, "show stat")
+            text = await self._stats_work.run(send_command, self.paths.stats_sock, "show stat")
         except OSError as exc:
             raise HaproxyError(f"haproxy stats socket unavailable: {exc}") from exc
         return parse_show_stat(text)

@@ -108,10 +108,16 @@ def converge_host(spec: LinkSpec) -> None:
         if used is None or (used.dst, used.oif, used.prefsrc) != (route.dst, route.oif, route.prefsrc):
             nl.replace_route(route)
         # A reply from OUTER to any client must leave through this load balancer.
-        reply = nl.route_to(REPLY_PROBE, src=spec.outer)
-        expected = (reply_table(spec.outer), spec.inner, haproxy.index)
-        if reply is None or (reply.table, reply.gateway, reply.oif) != expected:
+        if not _reply_path_ok(nl, spec, haproxy):
             _ensure_reply_path(nl, spec, haproxy)
+
+
+def _reply_path_ok(nl: Netlink, spec: LinkSpec, haproxy: Link) -> bool:
+    """Does a reply from OUTER to a client leave via INNER on this load balancer's veth?
+    Only its own table routes anything via INNER (pyroute2 reports the table
+    of a `get` as the one its request named, so the table cannot be compared)."""
+    reply = nl.route_to(REPLY_PROBE, src=spec.outer)
+    return reply is not None and (reply.gateway, reply.oif) == (spec.inner, haproxy.index)
 
 
 # Policy rules are host-wide and the shared skip rules belong to all load
@@ -129,19 +135,17 @@ def _ensure_reply_path(nl: Netlink, spec: LinkSpec, haproxy: Link) -> None:
         nl.delete_route(route)
     for route in sorted(wanted - observed, key=lambda r: r.dst == DEFAULT_ROUTE):
         nl.replace_route(route)
-    with _RULES_LOCK:
-        _ensure_rules(nl, spec, table)
-
-
-def _ensure_rules(nl: Netlink, spec: LinkSpec, table: int) -> None:
-    if SKIP_PRIORITY not in nl.rule_priorities():
-        nl.add_skip_rules(*LINK_LOCAL_NET, SKIP_PRIORITY, SKIP_TARGET)
     rule = SourceRule(spec.outer, table, RULE_PRIORITY)
-    rules = {r for r in nl.source_rules(RULE_PRIORITY) if r.src == spec.outer}
-    for stale in rules - {rule}:
-        nl.delete_source_rule(stale)
-    if rule not in rules:
+    with _RULES_LOCK:
+        # Adds that the kernel refuses as duplicates: no dump of the host's
+        # rules, which grow with the number of load balancers.
+        nl.add_skip_rules(*LINK_LOCAL_NET, SKIP_PRIORITY, SKIP_TARGET)
         nl.add_source_rule(rule)
+        if not _reply_path_ok(nl, spec, haproxy):
+            # Still wrong: another rule from OUTER comes first. Only now are
+            # all rules read, to remove the stale ones.
+            for stale in {r for r in nl.source_rules(RULE_PRIORITY) if r.src == spec.outer} - {rule}:
+                nl.delete_source_rule(stale)
 
 
 def delete_reply_rules(outers: set[str]) -> list[str]:
@@ -172,9 +176,8 @@ def delete_host_links(names: InterfaceNames) -> list[str]:
     """Delete the host ends (and so the pairs); returns what was deleted."""
     deleted = []
     with Netlink.open() as nl:
-        links = nl.links()
         for name in (names.ovn_host, names.haproxy_host):
-            if name in links:
+            if nl.link(name) is not None:
                 nl.delete_link(name)
                 deleted.append(name)
     return deleted

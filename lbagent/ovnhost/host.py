@@ -8,11 +8,11 @@ nothing of haproxy or of the desired-state model: the supervisor hands it a
 
 from __future__ import annotations
 
-import asyncio
 import logging
 import os
 from dataclasses import dataclass
 
+from lbagent.blocking import BlockingPool
 from lbagent.inventory import Inventory
 from lbagent.naming import INTERFACE_RE, NETNS_PREFIX, InterfaceNames, iface_id, names_from_interface, netns_name
 from lbagent.ovnhost import datapath, iptables
@@ -47,13 +47,16 @@ class OvnHost:
         self._ovs = ovs
         self._namespaces = namespaces
         self._iptc = iptc
+        # One thread: the IDL connection serialises transactions anyway, and
+        # OVSDB work must not queue behind other kinds of blocking work.
+        self.ovsdb = BlockingPool("ovsdb", 1)
         self._host_fd = os.open("/proc/self/ns/net", os.O_RDONLY | os.O_CLOEXEC)
 
     async def host_addresses(self) -> set[str]:
         return await self._namespaces.run(None, _read_host_addresses)
 
     async def bridge_is_netdev(self) -> bool:
-        return await asyncio.to_thread(self._ovs.datapath_type) == NETDEV
+        return await self.ovsdb.run(self._ovs.datapath_type) == NETDEV
 
     async def converge(self, spec: HostSpec) -> HostObservation:
         if not netns_exists(spec.netns):
@@ -69,13 +72,13 @@ class OvnHost:
         await self._namespaces.run(None, datapath.converge_host, spec.links)
         await self._iptc.run(spec.netns, iptables.sync_nat, list(spec.nat))
         port = spec.links.names.ovn_host
-        observed = await asyncio.to_thread(self._ovs.observe_port, port)
+        observed = await self.ovsdb.run(self._ovs.observe_port, port)
         wanted_ids = {"iface-id": iface_id(spec.lb_id), LB_KEY: spec.lb_id}
         # A re-created veth has a new ifindex; the userspace datapath keeps its
         # socket on the old one until the port itself is re-added.
         reattach = spec.links.names.ovn_ns in created and observed is not None
-        if await asyncio.to_thread(self._ovs.ensure_port, port, wanted_ids, observed, reattach):
-            observed = await asyncio.to_thread(self._ovs.observe_port, port)
+        if await self.ovsdb.run(self._ovs.ensure_port, port, wanted_ids, observed, reattach):
+            observed = await self.ovsdb.run(self._ovs.observe_port, port)
         return HostObservation(port, bool(observed and observed.ovn_installed))
 
     async def read_allocation(self, lb_id: str) -> tuple[str, str, str, dict[str, int]] | None:
@@ -100,7 +103,7 @@ class OvnHost:
         """Everything on this host that carries our marks."""
         links = await self._namespaces.run(None, _read_marked_links)
         rules = await self._namespaces.run(None, datapath.reply_rule_sources)
-        ports = await asyncio.to_thread(self._ovs.owned_ports)
+        ports = await self.ovsdb.run(self._ovs.owned_ports)
         return Inventory(frozenset(list_netns(NETNS_PREFIX)), frozenset(links), frozenset(ports),
                          reply_rules=frozenset(rules))
 
@@ -110,7 +113,7 @@ class OvnHost:
         elif kind == "links":
             await self._namespaces.run(None, _delete_link, name)
         elif kind == "ovs_ports":
-            await asyncio.to_thread(self._ovs.delete_port, name)
+            await self.ovsdb.run(self._ovs.delete_port, name)
         elif kind == "reply_rules":
             await self._namespaces.run(None, datapath.delete_reply_rules, {name})
         else:
@@ -120,7 +123,7 @@ class OvnHost:
         """Remove everything converge() made; safe on partial or absent state.
         (Each counted write logs its own line; the namespace is not counted.)"""
         await self._namespaces.run(None, datapath.delete_reply_rules, {outer})
-        await asyncio.to_thread(self._ovs.delete_port, names.ovn_host)
+        await self.ovsdb.run(self._ovs.delete_port, names.ovn_host)
         await self._namespaces.run(None, datapath.delete_host_links, names)
         if os.path.exists(netns_path(netns)):  # mounted or a stale file: both go
             await self._namespaces.delete(netns)

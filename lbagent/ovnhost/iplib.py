@@ -15,13 +15,18 @@ from typing import Iterator
 
 from pyroute2 import IPRoute
 from pyroute2.netlink.exceptions import NetlinkError as PyrouteNetlinkError
+from pyroute2.netlink.rtnl import RTM_GETADDR, RTM_GETROUTE
+from pyroute2.netlink.rtnl.ifaddrmsg import ifaddrmsg
+from pyroute2.netlink.rtnl.rtmsg import rtmsg
 
 from lbagent.counters import count_write
-from lbagent.ovnhost.errors import translate_netlink
+from lbagent.ovnhost.errors import AlreadyExists, NetlinkError, translate_netlink
 
 IFA_F_NOPREFIXROUTE = 0x200
 IFF_UP = 0x1
 MAIN_TABLE = 254
+RT_TABLE_COMPAT = 252  # rtm_table of a table id above 255, which goes in RTA_TABLE
+RTN_UNICAST = 1
 RT_SCOPE_LINK = 253
 FIB_RULE_INVERT = 0x2
 
@@ -73,6 +78,8 @@ class Netlink:
         # strict_check: the kernel filters dumps (by index, table) instead of
         # sending everything for pyroute2 to decode and drop.
         ipr = IPRoute(strict_check=True)
+        # pyroute2 0.9's synchronous nlm_request reads this key but never sets it.
+        ipr.status.setdefault("nlm_generator", False)
         try:
             yield cls(ipr)
         finally:
@@ -114,8 +121,16 @@ class Netlink:
             raise translate_netlink("get route", exc, dst) from exc
         return _to_route(msgs[0]) if msgs else None
 
+    def _filtered_dump(self, op: str, target: str, msg, msg_type: int):
+        """A dump the kernel filters by the header fields and attributes set in
+        `msg` (strict checking). pyroute2's own get_addr/get_routes dump
+        everything and filter in Python: with a thousand load balancers on the
+        host that is a thousand messages decoded to find one or two."""
+        msg["family"] = socket.AF_INET
+        return self._call(op, target, self._ipr.nlm_request, msg, msg_type)
+
     def addresses(self, index: int) -> set[Address]:
-        msgs = self._call("dump addresses", str(index), self._ipr.get_addr, family=socket.AF_INET, index=index)
+        msgs = self._address_dump(index)
         return {
             Address(m.get("address"), m["prefixlen"], bool((m.get("flags") or 0) & IFA_F_NOPREFIXROUTE))
             for m in msgs
@@ -125,9 +140,23 @@ class Netlink:
         msgs = self._call("dump addresses", "", self._ipr.get_addr, family=socket.AF_INET)
         return {m.get("address") for m in msgs}
 
-    def routes(self, table: int = MAIN_TABLE) -> set[Route]:
-        msgs = self._call("dump routes", "", self._ipr.get_routes, family=socket.AF_INET, table=table)
-        return {_to_route(m) for m in msgs if m.get("type") == 1}  # unicast only
+    def _address_dump(self, index: int):
+        msg = ifaddrmsg()
+        msg["index"] = index
+        return self._filtered_dump("dump addresses", str(index), msg, RTM_GETADDR)
+
+    def routes(self, table: int = MAIN_TABLE, oif: int | None = None) -> set[Route]:
+        """Unicast routes of one table (out of `oif`, if given)."""
+        msg = rtmsg()
+        msg["table"] = table if table <= 255 else RT_TABLE_COMPAT
+        msg["attrs"] = [("RTA_TABLE", table)] + ([("RTA_OIF", oif)] if oif is not None else [])
+        try:
+            msgs = self._filtered_dump("dump routes", f"table {table}", msg, RTM_GETROUTE)
+        except NetlinkError as exc:
+            if exc.code == errno.ENOENT:  # the kernel has no such table (yet): it holds no routes
+                return set()
+            raise
+        return {_to_route(m) for m in msgs if m.get("type") == RTN_UNICAST and m.get("RTA_TABLE", table) == table}
 
     def source_rules(self, priority: int) -> set[SourceRule]:
         msgs = self._call("dump rules", "", self._ipr.get_rules, family=socket.AF_INET)
@@ -143,13 +172,19 @@ class Netlink:
 
     def add_skip_rules(self, src: str, src_len: int, first: int, target: int) -> None:
         """`not from src/len goto target` at `first`, and a no-op rule at `target`
-        for it to land on."""
-        if target not in self.rule_priorities():
-            self._call("add rule", f"nop at {target}", self._ipr.rule, "add", write=True,
-                       priority=target, action="FR_ACT_NOP")
-        self._call("add rule", f"not from {src}/{src_len} goto {target}", self._ipr.rule, "add", write=True,
-                   priority=first, src=src, src_len=src_len, flags=FIB_RULE_INVERT, action="FR_ACT_GOTO",
-                   goto=target)
+        for it to land on; either one already there is left alone."""
+        self._add_rule_once(f"nop at {target}", priority=target, action="FR_ACT_NOP")
+        self._add_rule_once(f"not from {src}/{src_len} goto {target}", priority=first, src=src, src_len=src_len,
+                            flags=FIB_RULE_INVERT, action="FR_ACT_GOTO", goto=target)
+
+    def _add_rule_once(self, description: str, **rule) -> bool:
+        """Add a policy rule unless an identical one exists; True if it was added.
+        The kernel compares (NLM_F_EXCL), so no dump of the host's rules is needed."""
+        try:
+            self._call("add rule", description, self._ipr.rule, "add", write=True, **rule)
+        except AlreadyExists:
+            return False
+        return True
 
     def delete_rules_at(self, priority: int) -> int:
         deleted = 0
@@ -158,9 +193,10 @@ class Netlink:
             deleted += 1
         return deleted
 
-    def add_source_rule(self, rule: SourceRule) -> None:
-        self._call("add rule", f"from {rule.src} lookup {rule.table}", self._ipr.rule, "add", write=True,
-                   src=rule.src, src_len=32, table=rule.table, priority=rule.priority)
+    def add_source_rule(self, rule: SourceRule) -> bool:
+        """Add `rule` unless it is there already; True if it was added."""
+        return self._add_rule_once(f"from {rule.src} lookup {rule.table}", src=rule.src, src_len=32,
+                                   table=rule.table, priority=rule.priority)
 
     def delete_source_rule(self, rule: SourceRule) -> None:
         self._call("delete rule", f"from {rule.src} lookup {rule.table}", self._ipr.rule, "del", write=True,
@@ -210,8 +246,7 @@ class Netlink:
 
     def link_addresses(self, index: int) -> set[LinkAddress]:
         """The link's IPv4 addresses with their broadcast and noprefixroute flag."""
-        msgs = self._call("dump addresses", str(index), self._ipr.get_addr, family=socket.AF_INET, index=index)
-        return {_to_link_address(m) for m in msgs}
+        return {_to_link_address(m) for m in self._address_dump(index)}
 
     def add_link_address(self, link: Link, addr: LinkAddress) -> None:
         extra: dict = {"flags": IFA_F_NOPREFIXROUTE} if addr.noprefixroute else {}
@@ -224,10 +259,13 @@ class Netlink:
 
     def link_routes(self, index: int) -> set[LinkRoute]:
         """Main-table unicast routes out of this link, except those the kernel derives from addresses."""
-        msgs = self._call("dump routes", str(index), self._ipr.get_routes, family=socket.AF_INET, table=MAIN_TABLE)
+        msg = rtmsg()
+        msg["table"] = MAIN_TABLE
+        msg["attrs"] = [("RTA_TABLE", MAIN_TABLE), ("RTA_OIF", index)]
+        msgs = self._filtered_dump("dump routes", str(index), msg, RTM_GETROUTE)
         return {
             _to_link_route(m) for m in msgs
-            if m.get("type") == 1 and m.get("RTA_OIF") == index and m["proto"] != RTPROT_KERNEL
+            if m.get("type") == RTN_UNICAST and m.get("RTA_OIF") == index and m["proto"] != RTPROT_KERNEL
         }
 
     def replace_link_route(self, link: Link, route: LinkRoute) -> None:

@@ -26,6 +26,12 @@ from lbagent.workers.lb_task import DONE, LbTask
 
 log = logging.getLogger(__name__)
 
+# Load balancers whose host side is being converged at once. Each pass mostly
+# waits on the namespace, iptables and OVSDB threads; more at once would only
+# queue there, and a thousand at once (a cold start) would finish all together
+# at the very end instead of steadily, and keep haproxy from batching reloads.
+PASS_SLOTS = 8
+
 
 class ReconcileError(Exception):
     """A failed pass, remembering which generation it was for."""
@@ -51,6 +57,7 @@ class OvnWorker:
         self._store = store
         self._resync = resync_interval
         self._lock = asyncio.Lock()
+        self._pass_slots = asyncio.Semaphore(PASS_SLOTS)
         self._changed = asyncio.Condition()
         self.desired: DesiredState | None = None
         self._raw: dict | None = None
@@ -176,7 +183,12 @@ class OvnWorker:
         return plan.members_by_group(plan.group_targets(lb, self.desired.pods), self.allocations[lb.id].ports)
 
     def _lb(self, lb_id: str) -> LoadBalancer | None:
-        return next((lb for lb in self.desired.loadbalancers if lb.id == lb_id), None) if self.desired else None
+        if self.desired is None:
+            return None
+        try:
+            return self.desired.loadbalancer(lb_id)
+        except KeyError:
+            return None
 
     # --- one pass ------------------------------------------------------------
 
@@ -200,6 +212,13 @@ class OvnWorker:
             raise ReconcileError(generation, exc) from exc
 
     async def _converge(self, lb: LoadBalancer) -> None:
+        async with self._pass_slots:
+            reloaded = await self._converge_host_and_submit(lb)
+        # The slot is free while haproxy batches this change with others.
+        if reloaded is not None and await reloaded:
+            log.info("lb=%s object=haproxy action=reload", lb.id)
+
+    async def _converge_host_and_submit(self, lb: LoadBalancer):
         allocation = self.allocations[lb.id]
         subnet = self.desired.subnet(lb.network.subnet_id)
         members = self.members(lb)
@@ -214,8 +233,7 @@ class OvnWorker:
         spec = plan.host_spec(lb, subnet, allocation, members, self._netdev, unhealthy)
         self.runtime[lb.id].observation = await self._host.converge(spec)
         config = render_config(lb, allocation.outer, members, inner=allocation.inner)
-        if await self._haproxy.apply(lb.id, config.text, config.files):
-            log.info("lb=%s object=haproxy action=reload", lb.id)
+        return await self._haproxy.submit(lb.id, config.text, config.files)
 
     def kick(self, lb_id: str) -> None:
         """Reconcile one load balancer now (a dependency of it changed)."""
@@ -229,8 +247,9 @@ class OvnWorker:
             self.udp_health.forget(lb_id)
         await self._haproxy.apply(lb_id, None)
         if allocation is not None:
-            await self._host.remove(lb_id, netns_name(lb_id), interface_names(lb_id, allocation.salt),
-                                    allocation.outer)
+            async with self._pass_slots:
+                await self._host.remove(lb_id, netns_name(lb_id), interface_names(lb_id, allocation.salt),
+                                        allocation.outer)
 
     async def _teardown(self, lb_id: str) -> bool:
         await self._remove_data_path(lb_id)

@@ -46,12 +46,19 @@ class FakeHaproxy:
         self.configs = {}
 
     async def apply(self, lb_id, text, files=None):
-        changed = self.configs.get(lb_id) != text
+        reloaded = await self.submit(lb_id, text, files)
+        return False if reloaded is None else await reloaded
+
+    async def submit(self, lb_id, text, files=None):
+        if self.configs.get(lb_id) == text:
+            return None
         if text is None:
             self.configs.pop(lb_id, None)
         else:
             self.configs[lb_id] = text
-        return changed
+        done = asyncio.get_running_loop().create_future()
+        done.set_result(True)
+        return done
 
 
 def state(generation, lbs=None):

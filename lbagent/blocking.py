@@ -1,0 +1,32 @@
+"""`BlockingPool`: a named set of threads for one kind of blocking work.
+
+asyncio.to_thread shares one small default pool among everything; with a
+thousand load balancers converging, a haproxy reload or an OVSDB transaction
+would wait behind hundreds of unrelated file reads and checks. Each kind of
+work (OVSDB, haproxy checks and files, haproxy reloads) gets its own pool, so
+one kind never queues behind another.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextvars
+import functools
+from concurrent.futures import ThreadPoolExecutor
+from typing import Callable, TypeVar
+
+T = TypeVar("T")
+
+
+class BlockingPool:
+    def __init__(self, name: str, threads: int = 1):
+        self.name = name
+        self._pool = ThreadPoolExecutor(max_workers=threads, thread_name_prefix=name)
+
+    async def run(self, fn: Callable[..., T], *args, **kwargs) -> T:
+        # Like asyncio.to_thread: the caller's context (which load balancer) goes along.
+        call = functools.partial(contextvars.copy_context().run, fn, *args, **kwargs)
+        return await asyncio.get_running_loop().run_in_executor(self._pool, call)
+
+    def shutdown(self) -> None:
+        self._pool.shutdown(wait=True)
