@@ -12,7 +12,7 @@ from __future__ import annotations
 import logging
 from dataclasses import dataclass, field
 
-from ovsdbapp.backend.ovs_idl import command, connection, idlutils
+from ovsdbapp.backend.ovs_idl import command, connection, idlutils, transaction
 from ovsdbapp.schema.open_vswitch import impl_idl
 
 from lbagent.counters import count_write, note_ovsdb_session
@@ -49,10 +49,23 @@ class _ObservePort(command.ReadOnlyCommand):
         if port is None:
             self.result = None
             return
-        bridge = next((br.name for br in self.api.tables["Bridge"].rows.values() if port in br.ports), None)
+        bridge = _bridges_by_port(self.api).get(port.uuid)
         iface = next((i for i in port.interfaces if i.name == self.name), None)
         ofport = iface.ofport[0] if iface is not None and iface.ofport else None
         self.result = PortState(bridge, dict(iface.external_ids) if iface is not None else {}, ofport)
+
+
+def _bridges_by_port(api) -> dict:
+    """Port uuid -> name of the bridge holding it, rebuilt only when the replica
+    changed: scanning every bridge's port list per lookup is O(ports), and a
+    converged pass of every load balancer asks once. Runs on the IDL thread."""
+    idl = api.idl
+    cached = getattr(idl, "_lbagent_bridges_by_port", None)
+    if cached is None or cached[0] != idl.change_seqno:
+        index = {p.uuid: br.name for br in api.tables["Bridge"].rows.values() for p in br.ports}
+        cached = (idl.change_seqno, index)
+        idl._lbagent_bridges_by_port = cached
+    return cached[1]
 
 
 class _OwnedPorts(command.ReadOnlyCommand):
@@ -86,6 +99,26 @@ class _CountingIdl(connection.OvsdbIdl):
         super().restart_fsm()
 
 
+class _OvsApi(impl_idl.OvsdbIdl):
+    """ovsdbapp's Open_vSwitch API whose transactions, like `ovs-vsctl --no-wait`,
+    return once ovsdb-server has committed them. ovsdbapp's own wait for
+    ovs-vswitchd to apply each one runs on the shared IDL thread: with a
+    thousand ports every reconfiguration takes a second or more, and all OVSDB
+    work would queue behind it. Readiness is `ovn-installed`, not that wait."""
+
+    def create_transaction(self, check_error=False, log_errors=True, wait_for_vswitchd=False, **kwargs):
+        cls = impl_idl.OvsVsctlTransaction if wait_for_vswitchd else _NoWaitTransaction
+        return cls(self, self.ovsdb_connection, check_error=check_error, log_errors=log_errors)
+
+
+class _NoWaitTransaction(impl_idl.OvsVsctlTransaction):
+    def pre_commit(self, txn):
+        txn.expected_ifaces = set()  # add_port records its interfaces here; nobody waits for them
+
+    def post_commit(self, txn):
+        transaction.Transaction.post_commit(self, txn)
+
+
 class OvsClient:
     def __init__(self, db: str, integration_bridge: str, host: str, timeout: float = 10.0):
         self.db = db
@@ -99,7 +132,7 @@ class OvsClient:
         try:
             idl = _CountingIdl.from_server(self.db, "Open_vSwitch")
             conn = connection.Connection(idl=idl, timeout=self._timeout)
-            self._api = impl_idl.OvsdbIdl(conn, start=True)
+            self._api = _OvsApi(conn, start=True)
         except Exception as exc:  # ovsdbapp raises bare Exceptions on connect failures
             raise OvsdbError(f"cannot connect to OVSDB at {self.db}: {exc}") from exc
 
@@ -109,7 +142,7 @@ class OvsClient:
             self._api = None
 
     @property
-    def api(self) -> impl_idl.OvsdbIdl:
+    def api(self) -> _OvsApi:
         if self._api is None:
             raise OvsdbError("not connected to OVSDB")
         return self._api
@@ -145,7 +178,8 @@ class OvsClient:
         Returns True if anything was written.
         """
         if reattach and observed is not None:
-            self.delete_port(name)
+            # ovs-vswitchd must close the old device before the port comes back.
+            self.delete_port(name, wait_for_vswitchd=True)
             observed = None
         wanted = {**external_ids, OWNER_KEY: self.owner}
         on_bridge = observed.on_bridge if observed else None
@@ -162,10 +196,11 @@ class OvsClient:
                        *commands)
         return True
 
-    def delete_port(self, name: str) -> bool:
+    def delete_port(self, name: str, wait_for_vswitchd: bool = False) -> bool:
         if self.observe_port(name) is None:
             return False
-        self._transact(f"delete port {name}", self.api.del_port(name, if_exists=True))
+        self._transact(f"delete port {name}", self.api.del_port(name, if_exists=True),
+                       wait_for_vswitchd=wait_for_vswitchd)
         return True
 
     # --- provider bridges ------------------------------------------------------
@@ -195,6 +230,7 @@ class OvsClient:
             api.add_br(name, may_exist=True, datapath_type=datapath_type),
             api.db_set("Bridge", name, ("external_ids", external_ids), ("other_config", {"hwaddr": hwaddr})),
             api.db_set("Interface", name, ("mtu_request", mtu)),
+            wait_for_vswitchd=True,  # the bridge device must exist before addresses move to it
         )
         return True
 
@@ -227,6 +263,7 @@ class OvsClient:
             f"attach {port} to {bridge}",
             self.api.add_port(bridge, port, may_exist=True),
             self.api.db_set("Port", port, ("external_ids", external_ids)),
+            wait_for_vswitchd=True,
         )
         return True
 
@@ -237,7 +274,7 @@ class OvsClient:
     def delete_bridge(self, name: str) -> bool:
         if self.observe_bridge(name) is None:
             return False
-        self._transact(f"delete bridge {name}", self.api.del_br(name, if_exists=True))
+        self._transact(f"delete bridge {name}", self.api.del_br(name, if_exists=True), wait_for_vswitchd=True)
         return True
 
     def set_bridge_mapping(self, physnet: str, bridge: str, present: bool = True) -> bool:
@@ -253,9 +290,10 @@ class OvsClient:
         self._transact(f"update {BRIDGE_MAPPINGS_KEY}", _SetBridgeMapping(self.api, physnet, bridge, present))
         return True
 
-    def _transact(self, what: str, *commands) -> None:
+    def _transact(self, what: str, *commands, wait_for_vswitchd: bool = False) -> None:
         try:
-            with self.api.transaction(check_error=True, log_errors=False, nested=False) as txn:
+            with self.api.transaction(check_error=True, log_errors=False, nested=False,
+                                      wait_for_vswitchd=wait_for_vswitchd) as txn:
                 for cmd in commands:
                     txn.add(cmd)
         except Exception as exc:

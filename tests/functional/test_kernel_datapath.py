@@ -10,7 +10,7 @@ import pytest
 from lbagent.counters import write_counts
 from lbagent.members import Member
 from lbagent.naming import interface_names
-from lbagent.ovnhost import datapath, iptables
+from lbagent.ovnhost import datapath, iplib, iptables
 from lbagent.ovnhost.datapath import LinkSpec
 from lbagent.ovnhost.nat import NatPlan, nat_rules
 from lbagent.ovnhost.netns import NamespaceExecutor, delete_netns, netns_exists
@@ -116,3 +116,25 @@ async def test_changes_and_drift_are_repaired(executors, lb):
     assert "default via 198.18.0.254" in routes and "198.18.0.1 " not in routes
     assert "mtu 1400" in sh(f"ip netns exec {netns} ip link show {names.ovn_ns}")
     assert f"169.254.0.100 dev {names.haproxy_host}" in sh("ip route")
+
+
+async def test_passes_never_read_all_host_rules_unless_the_reply_path_is_wrong(executors, lb, monkeypatch):
+    """Reading every policy rule costs O(load balancers): a cold pass and a
+    converged pass do without; only a reply path still wrong after adding the
+    rule (a stale rule from OUTER first) reads them, and repairs it."""
+    lb_id, names, netns = lb
+    dumps = []
+    real_source_rules = iplib.Netlink.source_rules
+    monkeypatch.setattr(iplib.Netlink, "source_rules",
+                        lambda self, priority: dumps.append(priority) or real_source_rules(self, priority))
+    await converge(executors, netns, names, spec(names), rules(names))
+    await converge(executors, netns, names, spec(names), rules(names))
+    assert dumps == []
+
+    table = datapath.reply_table("169.254.0.101")
+    sh(f"ip rule del priority 31000 from 169.254.0.101 lookup {table}")
+    sh("ip rule add priority 31000 from 169.254.0.101 lookup main")
+    await converge(executors, netns, names, spec(names), rules(names))
+    assert dumps == [datapath.RULE_PRIORITY]
+    policy = sh("ip rule")
+    assert f"from 169.254.0.101 lookup {table}" in policy and "from 169.254.0.101 lookup main" not in policy
