@@ -50,6 +50,7 @@ class OvnHost:
         # One thread: the IDL connection serialises transactions anyway, and
         # OVSDB work must not queue behind other kinds of blocking work.
         self.ovsdb = BlockingPool("ovsdb", 1)
+        self._nat_states: dict[str, str] = {}  # lb id -> what its last pass left in its nat table
         self._host_fd = os.open("/proc/self/ns/net", os.O_RDONLY | os.O_CLOEXEC)
 
     async def host_addresses(self) -> set[str]:
@@ -70,7 +71,8 @@ class OvnHost:
             await self._namespaces.run(None, datapath.delete_host_links, spec.links.names)
             created = await self._namespaces.run(spec.netns, datapath.converge_namespace, spec.links, self._host_fd)
         await self._namespaces.run(None, datapath.converge_host, spec.links)
-        await self._iptc.run(spec.netns, iptables.sync_nat, list(spec.nat))
+        _, self._nat_states[spec.lb_id] = await self._iptc.run(
+            spec.netns, iptables.converge_nat, list(spec.nat), self._nat_states.get(spec.lb_id))
         port = spec.links.names.ovn_host
         observed = await self.ovsdb.run(self._ovs.observe_port, port)
         wanted_ids = {"iface-id": iface_id(spec.lb_id), LB_KEY: spec.lb_id}
@@ -122,6 +124,7 @@ class OvnHost:
     async def remove(self, lb_id: str, netns: str, names: InterfaceNames, outer: str) -> None:
         """Remove everything converge() made; safe on partial or absent state.
         (Each counted write logs its own line; the namespace is not counted.)"""
+        self._nat_states.pop(lb_id, None)
         await self._namespaces.run(None, datapath.delete_reply_rules, {outer})
         await self.ovsdb.run(self._ovs.delete_port, names.ovn_host)
         await self._namespaces.run(None, datapath.delete_host_links, names)

@@ -10,11 +10,13 @@ entering the namespace, stages all changes with autocommit off, commits once
 from __future__ import annotations
 
 import errno
+import hashlib
 
 import iptc
 
 from lbagent.counters import count_write
 from lbagent.ovnhost.errors import IptablesError
+from lbagent.ovnhost.iptdigest import nat_table_digest
 from lbagent.ovnhost.nat import CHAIN_HOOKS, PRE_CHAIN, NatRule, backend_key_from_comment, comment_hash
 
 COMMIT_ATTEMPTS = 3
@@ -43,6 +45,17 @@ def sync_nat(rules: list[NatRule]) -> int:
         finally:
             table.close()
     raise AssertionError("unreachable")
+
+
+def converge_nat(rules: list[NatRule], last_state: str | None) -> tuple[int, str]:
+    """`sync_nat`, unless the table is byte for byte what the last pass left for
+    these same rules (`last_state`, as returned then). Returns the number of
+    rules changed and the state to hand to the next pass."""
+    wanted = hashlib.sha256(repr(sorted((r.chain, r.hash) for r in rules)).encode()).hexdigest()
+    if last_state == f"{wanted}:{nat_table_digest()}":
+        return 0, last_state
+    changes = sync_nat(rules)
+    return changes, f"{wanted}:{nat_table_digest()}"
 
 
 def observed_backend_ports() -> dict[str, int]:

@@ -12,6 +12,8 @@ from __future__ import annotations
 import logging
 from dataclasses import dataclass, field
 
+from ovs.db import data as ovs_data
+from ovs.db import types as ovs_types
 from ovsdbapp.backend.ovs_idl import command, connection, idlutils, transaction
 from ovsdbapp.schema.open_vswitch import impl_idl
 
@@ -49,23 +51,21 @@ class _ObservePort(command.ReadOnlyCommand):
         if port is None:
             self.result = None
             return
-        bridge = _bridges_by_port(self.api).get(port.uuid)
+        bridge = _bridge_holding(self.api, port.uuid)
         iface = next((i for i in port.interfaces if i.name == self.name), None)
         ofport = iface.ofport[0] if iface is not None and iface.ofport else None
         self.result = PortState(bridge, dict(iface.external_ids) if iface is not None else {}, ofport)
 
 
-def _bridges_by_port(api) -> dict:
-    """Port uuid -> name of the bridge holding it, rebuilt only when the replica
-    changed: scanning every bridge's port list per lookup is O(ports), and a
-    converged pass of every load balancer asks once. Runs on the IDL thread."""
-    idl = api.idl
-    cached = getattr(idl, "_lbagent_bridges_by_port", None)
-    if cached is None or cached[0] != idl.change_seqno:
-        index = {p.uuid: br.name for br in api.tables["Bridge"].rows.values() for p in br.ports}
-        cached = (idl.change_seqno, index)
-        idl._lbagent_bridges_by_port = cached
-    return cached[1]
+def _bridge_holding(api, port_uuid) -> str | None:
+    """Name of the bridge whose ports include this one. Reading a bridge's
+    `ports` builds a Row object per port, O(ports) for every lookup; its raw
+    set of uuids answers in O(1) per bridge. Runs on the IDL thread."""
+    wanted = ovs_data.Atom(ovs_types.UuidType, port_uuid)
+    for bridge in api.tables["Bridge"].rows.values():
+        if wanted in bridge._data["ports"].values:
+            return bridge.name
+    return None
 
 
 class _OwnedPorts(command.ReadOnlyCommand):

@@ -14,7 +14,7 @@ import logging
 from dataclasses import astuple, dataclass
 
 from lbagent.errors import StaleGeneration
-from lbagent.haproxy.render import render_config
+from lbagent.haproxy.render import HaproxyConfig, render_config
 from lbagent.inventory import Inventory
 from lbagent.model import DesiredState, LoadBalancer
 from lbagent.naming import interface_names, lb_id_from_netns, netns_name
@@ -47,6 +47,9 @@ class LbRuntime:
 
     observation: HostObservation | None = None
     fingerprint: str | None = None  # of the inputs of the last successful pass
+    # The haproxy config rendered for these inputs: a resync pass over an
+    # unchanged load balancer compares it with the disk without rendering again.
+    rendered: tuple[str, HaproxyConfig] | None = None
 
 
 class OvnWorker:
@@ -202,7 +205,7 @@ class OvnWorker:
                 lb = self._lb(lb_id)  # added again while it was being torn down
             fingerprint = self._fingerprint(lb_id)
             if lb.enabled:
-                await self._converge(lb)
+                await self._converge(lb, fingerprint)
             else:
                 await self._remove_data_path(lb_id)
                 self.runtime[lb_id].observation = None
@@ -211,14 +214,14 @@ class OvnWorker:
         except Exception as exc:
             raise ReconcileError(generation, exc) from exc
 
-    async def _converge(self, lb: LoadBalancer) -> None:
+    async def _converge(self, lb: LoadBalancer, fingerprint: str) -> None:
         async with self._pass_slots:
-            reloaded = await self._converge_host_and_submit(lb)
+            reloaded = await self._converge_host_and_submit(lb, fingerprint)
         # The slot is free while haproxy batches this change with others.
         if reloaded is not None and await reloaded:
             log.info("lb=%s object=haproxy action=reload", lb.id)
 
-    async def _converge_host_and_submit(self, lb: LoadBalancer):
+    async def _converge_host_and_submit(self, lb: LoadBalancer, fingerprint: str):
         allocation = self.allocations[lb.id]
         subnet = self.desired.subnet(lb.network.subnet_id)
         members = self.members(lb)
@@ -232,7 +235,10 @@ class OvnWorker:
             unhealthy = self.udp_health.unhealthy(lb.id)
         spec = plan.host_spec(lb, subnet, allocation, members, self._netdev, unhealthy)
         self.runtime[lb.id].observation = await self._host.converge(spec)
-        config = render_config(lb, allocation.outer, members, inner=allocation.inner)
+        runtime = self.runtime[lb.id]
+        if runtime.rendered is None or runtime.rendered[0] != fingerprint:
+            runtime.rendered = (fingerprint, render_config(lb, allocation.outer, members, inner=allocation.inner))
+        config = runtime.rendered[1]
         return await self._haproxy.submit(lb.id, config.text, config.files)
 
     def kick(self, lb_id: str) -> None:

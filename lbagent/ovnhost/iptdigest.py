@@ -1,0 +1,61 @@
+"""A digest of the calling thread's namespace's iptables nat table, straight from the kernel.
+
+Reading a table through python-iptables builds Python objects for every rule
+and match: the most expensive part of a resync pass that finds nothing to do.
+The kernel hands out the whole table as one blob (the IPT_SO_GET_ENTRIES
+socket option that libiptc uses too); its digest, with the per-rule packet
+counters left out, changes exactly when a rule does. `converge_nat` records it
+after a pass and skips the next one when nothing changed.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import hashlib
+import os
+import socket
+import struct
+
+from lbagent.ovnhost.errors import IptablesError
+
+SOL_IP = 0
+IPT_SO_GET_INFO = 64
+IPT_SO_GET_ENTRIES = 65
+TABLE_NAME_LEN = 32
+GETINFO_SIZE = 84  # struct ipt_getinfo
+ENTRIES_HEADER = 40  # struct ipt_get_entries: name, size, then entries aligned to 8
+NEXT_OFFSET = 90  # struct ipt_entry: u16 next_offset after ipt_ip (84), nfcache, target_offset
+VOLATILE = slice(92, 112)  # comefrom (kernel bookkeeping) and the packet/byte counters
+_libc = ctypes.CDLL(None, use_errno=True)
+
+
+def nat_table_digest() -> str:
+    with socket.socket(socket.AF_INET, socket.SOCK_RAW, socket.IPPROTO_RAW) as sock:
+        info = _getsockopt(sock, IPT_SO_GET_INFO, GETINFO_SIZE)
+        size = struct.unpack_from("I", info, 80)[0]
+        blob = _getsockopt(sock, IPT_SO_GET_ENTRIES, ENTRIES_HEADER + size, size)
+    digest = hashlib.sha256(info[:80])  # hooks and underflows: which rule each chain starts at
+    entries = memoryview(blob)[ENTRIES_HEADER:]
+    offset = 0
+    while offset < size:
+        next_offset = struct.unpack_from("H", entries, offset + NEXT_OFFSET)[0]
+        if next_offset <= 0:
+            raise IptablesError("iptables nat: malformed table from the kernel")
+        entry = bytearray(entries[offset:offset + next_offset])
+        entry[VOLATILE] = bytes(VOLATILE.stop - VOLATILE.start)
+        digest.update(entry)
+        offset += next_offset
+    return digest.hexdigest()
+
+
+def _getsockopt(sock: socket.socket, option: int, length: int, size: int | None = None) -> bytes:
+    """getsockopt with a buffer that carries the table name (and size) in, which Python's cannot."""
+    buf = ctypes.create_string_buffer(length)
+    buf[:3] = b"nat"
+    if size is not None:
+        struct.pack_into("I", buf, TABLE_NAME_LEN, size)
+    buflen = ctypes.c_uint32(length)
+    if _libc.getsockopt(sock.fileno(), SOL_IP, option, buf, ctypes.byref(buflen)) != 0:
+        code = ctypes.get_errno()
+        raise IptablesError(f"iptables nat: reading the table from the kernel: {os.strerror(code)}")
+    return buf.raw[:buflen.value]
