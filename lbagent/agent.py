@@ -1,8 +1,9 @@
 """`Agent`: wires configuration, OVS, namespaces, haproxy, the supervisor and the API.
 
 It owns the start-up order (state first, then OVS, then haproxy, then the
-load balancer tasks), the status document of api.md, and shutdown, which
-stops the agent's own tasks and threads but leaves the data path serving.
+shared work queue, then the load balancer tasks and the sibling controllers),
+the status document of api.md, and shutdown, which stops the agent's own
+tasks and threads but leaves the data path serving.
 """
 
 from __future__ import annotations
@@ -14,7 +15,7 @@ from datetime import datetime, timezone
 
 from lbagent import __version__
 from lbagent.config import Config
-from lbagent.counters import set_lb_states, write_counts
+from lbagent.counters import set_lb_states, track_queue, write_counts
 from lbagent.errors import InvalidDesiredState
 from lbagent.haproxy.manager import HaproxyManager
 from lbagent.haproxy.render import server_name
@@ -26,15 +27,19 @@ from lbagent.ovnhost.ovs import OvsClient
 from lbagent.state import PersistedState, StateFileError, StateStore
 from lbagent.status import health_by_loadbalancer, loadbalancer_status
 from lbagent.ovnhost.bridges import ProviderBridges
+from lbagent.workers.dispatch import PROVIDER_NETWORK, Dispatcher, kind_of
 from lbagent.workers.gc import GarbageCollector
 from lbagent.workers.provider_networks import ProviderNetworkController
 from lbagent.workers.udp_health import UdpHealthChecker
 from lbagent.workers.ovn_worker import OvnWorker
+from lbagent.workers.queue import WorkQueue
 
 log = logging.getLogger(__name__)
 
 NAMESPACE_THREADS = 4
 HAPROXY_SUPERVISE_INTERVAL = 1.0
+QUEUE_WORKERS = 4  # a provider-network pass may take seconds; kicks must not wait behind two of them
+QUEUE_STOP_TIMEOUT = 30.0  # seconds a running handler may take to finish on stop
 
 
 class Agent:
@@ -50,8 +55,11 @@ class Agent:
         self.host = OvnHost(self.ovs, self.namespaces, self.iptc)
         self.worker = OvnWorker(self.host, self.haproxy, self.store, config.agent.resync_interval)
         self.worker.udp_health = UdpHealthChecker(self.namespaces, self.worker.kick)
+        self.queue: WorkQueue[str] = WorkQueue("controllers", kind_of=kind_of)
         self.provider_networks = ProviderNetworkController(
-            ProviderBridges(self.ovs), self.namespaces, config.agent.host, config.agent.resync_interval)
+            ProviderBridges(self.ovs), self.namespaces, config.agent.host, config.agent.resync_interval,
+            queue=self.queue)
+        self.dispatcher = Dispatcher({PROVIDER_NETWORK: self.provider_networks.reconcile})
         self.gc = GarbageCollector(self.host, self.haproxy, config.agent.gc_max_deletions_per_pass)
         self.gc_stats = {"passes": 0, "skipped": 0, "deleted": 0}
         self.state_error: str | None = None
@@ -62,6 +70,7 @@ class Agent:
         persisted, desired = self._load_state()
         await asyncio.to_thread(self.ovs.start)
         await self.haproxy.start()
+        self._start_queue()
         await self.worker.resume(persisted, desired)
         if desired is not None:
             self.provider_networks.update(desired.provider_networks)
@@ -69,6 +78,11 @@ class Agent:
         self._background.append(asyncio.create_task(self._supervise_haproxy(), name="haproxy-supervisor"))
         self._background.append(asyncio.create_task(self._collect_garbage(), name="gc"))
         log.info("action=started host=%s generation=%s", self.config.agent.host, self.worker.generation)
+
+    def _start_queue(self) -> None:
+        self.queue.start(self.dispatcher, QUEUE_WORKERS)
+        for kind in self.dispatcher.kinds:
+            track_queue(kind, lambda kind=kind: self.queue.depth_of(kind))
 
     def _load_state(self) -> tuple[PersistedState, DesiredState | None]:
         try:
@@ -115,8 +129,9 @@ class Agent:
         for task in self._background:
             task.cancel()
         await asyncio.gather(*self._background, return_exceptions=True)
-        await self.worker.stop()
         await self.provider_networks.stop()
+        await self.queue.shutdown(timeout=QUEUE_STOP_TIMEOUT)
+        await self.worker.stop()
         await asyncio.to_thread(self.ovs.stop)
         self.namespaces.shutdown()
         self.iptc.shutdown()
@@ -161,7 +176,7 @@ class Agent:
                 "haproxy": self.haproxy.status(),
                 "writes": write_counts(),
                 "gc": dict(self.gc_stats),
-                "queues": {"provider_networks": self.provider_networks.queue.stats()},
+                "queues": self.queue.stats_by_kind(self.dispatcher.kinds),
             },
             "loadbalancers": lbs,
             "subnets": self._subnet_status(),
