@@ -27,7 +27,8 @@ from lbagent.ovnhost.ovs import OvsClient
 from lbagent.state import PersistedState, StateFileError, StateStore
 from lbagent.status import health_by_loadbalancer, loadbalancer_status
 from lbagent.ovnhost.bridges import ProviderBridges
-from lbagent.workers.dispatch import PROVIDER_NETWORK, Dispatcher, kind_of
+from lbagent.workers.controllers import requeue_loadbalancers, wire
+from lbagent.workers.dispatch import kind_of
 from lbagent.workers.gc import GarbageCollector
 from lbagent.workers.provider_networks import ProviderNetworkController
 from lbagent.workers.udp_health import UdpHealthChecker
@@ -53,13 +54,14 @@ class Agent:
         self.haproxy = HaproxyManager(config.haproxy.binary, config.agent.run_dir,
                                       prometheus_listen=config.haproxy.prometheus_listen)
         self.host = OvnHost(self.ovs, self.namespaces, self.iptc)
-        self.worker = OvnWorker(self.host, self.haproxy, self.store, config.agent.resync_interval)
-        self.worker.udp_health = UdpHealthChecker(self.namespaces, self.worker.kick)
         self.queue: WorkQueue[str] = WorkQueue("controllers", kind_of=kind_of)
+        self.worker = OvnWorker(self.host, self.haproxy, self.store, config.agent.resync_interval,
+                                requeue=requeue_loadbalancers(self.queue))
+        self.worker.udp_health = UdpHealthChecker(self.namespaces, self.worker.kick)
         self.provider_networks = ProviderNetworkController(
             ProviderBridges(self.ovs), self.namespaces, config.agent.host, config.agent.resync_interval,
             queue=self.queue)
-        self.dispatcher = Dispatcher({PROVIDER_NETWORK: self.provider_networks.reconcile})
+        self.controllers = wire(self.queue, self.worker, self.provider_networks)
         self.gc = GarbageCollector(self.host, self.haproxy, config.agent.gc_max_deletions_per_pass)
         self.gc_stats = {"passes": 0, "skipped": 0, "deleted": 0}
         self.state_error: str | None = None
@@ -71,17 +73,16 @@ class Agent:
         await asyncio.to_thread(self.ovs.start)
         await self.haproxy.start()
         self._start_queue()
-        await self.worker.resume(persisted, desired)
-        if desired is not None:
-            self.provider_networks.update(desired.provider_networks)
+        await self.worker.resume(persisted, desired)  # which also feeds the controllers
         await self.provider_networks.start()
         self._background.append(asyncio.create_task(self._supervise_haproxy(), name="haproxy-supervisor"))
         self._background.append(asyncio.create_task(self._collect_garbage(), name="gc"))
         log.info("action=started host=%s generation=%s", self.config.agent.host, self.worker.generation)
 
     def _start_queue(self) -> None:
-        self.queue.start(self.dispatcher, QUEUE_WORKERS)
-        for kind in self.dispatcher.kinds:
+        dispatcher = self.controllers.dispatcher
+        self.queue.start(dispatcher, QUEUE_WORKERS)
+        for kind in dispatcher.kinds:
             track_queue(kind, lambda kind=kind: self.queue.depth_of(kind))
 
     def _load_state(self) -> tuple[PersistedState, DesiredState | None]:
@@ -139,8 +140,7 @@ class Agent:
     # --- API-facing ------------------------------------------------------------
 
     async def refresh(self, desired: DesiredState, raw: dict) -> int:
-        generation = await self.worker.apply(desired, raw)
-        self.provider_networks.update(desired.provider_networks)
+        generation = await self.worker.apply(desired, raw)  # which also feeds the controllers
         self.state_error = None
         return generation
 
@@ -176,12 +176,12 @@ class Agent:
                 "haproxy": self.haproxy.status(),
                 "writes": write_counts(),
                 "gc": dict(self.gc_stats),
-                "queues": self.queue.stats_by_kind(self.dispatcher.kinds),
+                "queues": self.queue.stats_by_kind(self.controllers.dispatcher.kinds),
             },
             "loadbalancers": lbs,
-            "subnets": self._subnet_status(),
+            "subnets": self.controllers.subnets.status(),
             "provider_networks": self.provider_networks.status(),
-            "pods": self._pod_status(),
+            "pods": self.controllers.pods.status(),
         }
 
     async def loadbalancer_status(self, lb_id: str) -> dict | None:
@@ -218,20 +218,6 @@ class Agent:
         if installed is not None and names is not None:
             document["ovn_installed"] = names.ovn_host in installed
         return document
-
-    def _subnet_status(self) -> list[dict]:
-        desired = self.worker.desired
-        if desired is None:
-            return []
-        return [
-            {"id": s.id, "state": "ready",
-             "loadbalancers": sum(1 for lb in desired.loadbalancers if lb.network.subnet_id == s.id)}
-            for s in desired.subnets
-        ]
-
-    def _pod_status(self) -> dict:
-        pods = self.worker.desired.pods if self.worker.desired else []
-        return {"count": len(pods), "ready": sum(1 for p in pods if p.ready)}
 
     def update_gauges(self) -> None:
         set_lb_states(t.state for t in self.worker.tasks.values())
