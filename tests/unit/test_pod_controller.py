@@ -5,10 +5,10 @@ nothing else; what status says about pods."""
 import pytest
 
 from lbagent.model import LoadBalancer, Pod
-from lbagent.workers.dispatch import POD, Dispatcher, key, kind_of
+from kickharness import KickHarness
+from lbagent.workers.dispatch import POD, key, kind_of
 from lbagent.workers.pods import PodController, selections
 from lbagent.workers.queue import WorkQueue
-from test_queue import drained
 
 
 def pod(pod_id: str, ip: str, app: str = "web", ready: bool = True, namespace: str = "shop",
@@ -35,27 +35,12 @@ LBS = [selecting("web", "web"), selecting("web9000", "web", port=9000), selectin
 W1, W2, D1 = pod("w1", "198.18.0.21"), pod("w2", "198.18.0.22"), pod("d1", "198.18.0.40", app="db")
 
 
-class Harness:
-    def __init__(self):
-        self.kicks: list[str] = []
-        self.queue = WorkQueue("t-pods", kind_of=kind_of)
-        self.ctl = PodController(self.queue, self.kicks.append)
-
-    async def refresh(self, pods, loadbalancers=LBS) -> list[str]:
-        """Update, let the queue handle what was queued; the load balancers kicked, sorted."""
-        self.kicks.clear()
-        self.ctl.update(pods, loadbalancers)
-        await drained(self.queue)
-        return sorted(self.kicks)
-
-
 @pytest.fixture
 async def harness():
-    h = Harness()
-    h.queue.start(Dispatcher({POD: h.ctl.reconcile}))
-    assert await h.refresh([W1, D1]) == []  # the first state: every load balancer is new anyway
+    h = KickHarness(POD, PodController)
+    assert await h.refresh([W1, D1], LBS) == []  # the first state: every load balancer is new anyway
     yield h
-    await h.queue.shutdown(timeout=5)
+    await h.stop()
 
 
 @pytest.mark.parametrize("pods, kicked", [
@@ -73,14 +58,14 @@ async def harness():
     ([pod("w1", "198.18.0.21", name="web-7"), D1], []),  # renamed: the same member
 ])
 async def test_a_pod_change_kicks_exactly_the_load_balancers_it_concerns(harness, pods, kicked):
-    assert await harness.refresh(pods) == kicked
+    assert await harness.refresh(pods, LBS) == kicked
 
 
 async def test_a_pod_that_becomes_ready_is_taken_and_a_not_ready_one_concerns_nobody(harness):
     waiting = pod("w2", "198.18.0.22", ready=False)
-    assert await harness.refresh([W1, D1, waiting]) == []
-    assert await harness.refresh([W1, D1, pod("w2", "198.18.0.23", ready=False)]) == []
-    assert await harness.refresh([W1, D1, W2]) == ["web", "web9000"]
+    assert await harness.refresh([W1, D1, waiting], LBS) == []
+    assert await harness.refresh([W1, D1, pod("w2", "198.18.0.23", ready=False)], LBS) == []
+    assert await harness.refresh([W1, D1, W2], LBS) == ["web", "web9000"]
 
 
 async def test_changes_before_the_key_is_handled_add_up():
@@ -104,7 +89,7 @@ def test_selections_say_which_load_balancer_takes_which_pod_as_what():
 
 
 async def test_status_lists_every_pod_with_the_load_balancers_selecting_it(harness):
-    await harness.refresh([W2, W1, D1, pod("w3", "198.18.0.23", ready=False)])
+    await harness.refresh([W2, W1, D1, pod("w3", "198.18.0.23", ready=False)], LBS)
     status = harness.ctl.status()
     assert status["count"] == 4 and status["ready"] == 3
     assert status["items"][0] == {"id": "d1", "namespace": "shop", "name": "d1-name", "ip": "198.18.0.40",

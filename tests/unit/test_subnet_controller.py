@@ -6,10 +6,10 @@ import asyncio
 import pytest
 
 from lbagent.model import LoadBalancer, Subnet
+from kickharness import KickHarness
 from lbagent.workers.dispatch import SUBNET, Dispatcher, key, kind_of
 from lbagent.workers.queue import WorkQueue
 from lbagent.workers.subnets import SubnetController
-from test_queue import drained
 
 NET1 = {"id": "net-1", "cidr": "198.18.0.0/24", "gateway": "198.18.0.1", "mtu": 1442,
         "routes": [{"cidr": "198.19.0.0/16", "nexthop": "198.18.0.254"}]}
@@ -28,27 +28,13 @@ def lb(lb_id: str, subnet_id: str) -> LoadBalancer:
 LBS = [lb("a", "net-1"), lb("b", "net-1"), lb("c", "net-2")]
 
 
-class Harness:
-    def __init__(self):
-        self.kicks: list[str] = []
-        self.states: dict[str, str] = {}
-        self.queue = WorkQueue("t-subnets", backoff_start=0.01, backoff_max=0.02, kind_of=kind_of)
-        self.ctl = SubnetController(self.queue, self.kicks.append, self.states.get)
-
-    async def refresh(self, subnets, loadbalancers=LBS) -> list[str]:
-        """Update, let the queue handle what was queued; the load balancers kicked, sorted."""
-        self.kicks.clear()
-        self.ctl.update(subnets, loadbalancers)
-        await drained(self.queue)
-        return sorted(self.kicks)
-
-
 @pytest.fixture
 async def harness():
-    h = Harness()
-    h.queue.start(Dispatcher({SUBNET: h.ctl.reconcile}))
+    states: dict[str, str] = {}
+    h = KickHarness(SUBNET, lambda queue, kick: SubnetController(queue, kick, states.get))
+    h.states = states
     yield h
-    await h.queue.shutdown(timeout=5)
+    await h.stop()
 
 
 async def test_reconcile_kicks_exactly_the_load_balancers_on_that_subnet():
@@ -71,9 +57,9 @@ async def test_reconcile_kicks_exactly_the_load_balancers_on_that_subnet():
     {"cidr": "198.18.0.0/23"},
 ])
 async def test_a_changed_subnet_kicks_exactly_its_load_balancers(harness, change):
-    assert await harness.refresh([subnet(), subnet(NET2)]) == []  # the first state: every LB is new anyway
-    assert await harness.refresh([subnet(**change), subnet(NET2)]) == ["a", "b"]
-    assert await harness.refresh([subnet(**change), subnet(NET2)]) == []  # unchanged: nothing
+    assert await harness.refresh([subnet(), subnet(NET2)], LBS) == []  # the first state: every LB is new anyway
+    assert await harness.refresh([subnet(**change), subnet(NET2)], LBS) == ["a", "b"]
+    assert await harness.refresh([subnet(**change), subnet(NET2)], LBS) == []  # unchanged: nothing
 
 
 def test_only_changed_or_removed_subnets_are_queued():
@@ -89,7 +75,7 @@ def test_only_changed_or_removed_subnets_are_queued():
 
 async def test_status_says_what_each_subnet_is_and_how_its_load_balancers_are(harness):
     harness.states.update(a="ready", b="ready", c="ready")
-    await harness.refresh([subnet(), subnet(NET2)])
+    await harness.refresh([subnet(), subnet(NET2)], LBS)
     net1, net2 = harness.ctl.status()
     assert net1 == {"id": "net-1", "state": "ready", "loadbalancers": 2, "cidr": "198.18.0.0/24",
                     "gateway": "198.18.0.1", "mtu": 1442,
