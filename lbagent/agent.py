@@ -1,8 +1,9 @@
 """`Agent`: wires configuration, OVS, namespaces, haproxy, the supervisor and the API.
 
 It owns the start-up order (state first, then OVS, then haproxy, then the
-load balancer tasks), the status document of api.md, and shutdown, which
-stops the agent's own tasks and threads but leaves the data path serving.
+shared work queue, then the load balancer tasks and the sibling controllers),
+the status document of api.md, and shutdown, which stops the agent's own
+tasks and threads but leaves the data path serving.
 """
 
 from __future__ import annotations
@@ -14,7 +15,7 @@ from datetime import datetime, timezone
 
 from lbagent import __version__
 from lbagent.config import Config
-from lbagent.counters import set_lb_states, write_counts
+from lbagent.counters import set_lb_states, track_queue, write_counts
 from lbagent.errors import InvalidDesiredState
 from lbagent.haproxy.manager import HaproxyManager
 from lbagent.haproxy.render import server_name
@@ -26,15 +27,20 @@ from lbagent.ovnhost.ovs import OvsClient
 from lbagent.state import PersistedState, StateFileError, StateStore
 from lbagent.status import health_by_loadbalancer, loadbalancer_status
 from lbagent.ovnhost.bridges import ProviderBridges
+from lbagent.workers.controllers import requeue_loadbalancers, wire
+from lbagent.workers.dispatch import kind_of
 from lbagent.workers.gc import GarbageCollector
 from lbagent.workers.provider_networks import ProviderNetworkController
 from lbagent.workers.udp_health import UdpHealthChecker
 from lbagent.workers.ovn_worker import OvnWorker
+from lbagent.workers.queue import WorkQueue
 
 log = logging.getLogger(__name__)
 
 NAMESPACE_THREADS = 4
 HAPROXY_SUPERVISE_INTERVAL = 1.0
+QUEUE_WORKERS = 4  # a provider-network pass may take seconds; kicks must not wait behind two of them
+QUEUE_STOP_TIMEOUT = 30.0  # seconds a running handler may take to finish on stop
 
 
 class Agent:
@@ -48,10 +54,14 @@ class Agent:
         self.haproxy = HaproxyManager(config.haproxy.binary, config.agent.run_dir,
                                       prometheus_listen=config.haproxy.prometheus_listen)
         self.host = OvnHost(self.ovs, self.namespaces, self.iptc)
-        self.worker = OvnWorker(self.host, self.haproxy, self.store, config.agent.resync_interval)
+        self.queue: WorkQueue[str] = WorkQueue("controllers", kind_of=kind_of)
+        self.worker = OvnWorker(self.host, self.haproxy, self.store, config.agent.resync_interval,
+                                requeue=requeue_loadbalancers(self.queue))
         self.worker.udp_health = UdpHealthChecker(self.namespaces, self.worker.kick)
         self.provider_networks = ProviderNetworkController(
-            ProviderBridges(self.ovs), self.namespaces, config.agent.host, config.agent.resync_interval)
+            ProviderBridges(self.ovs), self.namespaces, config.agent.host, config.agent.resync_interval,
+            queue=self.queue)
+        self.controllers = wire(self.queue, self.worker, self.provider_networks)
         self.gc = GarbageCollector(self.host, self.haproxy, config.agent.gc_max_deletions_per_pass)
         self.gc_stats = {"passes": 0, "skipped": 0, "deleted": 0}
         self.state_error: str | None = None
@@ -62,13 +72,18 @@ class Agent:
         persisted, desired = self._load_state()
         await asyncio.to_thread(self.ovs.start)
         await self.haproxy.start()
-        await self.worker.resume(persisted, desired)
-        if desired is not None:
-            self.provider_networks.update(desired.provider_networks)
+        self._start_queue()
+        await self.worker.resume(persisted, desired)  # which also feeds the controllers
         await self.provider_networks.start()
         self._background.append(asyncio.create_task(self._supervise_haproxy(), name="haproxy-supervisor"))
         self._background.append(asyncio.create_task(self._collect_garbage(), name="gc"))
         log.info("action=started host=%s generation=%s", self.config.agent.host, self.worker.generation)
+
+    def _start_queue(self) -> None:
+        dispatcher = self.controllers.dispatcher
+        self.queue.start(dispatcher, QUEUE_WORKERS)
+        for kind in dispatcher.kinds:
+            track_queue(kind, lambda kind=kind: self.queue.depth_of(kind))
 
     def _load_state(self) -> tuple[PersistedState, DesiredState | None]:
         try:
@@ -115,8 +130,9 @@ class Agent:
         for task in self._background:
             task.cancel()
         await asyncio.gather(*self._background, return_exceptions=True)
-        await self.worker.stop()
         await self.provider_networks.stop()
+        await self.queue.shutdown(timeout=QUEUE_STOP_TIMEOUT)
+        await self.worker.stop()
         await asyncio.to_thread(self.ovs.stop)
         self.namespaces.shutdown()
         self.iptc.shutdown()
@@ -125,8 +141,7 @@ class Agent:
     # --- API-facing ------------------------------------------------------------
 
     async def refresh(self, desired: DesiredState, raw: dict) -> int:
-        generation = await self.worker.apply(desired, raw)
-        self.provider_networks.update(desired.provider_networks)
+        generation = await self.worker.apply(desired, raw)  # which also feeds the controllers
         self.state_error = None
         return generation
 
@@ -162,12 +177,12 @@ class Agent:
                 "haproxy": self.haproxy.status(),
                 "writes": write_counts(),
                 "gc": dict(self.gc_stats),
-                "queues": {"provider_networks": self.provider_networks.queue.stats()},
+                "queues": self.queue.stats_by_kind(self.controllers.dispatcher.kinds),
             },
             "loadbalancers": lbs,
-            "subnets": self._subnet_status(),
+            "subnets": self.controllers.subnets.status(),
             "provider_networks": self.provider_networks.status(),
-            "pods": self._pod_status(),
+            "pods": self.controllers.pods.status(),
         }
 
     async def loadbalancer_status(self, lb_id: str) -> dict | None:
@@ -204,20 +219,6 @@ class Agent:
         if installed is not None and names is not None:
             document["ovn_installed"] = names.ovn_host in installed
         return document
-
-    def _subnet_status(self) -> list[dict]:
-        desired = self.worker.desired
-        if desired is None:
-            return []
-        return [
-            {"id": s.id, "state": "ready",
-             "loadbalancers": sum(1 for lb in desired.loadbalancers if lb.network.subnet_id == s.id)}
-            for s in desired.subnets
-        ]
-
-    def _pod_status(self) -> dict:
-        pods = self.worker.desired.pods if self.worker.desired else []
-        return {"count": len(pods), "ready": sum(1 for p in pods if p.ready)}
 
     def update_gauges(self) -> None:
         set_lb_states(t.state for t in self.worker.tasks.values())

@@ -64,6 +64,15 @@ class HaproxyStatus(_Answer):
     failed_reloads: int = 0
 
 
+class QueueStats(_Answer):
+    """One kind of key on the agent's work queue (loadbalancer, subnet, pod, provider_network)."""
+
+    depth: int  # ready to be handled now
+    delayed: int  # waiting for a retry after a failure
+    processing: int  # being handled
+    retrying: int  # failed at their last handling, not succeeded since
+
+
 class AgentStatus(_Answer):
     version: str
     host: str
@@ -72,6 +81,7 @@ class AgentStatus(_Answer):
     started_at: str
     ready: bool = False
     haproxy: HaproxyStatus
+    queues: dict[str, QueueStats] = {}
 
 
 class Interfaces(_Answer):
@@ -121,10 +131,21 @@ class LoadBalancerStatus(_Answer):
     last_reconciled_at: Optional[str]
 
 
+class SubnetRoute(_Answer):
+    cidr: str
+    nexthop: str
+
+
 class SubnetStatus(_Answer):
     id: str
-    state: str
-    loadbalancers: int
+    state: Literal["pending", "ready", "error"]
+    loadbalancers: int  # how many load balancers are on it
+    cidr: Optional[str] = None
+    gateway: Optional[str] = None
+    mtu: Optional[int] = None
+    routes: list[SubnetRoute] = []
+    retries: int = 0
+    error: Optional[str] = None  # its change failed to reach its load balancers, or some of them failed
 
 
 class ProviderNetworkStatus(_Answer):
@@ -137,8 +158,20 @@ class ProviderNetworkStatus(_Answer):
     retries: int = 0
 
 
-class PodCount(_Answer):
+class PodStatus(_Answer):
+    id: str
+    namespace: str
+    name: str
+    ip: str
+    ready: bool
+    loadbalancers: int  # how many load balancers' groups take it as a member
+    pending: bool = False  # its change has not yet reached those load balancers
+
+
+class PodsStatus(_Answer):
     count: int
+    ready: int = 0
+    items: list[PodStatus] = []
 
 
 class Status(_Answer):
@@ -146,7 +179,7 @@ class Status(_Answer):
     loadbalancers: list[LoadBalancerStatus]
     subnets: list[SubnetStatus]
     provider_networks: list[ProviderNetworkStatus]
-    pods: PodCount
+    pods: PodsStatus
 
 
 ANSWERS: tuple[type[BaseModel], ...] = (

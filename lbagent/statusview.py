@@ -8,6 +8,7 @@ the CLI itself (`lbagent.natcounters`), whether the agent runs or not.
 
 from __future__ import annotations
 
+from collections import Counter
 from urllib.parse import quote
 
 import click
@@ -132,8 +133,27 @@ def _header(document: dict, source: str) -> list[str]:
     return lines
 
 
+def _siblings(document: dict) -> list[str]:
+    """One line each for subnets, provider networks, pods and the work queue; the errors under them."""
+    lines = []
+    for section, label, name in (("subnets", "subnets", "id"), ("provider_networks", "provider networks", "name")):
+        items = document.get(section) or []
+        if items:
+            states = Counter(item.get("state") for item in items)
+            lines.append(f"{label}: " + ", ".join(f"{n} {state}" for state, n in sorted(states.items())))
+            lines += [f"  {item[name]}: {item['error']}" for item in items if item.get("error")]
+    pods = document.get("pods")
+    if pods and pods.get("count"):
+        lines.append(f"pods: {pods['count']} ({pods.get('ready', '-')} ready)")
+    queues = document.get("agent", {}).get("queues") or {}
+    if queues:
+        lines.append("queue (waiting/delayed/running/retrying): " + "  ".join(
+            f"{kind} {q['depth']}/{q['delayed']}/{q['processing']}/{q['retrying']}" for kind, q in queues.items()))
+    return lines
+
+
 def render_status(document: dict, source: str, color: bool = False, detail: bool = False) -> str:
-    lines = _header(document, source)
+    lines = _header(document, source) + _siblings(document)
     lbs = document.get("loadbalancers", [])
     if not lbs:
         lines.append("no load balancers")

@@ -1,9 +1,10 @@
 """The schedule of one load balancer: when its reconcile runs, and what came of it.
 
 Kept apart from what a pass does (`OvnWorker.reconcile`): this module only
-decides *when* — on a kick (refresh, dependency change), on a jittered
-periodic resync that repairs drift, or after an exponential backoff following
-a failure — and records the outcome for status.
+decides *when* — on a kick (the first one comes from the shared work queue
+once the task exists; later ones on a refresh or a dependency change), on a
+jittered periodic resync that repairs drift, or after an exponential backoff
+following a failure — and records the outcome for status.
 """
 
 from __future__ import annotations
@@ -45,8 +46,7 @@ class LbTask:
         self._reconcile = reconcile
         self._on_pass = on_pass
         self._resync = resync_interval
-        self._wake = asyncio.Event()
-        self._wake.set()  # first pass right away
+        self._wake = asyncio.Event()  # not set: the first pass waits for the first kick, which is queued
         self.state = "pending"
         self.deleting = False
         self.generation: int | None = None  # generation of the last successful pass

@@ -4,6 +4,15 @@ It owns the accepted desired state, the allocations (address pairs, interface
 name salts, backend ports), one `LbTask` per load balancer, and what a pass
 does for one of them (`reconcile`). Everything it allocates is persisted
 before a refresh is acknowledged, so a restarted agent renumbers nothing.
+
+Which load balancers a refresh wakes: those whose *own* inputs (their spec,
+their allocation) changed, and new or deleted ones, through `requeue` (the
+shared work queue's `loadbalancer/<id>` key, whose handler is `kick`). Those
+whose only change is a *dependency* (their subnet, the pods their groups
+select) are left to the subnet and pod controllers, which the refresh updates
+in the same step (`on_accept`) and which call `dependency_changed`; until
+then such a load balancer stays behind the new generation, so a waiting
+refresh keeps waiting. The periodic resync of every task is the safety net.
 """
 
 from __future__ import annotations
@@ -12,6 +21,7 @@ import asyncio
 import json
 import logging
 from dataclasses import astuple, dataclass
+from typing import Callable
 
 from lbagent.errors import StaleGeneration
 from lbagent.haproxy.render import HaproxyConfig, render_config
@@ -43,18 +53,28 @@ class ReconcileError(Exception):
 
 @dataclass
 class LbRuntime:
-    """What the last pass of one load balancer observed."""
+    """What the last pass of one load balancer observed, and which inputs it had."""
 
     observation: HostObservation | None = None
-    fingerprint: str | None = None  # of the inputs of the last successful pass
-    # The haproxy config rendered for these inputs: a resync pass over an
-    # unchanged load balancer compares it with the disk without rendering again.
+    own: str | None = None  # fingerprint of its own inputs at the last successful pass
+    deps: str | None = None  # of its dependencies at the last successful pass
+    running_deps: str | None = None  # of its dependencies at the start of the pass running now
+    # The haproxy config rendered for some inputs (own + deps fingerprints): a
+    # resync pass over an unchanged load balancer compares it with the disk
+    # without rendering again.
     rendered: tuple[str, HaproxyConfig] | None = None
 
 
 class OvnWorker:
-    def __init__(self, host: OvnHost, haproxy, store: StateStore, resync_interval: float, udp_health=None):
+    def __init__(self, host: OvnHost, haproxy, store: StateStore, resync_interval: float, udp_health=None,
+                 requeue: Callable[[str], None] | None = None):
         self._host = host
+        # How a load balancer whose own inputs changed gets its pass: the agent
+        # queues its key (handled by `kick`); alone, the worker kicks it itself.
+        self._requeue = requeue or self.kick
+        # Called with every accepted desired state, under the lock and in the
+        # same step that switches to it: the sibling controllers miss no change.
+        self.on_accept: list[Callable[[DesiredState], None]] = []
         self.udp_health = udp_health  # UdpHealthChecker, or None: UDP members are then always live
         self._haproxy = haproxy
         self._store = store
@@ -84,7 +104,7 @@ class OvnWorker:
             async with self._lock:
                 self.allocations = await self._allocate(desired)
                 self.desired, self._raw = desired, persisted.desired
-                self._sync_tasks()
+                self._accept()
 
     async def adopt_from_host(self, max_salt: int = 16) -> list[str]:
         """Allocations of load balancers whose namespaces exist but which the
@@ -117,7 +137,7 @@ class OvnWorker:
             allocations = await self._allocate(desired)
             await asyncio.to_thread(self._store.save, PersistedState(raw, allocations))
             self.allocations, self.desired, self._raw = allocations, desired, raw
-            self._sync_tasks()
+            self._accept()
             return desired.generation
 
     async def _allocate(self, desired: DesiredState) -> dict[str, Allocation]:
@@ -144,7 +164,14 @@ class OvnWorker:
             salt += 1
         return salt
 
+    def _accept(self) -> None:
+        self._sync_tasks()
+        for accept in self.on_accept:
+            accept(self.desired)
+
     def _sync_tasks(self) -> None:
+        """Queue the load balancers that are new, deleted or whose own inputs
+        changed; move the unchanged ones to the new generation without a pass."""
         wanted = {lb.id for lb in self.desired.loadbalancers}
         for lb_id in wanted:
             task = self.tasks.get(lb_id)
@@ -152,35 +179,56 @@ class OvnWorker:
                 task = self.tasks[lb_id] = LbTask(lb_id, self.reconcile, self._pass_done, self._resync)
                 self.runtime[lb_id] = LbRuntime()
                 task.start()
-            elif not self._skip_unchanged(task):
+                self._requeue(lb_id)
+            elif self._own_changed(task):
                 task.deleting = False
-                task.kick()
+                self._requeue(lb_id)
+            elif self.runtime[lb_id].deps == self._deps_fingerprint(lb_id):
+                # Converged and nothing it uses changed: drift is the periodic resync's business.
+                task.generation = task.attempted_generation = self.generation
+            # else only a dependency changed: its controller's handler calls dependency_changed.
         for lb_id, task in self.tasks.items():
             if lb_id not in wanted and not task.deleting:
                 task.deleting = True
                 task.state = "deleting"
-                task.kick()
+                self._requeue(lb_id)
 
-    def _skip_unchanged(self, task: LbTask) -> bool:
-        """A converged load balancer whose inputs did not change reaches the new
-        generation without a pass; drift is the periodic resync's business."""
+    def _own_changed(self, task: LbTask) -> bool:
+        """Its spec or allocation differs from its last successful pass's, or it
+        has no successful pass to stand on (failed, pending, being deleted)."""
         if task.state != "ready" or task.deleting:
-            return False
-        if self.runtime[task.lb_id].fingerprint != self._fingerprint(task.lb_id):
-            return False
-        task.generation = task.attempted_generation = self.generation
-        return True
+            return True
+        return self.runtime[task.lb_id].own != self._own_fingerprint(task.lb_id)
 
-    def _fingerprint(self, lb_id: str) -> str:
-        """Everything a pass over this load balancer depends on: its own desired
-        state, its subnet, the pods its groups select, its allocation. A change
-        of a subnet or pod re-queues exactly the load balancers that use it."""
+    def _own_fingerprint(self, lb_id: str) -> str:
+        """A load balancer's own inputs: its desired state and its allocation
+        (whose backend ports follow the pods its groups select)."""
+        return json.dumps([self._lb(lb_id).model_dump(mode="json"), self.allocations[lb_id].to_json()],
+                          sort_keys=True)
+
+    def _deps_fingerprint(self, lb_id: str) -> str:
+        """What a load balancer uses of others: its subnet and its groups' pod targets."""
         lb = self._lb(lb_id)
         subnet = self.desired.subnet(lb.network.subnet_id)
         targets = plan.group_targets(lb, self.desired.pods)
-        return json.dumps([lb.model_dump(mode="json"), subnet.model_dump(mode="json"),
-                           {g: [list(astuple(t)) for t in ts] for g, ts in targets.items()},
-                           self.allocations[lb_id].to_json()], sort_keys=True)
+        return json.dumps([subnet.model_dump(mode="json"),
+                           {g: [list(astuple(t)) for t in ts] for g, ts in targets.items()}], sort_keys=True)
+
+    def dependency_changed(self, lb_id: str) -> None:
+        """A subnet or pod this load balancer uses changed: kick it, unless a pass
+        that sees the change already finished or is running (a refresh that also
+        changed its own inputs has kicked it)."""
+        task, runtime, lb = self.tasks.get(lb_id), self.runtime.get(lb_id), self._lb(lb_id)
+        if task is None or runtime is None or lb is None:
+            return  # gone, or going: its own key handles it
+        deps = self._deps_fingerprint(lb_id)
+        if (task.state == "ready" and deps == runtime.deps) or deps == runtime.running_deps:
+            return
+        task.kick()
+
+    def state_of(self, lb_id: str) -> str | None:
+        task = self.tasks.get(lb_id)
+        return task.state if task is not None else None
 
     def members(self, lb: LoadBalancer) -> dict[str, list]:
         return plan.members_by_group(plan.group_targets(lb, self.desired.pods), self.allocations[lb.id].ports)
@@ -203,16 +251,20 @@ class OvnWorker:
                 if await self._teardown(lb_id):
                     return DONE
                 lb = self._lb(lb_id)  # added again while it was being torn down
-            fingerprint = self._fingerprint(lb_id)
+            runtime = self.runtime[lb_id]
+            own, runtime.running_deps = self._own_fingerprint(lb_id), self._deps_fingerprint(lb_id)
             if lb.enabled:
-                await self._converge(lb, fingerprint)
+                await self._converge(lb, own + runtime.running_deps)
             else:
                 await self._remove_data_path(lb_id)
-                self.runtime[lb_id].observation = None
-            self.runtime[lb_id].fingerprint = fingerprint
+                runtime.observation = None
+            runtime.own, runtime.deps = own, runtime.running_deps
             return generation
         except Exception as exc:
             raise ReconcileError(generation, exc) from exc
+        finally:
+            if lb_id in self.runtime:
+                self.runtime[lb_id].running_deps = None
 
     async def _converge(self, lb: LoadBalancer, fingerprint: str) -> None:
         async with self._pass_slots:
@@ -242,7 +294,7 @@ class OvnWorker:
         return await self._haproxy.submit(lb.id, config.text, config.files)
 
     def kick(self, lb_id: str) -> None:
-        """Reconcile one load balancer now (a dependency of it changed)."""
+        """Reconcile one load balancer now (the handler of its queue key; UDP health changes)."""
         task = self.tasks.get(lb_id)
         if task is not None:
             task.kick()

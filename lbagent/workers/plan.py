@@ -34,7 +34,8 @@ class Target:
 def selected_pods(selector, pods) -> list[Target]:
     """The ready pods in the selector's namespace carrying all its labels, on
     its port (a number, or a name looked up on each pod; pods without it are
-    skipped)."""
+    skipped), in pod id order: the order the region controller lists pods in
+    means nothing, and must not look like a change of the load balancers."""
     targets = []
     for pod in pods:
         if not pod.ready or pod.namespace != selector.namespace:
@@ -45,7 +46,7 @@ def selected_pods(selector, pods) -> list[Target]:
             (p.port for p in pod.ports if p.name == selector.port), None)
         if port is not None:
             targets.append(Target(pod.id, pod.ip, port, selector.weight))
-    return targets
+    return sorted(targets, key=lambda t: t.key)
 
 
 def group_targets(lb, pods) -> dict[str, list[Target]]:

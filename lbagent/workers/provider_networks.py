@@ -1,11 +1,13 @@
 """The provider-network controller: the desired provider networks, made real on this host.
 
-It owns *which* networks need a pass and what status says about them: a
-`WorkQueue` keyed by network name gets the networks that changed or went away
-on `update`, and every network (plus our bridges that no network claims any
-more) on a jittered periodic resync; a failed pass is retried with backoff
-and its error shown. What a pass does is `ProviderBridges`' business
-(blocking netlink and OVSDB work, run on a host-namespace thread).
+It owns *which* networks need a pass and what status says about them: the
+agent's shared `WorkQueue` gets the key `provider_network/<name>` of the
+networks that changed or went away on `update`, and of every network (plus
+our bridges that no network claims any more) on a jittered periodic resync; a
+failed pass is retried with backoff and its error shown. The queue is started
+and stopped by its owner, with a dispatcher that calls `reconcile(name)`.
+What a pass does is `ProviderBridges`' business (blocking netlink and OVSDB
+work, run on a host-namespace thread).
 
 Nothing is removed before the first `update`, which carries the complete
 desired state: until then the controller does not know what is an orphan.
@@ -18,17 +20,13 @@ import logging
 import random
 from typing import Protocol
 
-from lbagent.counters import track_queue
 from lbagent.model import ProviderNetwork
 from lbagent.ovnhost.bridges import BridgeReport, bridge_name
+from lbagent.workers.dispatch import PROVIDER_NETWORK, key
 from lbagent.workers.lb_task import JITTER
 from lbagent.workers.queue import WorkQueue
 
 log = logging.getLogger(__name__)
-
-QUEUE_NAME = "provider_networks"
-WORKERS = 2
-STOP_TIMEOUT = 30.0  # seconds a running pass may take to finish on stop
 
 
 class Bridges(Protocol):
@@ -46,14 +44,13 @@ class Executor(Protocol):
 
 
 class ProviderNetworkController:
-    def __init__(self, bridges: Bridges, executor: Executor, host: str, resync_interval: float,
-                 queue: WorkQueue[str] | None = None, workers: int = WORKERS):
+    def __init__(self, bridges: Bridges, executor: Executor, host: str, resync_interval: float, *,
+                 queue: WorkQueue[str]):
         self.host = host
-        self.queue: WorkQueue[str] = queue or WorkQueue(QUEUE_NAME)
+        self.queue = queue
         self._bridges = bridges
         self._executor = executor
         self._resync_interval = resync_interval
-        self._workers = workers
         self._desired: dict[str, ProviderNetwork] | None = None  # None: the complete state is not known yet
         self._removing: set[str] = set()  # not desired, bridge possibly still here
         self._results: dict[str, dict] = {}  # name -> outcome of the last pass over its current spec
@@ -63,17 +60,14 @@ class ProviderNetworkController:
     # --- lifecycle -----------------------------------------------------------------
 
     async def start(self) -> None:
-        self.queue.start(self.reconcile, self._workers)
-        track_queue(QUEUE_NAME, lambda: self.queue.depth)
         self._resync_task = asyncio.create_task(self._resync_loop(), name="provider-networks-resync")
 
     async def stop(self) -> None:
-        """Let running passes finish; bridges and addresses stay as they are."""
+        """Stop the periodic resync (the queue's owner lets running passes finish); bridges stay."""
         if self._resync_task is not None:
             self._resync_task.cancel()
             await asyncio.gather(self._resync_task, return_exceptions=True)
             self._resync_task = None
-        await self.queue.shutdown(timeout=STOP_TIMEOUT)
 
     # --- desired state -------------------------------------------------------------
 
@@ -89,7 +83,7 @@ class ProviderNetworkController:
         self._removing |= gone
         for name in sorted(gone | {name for name, net in new.items() if old.get(name) != net}):
             self._results.pop(name, None)
-            self.queue.add(name)
+            self.queue.add(key(PROVIDER_NETWORK, name))
 
     async def resync(self) -> None:
         """Queue every desired network and every bridge of ours that no network claims."""
@@ -102,7 +96,7 @@ class ProviderNetworkController:
             owned = set()
         self._removing |= set(owned) - set(self._desired)
         for name in sorted(set(self._desired) | self._removing):
-            self.queue.add(name)
+            self.queue.add(key(PROVIDER_NETWORK, name))
 
     async def _resync_loop(self) -> None:
         while True:
@@ -117,7 +111,7 @@ class ProviderNetworkController:
     # --- one pass ------------------------------------------------------------------
 
     async def reconcile(self, name: str) -> None:
-        """One level-triggered pass over network `name` (the queue's handler)."""
+        """One level-triggered pass over network `name` (the handler of its queue key)."""
         if self._desired is None:
             return
         network = self._desired.get(name)
@@ -150,9 +144,10 @@ class ProviderNetworkController:
         has_bridge = interface is not None or network is None  # being removed: it may still be there
         entry = {"name": name, "state": "pending", "bridge": bridge_name(name) if has_bridge else None,
                  "interface": interface, "mtu": None, **self._results.get(name, {})}
-        error = self.queue.last_error(name)
+        queue_key = key(PROVIDER_NETWORK, name)
+        error = self.queue.last_error(queue_key)
         if error is not None:
             entry["state"] = "error"
         entry["error"] = error
-        entry["retries"] = self.queue.retries(name)
+        entry["retries"] = self.queue.retries(queue_key)
         return entry

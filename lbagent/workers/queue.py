@@ -10,6 +10,10 @@ This module owns *when* a key is handled, never what handling means:
   keys, so a resync storm or many failing keys cannot hammer the host;
 - `shutdown()` lets running handlers finish and drops everything else.
 
+One queue may serve several kinds of keys (the agent's does: load balancers,
+subnets, pods, provider networks); `kind_of` names a key's kind, and
+`stats_by_kind()` and the retry counter report per kind.
+
 The handler is an async callable given to `start()`; controllers keep their
 reconcile functions apart from the queue and test them without one.
 """
@@ -20,8 +24,9 @@ import asyncio
 import logging
 import time
 from collections import deque
-from typing import Awaitable, Callable, Generic, Hashable, TypeVar
+from typing import Awaitable, Callable, Generic, Hashable, Iterable, TypeVar
 
+from lbagent.counters import count_queue_retry
 from lbagent.workers.lb_task import BACKOFF_MAX, BACKOFF_START, backoff_delay
 
 log = logging.getLogger(__name__)
@@ -30,6 +35,7 @@ K = TypeVar("K", bound=Hashable)
 
 DEFAULT_RATE = 50.0  # handler starts per second, across all keys
 DEFAULT_BURST = 100
+STAT_FIELDS = ("depth", "delayed", "processing", "retrying")
 
 
 class TokenBucket:
@@ -66,8 +72,10 @@ class WorkQueue(Generic[K]):
         rate: float = DEFAULT_RATE,
         burst: int = DEFAULT_BURST,
         clock: Callable[[], float] = time.monotonic,
+        kind_of: Callable[[K], str] | None = None,
     ):
         self.name = name
+        self._kind_of = kind_of or (lambda key: name)
         self._backoff = (backoff_start, backoff_max)
         self._bucket = TokenBucket(rate, burst, clock)
         self._ready: deque[K] = deque()
@@ -143,6 +151,10 @@ class WorkQueue(Generic[K]):
         """Keys ready to be handled now (not counting delayed or running ones)."""
         return len(self._ready)
 
+    def is_pending(self, key: K) -> bool:
+        """`key` waits (now or after a delay) or is being handled."""
+        return key in self._dirty or key in self._timers or key in self._processing
+
     def stats(self) -> dict[str, int]:
         return {
             "depth": self.depth,
@@ -150,6 +162,18 @@ class WorkQueue(Generic[K]):
             "processing": len(self._processing),
             "retrying": len(self._failures),
         }
+
+    def stats_by_kind(self, kinds: Iterable[str] = ()) -> dict[str, dict[str, int]]:
+        """`stats()` per kind of key; the `kinds` given are listed even when they hold nothing."""
+        found = {kind: dict.fromkeys(STAT_FIELDS, 0) for kind in kinds}
+        for field, keys in zip(STAT_FIELDS, (self._ready, self._timers, self._processing, self._failures)):
+            for key in keys:
+                found.setdefault(self._kind_of(key), dict.fromkeys(STAT_FIELDS, 0))[field] += 1
+        return found
+
+    def depth_of(self, kind: str) -> int:
+        """Keys of `kind` ready to be handled now."""
+        return sum(1 for key in self._ready if self._kind_of(key) == kind)
 
     # --- running -----------------------------------------------------------------
 
@@ -213,6 +237,7 @@ class WorkQueue(Generic[K]):
         except Exception as exc:  # any failure is this key's alone: retried with backoff
             self._errors[key] = str(exc) or type(exc).__name__
             self.add_rate_limited(key)
+            count_queue_retry(self._kind_of(key))
             log.warning("queue=%s key=%s action=handle result=error retries=%d error=%r", self.name, key,
                         self.retries(key), self._errors[key], exc_info=log.isEnabledFor(logging.DEBUG))
         else:

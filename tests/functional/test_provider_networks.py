@@ -27,6 +27,7 @@ from lbagent.ovnhost.bridges import ProviderBridges, bridge_name
 from lbagent.ovnhost import ovs as ovs_mod
 from lbagent.ovnhost.netns import NamespaceExecutor
 from lbagent.ovnhost.ovs import OvsClient
+from lbagent.workers.dispatch import PROVIDER_NETWORK, Dispatcher, kind_of
 from lbagent.workers.provider_networks import ProviderNetworkController
 from lbagent.workers.queue import WorkQueue
 
@@ -163,9 +164,10 @@ async def make_controller(sandbox, prefix):
     async def make() -> ProviderNetworkController:
         ovs = OvsClient(sandbox.ovs_db, "br-int", host)
         await asyncio.to_thread(ovs.start)
-        queue = WorkQueue("t-provider-networks", backoff_start=0.05, backoff_max=0.5)
+        queue = WorkQueue("t-provider-networks", backoff_start=0.05, backoff_max=0.5, kind_of=kind_of)
         ctl = ProviderNetworkController(ProviderBridges(ovs), executor, host, resync_interval=3600, queue=queue)
         made.append((ctl, ovs))
+        queue.start(Dispatcher({PROVIDER_NETWORK: ctl.reconcile}), workers=2)
         await ctl.start()
         return ctl
 
@@ -174,6 +176,7 @@ async def make_controller(sandbox, prefix):
     finally:
         for ctl, ovs in made:
             await ctl.stop()
+            await ctl.queue.shutdown(timeout=30)
             await asyncio.to_thread(ovs.stop)
         executor.shutdown()
 
@@ -217,6 +220,7 @@ async def test_bridge_up_then_removed_by_a_restarted_controller(sandbox, uplink,
     # The agent restarts and the network is gone from the desired state: what
     # to give back comes from the bridge's external_ids, not from memory.
     await first.stop()
+    await first.queue.shutdown(timeout=30)
     second = await make_controller()
     second.update([])
     await until(lambda: not ovs_bridge_exists(sandbox, bridge_name(network)) and second.status() == [],

@@ -11,6 +11,10 @@ from lbagent import api
 from lbagent.api import create_app
 from lbagent.model import parse_desired_state
 from lbagent.openapi import document, open_paths
+from lbagent.workers.dispatch import kind_of
+from lbagent.workers.pods import PodController
+from lbagent.workers.queue import WorkQueue
+from lbagent.workers.subnets import SubnetController
 from test_api import AUTH, EXAMPLE, FakeAgent, client  # noqa: F401  (client is a fixture)
 
 METHODS = {"get", "put", "post", "delete", "patch", "head", "options", "trace"}
@@ -77,3 +81,23 @@ async def test_real_answers_match_their_schemas(client):
     resp = await client.get("/readyz")
     assert resp.status == 503
     answer_validator("Readiness").validate(await resp.json())
+
+
+async def test_the_controllers_status_sections_match_the_status_schema():
+    queue = WorkQueue("t", kind_of=kind_of)
+    subnets, pods = SubnetController(queue, print, lambda lb_id: "error"), PodController(queue, print)
+    desired = parse_desired_state(EXAMPLE)
+    subnets.update(desired.subnets, desired.loadbalancers)
+    pods.update(desired.pods, desired.loadbalancers)
+    queue.add_after("pod/x", 60)
+    status = {
+        "agent": {"version": "1", "host": "gw-1", "synced": False, "generation": 7, "started_at": "now",
+                  "haproxy": {"pid": None, "running": False, "last_reload_at": None, "reloads": 0},
+                  "queues": queue.stats_by_kind(["loadbalancer", "subnet", "pod", "provider_network"])},
+        "loadbalancers": [], "subnets": subnets.status(), "provider_networks": [], "pods": pods.status(),
+    }
+    assert status["subnets"][0]["state"] == "error" and status["pods"]["items"][0]["loadbalancers"] == 1
+    answer_validator("Status").validate(status)
+    status["agent"]["queues"]["pod"]["depth"] = "many"
+    assert not answer_validator("Status").is_valid(status)
+    await queue.shutdown()

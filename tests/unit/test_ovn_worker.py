@@ -1,5 +1,6 @@
 """OvnWorker with fake host and haproxy: allocation, persistence, task lifecycle,
-waiting, and the rule that nothing unchanged is touched."""
+waiting, the rule that nothing unchanged is touched, and which load balancers a
+refresh queues itself and which it leaves to their dependencies' controllers."""
 
 import asyncio
 import copy
@@ -81,10 +82,21 @@ def lb_body(lb_id, ip="198.18.0.12", backends=("be-1",)):
 
 
 @pytest.fixture
-def worker(tmp_path, monkeypatch):
+def fake_render(monkeypatch):
     monkeypatch.setattr(worker_mod, "render_config",
                         lambda lb, outer, members, inner: HaproxyConfig(f"{lb.id} {outer} {inner} {members}"))
-    w = OvnWorker(FakeHost(), FakeHaproxy(), StateStore(tmp_path), resync_interval=3600)
+
+
+@pytest.fixture
+def worker(tmp_path, fake_render):
+    queued = []  # what the worker put on the (here absent) queue: it kicks at once instead
+
+    def requeue(lb_id):
+        queued.append(lb_id)
+        w.kick(lb_id)
+
+    w = OvnWorker(FakeHost(), FakeHaproxy(), StateStore(tmp_path), resync_interval=3600, requeue=requeue)
+    w.queued = queued
     yield w
 
 
@@ -210,3 +222,96 @@ async def test_a_pod_change_requeues_exactly_the_load_balancers_selecting_it(wor
     members = worker.members(worker.desired.loadbalancer("web"))["bg-1"]
     assert [(m.key, m.address, m.port, m.mapped_port) for m in members] == [
         ("bg-1/w1", "198.18.0.21", 8080, 1025), ("bg-1/w2", "198.18.0.22", 8080, 1026)]
+
+
+def two_subnets(generation, lbs, mtu2=1442, pods=()):
+    body = state(generation, lbs)
+    body["subnets"] = [EXAMPLE["subnets"][0], {"id": "net-2", "cidr": "198.18.1.0/24", "gateway": "198.18.1.1",
+                                               "mtu": mtu2}]
+    body["pods"] = list(pods)
+    return body
+
+
+def on_net2(lb):
+    lb["network"]["subnet_id"] = "net-2"
+    lb["network"]["ip"] = lb["network"]["ip"].replace("198.18.0.", "198.18.1.")
+    return lb
+
+
+async def test_a_refresh_queues_only_new_deleted_and_own_changed_load_balancers(worker):
+    lbs = [lb_body("a"), lb_body("b", ip="198.18.0.13"), on_net2(lb_body("c", ip="198.18.0.14")),
+           lb_body("d", ip="198.18.0.15")]
+    await apply(worker, two_subnets(1, lbs))
+    assert await worker.wait_settled(1, 5)
+    assert sorted(worker.queued) == ["a", "b", "c", "d"]
+    worker.queued.clear()
+    passes = {k: t.passes for k, t in worker.tasks.items()}
+
+    # a unchanged; b's own spec changed; c's subnet changed (a dependency only); d deleted.
+    lbs = [lb_body("a"), lb_body("b", ip="198.18.0.13", backends=("be-1", "be-2")),
+           on_net2(lb_body("c", ip="198.18.0.14"))]
+    await apply(worker, two_subnets(2, lbs, mtu2=1400))
+    assert sorted(worker.queued) == ["b", "d"]
+    a, c = worker.tasks["a"], worker.tasks["c"]
+    assert a.generation == 2 and a.passes == passes["a"]  # moved on without a pass
+    assert not await worker.wait_settled(2, 0.2)  # c waits for its subnet's controller
+    assert c.generation == 1 and c.passes == passes["c"] and c.state == "ready"
+
+    worker.dependency_changed("c")  # what the subnet controller's handler does
+    assert await worker.wait_settled(2, 5)
+    assert c.generation == 2 and c.passes == passes["c"] + 1
+    assert worker._host.converged[-1].links.mtu == 1400
+    assert "d" not in worker.tasks
+
+
+async def test_a_dependency_change_kicks_only_a_load_balancer_no_pass_has_seen_it_for(worker):
+    lbs = [selecting_lb("web", "198.18.0.12", "web")]
+    await apply(worker, two_subnets(1, lbs, pods=[pod_body("w1", "198.18.0.21")]))
+    assert await worker.wait_settled(1, 5)
+    task = worker.tasks["web"]
+    worker.dependency_changed("web")  # nothing it uses changed
+    await asyncio.sleep(0.05)
+    assert task.passes == 1
+
+    # The pod moves (same id, same port on INNER): only a dependency changed.
+    gate, original = asyncio.Event(), worker._host.converge
+
+    async def held(spec):
+        await gate.wait()
+        return await original(spec)
+
+    worker._host.converge = held
+    worker.queued.clear()
+    await apply(worker, two_subnets(2, lbs, pods=[pod_body("w1", "198.18.0.22")]))
+    assert worker.queued == [] and task.generation == 1
+    worker.dependency_changed("web")
+    await _until(lambda: worker.runtime["web"].running_deps is not None)
+    worker.dependency_changed("web")  # the running pass already sees the change: no second one
+    worker.dependency_changed("gone")  # unknown: nothing to do
+    gate.set()
+    assert await worker.wait_settled(2, 5)
+    await asyncio.sleep(0.05)
+    assert task.passes == 2 and task.generation == 2
+    assert [m.address for m in worker.members(worker.desired.loadbalancer("web"))["bg-1"]] == ["198.18.0.22"]
+    worker.dependency_changed("web")  # and a finished one too
+    await asyncio.sleep(0.05)
+    assert task.passes == 2
+
+
+async def test_accepted_states_reach_the_controllers_in_the_same_step(worker):
+    seen = []
+    worker.on_accept.append(lambda desired: seen.append((desired.generation, worker.generation)))
+    await apply(worker, state(1, [lb_body("a")]))
+    await apply(worker, state(2, [lb_body("a")]))
+    assert seen == [(1, 1), (2, 2)]
+
+
+async def test_without_a_controller_the_periodic_resync_still_brings_a_dependency_change(fake_render, tmp_path):
+    resyncing = OvnWorker(FakeHost(), FakeHaproxy(), StateStore(tmp_path / "r"), resync_interval=0.05)
+    lbs = [on_net2(lb_body("c"))]
+    await apply(resyncing, two_subnets(1, lbs))
+    assert await resyncing.wait_settled(1, 5)
+    await apply(resyncing, two_subnets(2, lbs, mtu2=1400))  # nobody calls dependency_changed
+    assert await resyncing.wait_settled(2, 5)
+    assert resyncing._host.converged[-1].links.mtu == 1400
+    await resyncing.stop()

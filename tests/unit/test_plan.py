@@ -22,3 +22,10 @@ def test_named_port_is_looked_up_per_pod_and_pods_without_it_are_skipped():
             pod("p3", "198.18.0.23", ports=[{"name": "metrics", "port": 9100, "protocol": "tcp"}])]
     selector = PodSelector(namespace="shop", labels={"app": "web"}, port="http")
     assert [(t.key, t.port) for t in selected_pods(selector, pods)] == [("p1", 8080), ("p2", 8081)]
+
+
+def test_members_come_in_pod_id_order_whatever_the_list_order():
+    pods = [pod("p3", "198.18.0.23"), pod("p1", "198.18.0.21"), pod("p2", "198.18.0.22")]
+    selector = PodSelector(namespace="shop", labels={"app": "web"}, port="http")
+    assert [t.key for t in selected_pods(selector, pods)] == ["p1", "p2", "p3"]
+    assert selected_pods(selector, pods) == selected_pods(selector, list(reversed(pods)))

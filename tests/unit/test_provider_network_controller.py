@@ -20,6 +20,7 @@ from lbagent.ovnhost.ovs import (
     OWNER_KEY, BridgeMappingConflict, BridgeState, OvsdbError, PortState, merge_bridge_mapping,
     parse_bridge_mappings,
 )
+from lbagent.workers.dispatch import PROVIDER_NETWORK, Dispatcher, kind_of
 from lbagent.workers.provider_networks import ProviderNetworkController
 from lbagent.workers.queue import WorkQueue
 
@@ -391,18 +392,21 @@ class FakeBridges:
 
 @pytest.fixture
 async def controller():
+    """A controller on a queue that is already being served, as the agent starts its shared queue first."""
     made = []
 
     def make(owned=(), resync_interval=3600.0):
         fake = FakeBridges(owned)
-        queue = WorkQueue("pn-test", backoff_start=0.01, backoff_max=0.02)
+        queue = WorkQueue("pn-test", backoff_start=0.01, backoff_max=0.02, kind_of=kind_of)
         ctl = ProviderNetworkController(fake, InlineExecutor(), HOST, resync_interval, queue=queue)
+        queue.start(Dispatcher({PROVIDER_NETWORK: ctl.reconcile}), workers=2)
         made.append(ctl)
         return ctl, fake
 
     yield make
     for ctl in made:
         await ctl.stop()
+        await ctl.queue.shutdown(timeout=WAIT)
 
 
 async def apply(ctl, fake, networks, passes: int) -> list:

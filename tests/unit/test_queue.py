@@ -1,5 +1,6 @@
 """WorkQueue and TokenBucket: de-duplication, one worker per key, re-add while
-handling, backoff growth and reset, the overall rate limit, shutdown.
+handling, backoff growth and reset, the overall rate limit, shutdown, figures
+per kind of key; and the Dispatcher that routes a key to its kind's reconcile.
 
 Timings are injected (milliseconds instead of seconds) and every wait is on a
 condition with a timeout; time-based assertions are lower bounds, or upper
@@ -9,6 +10,9 @@ import asyncio
 
 import pytest
 
+from prometheus_client import REGISTRY
+
+from lbagent.workers.dispatch import Dispatcher, key, kind_of
 from lbagent.workers.queue import TokenBucket, WorkQueue
 
 WAIT = 5.0  # seconds: generous bound for things that must happen
@@ -263,3 +267,70 @@ async def test_start_twice_is_an_error(make_queue):
     queue.start(Recorder())
     with pytest.raises(RuntimeError):
         queue.start(Recorder())
+
+
+async def test_stats_by_kind_counts_each_kind_of_key_apart(make_queue):
+    queue = make_queue(kind_of=kind_of, backoff_start=10, backoff_max=20)
+    gate, seen = asyncio.Event(), Recorder()
+
+    async def handler(key):
+        await seen(key)
+        await gate.wait()
+
+    queue.add("pod/p1")
+    queue.start(handler)
+    await seen.wait_calls(1)
+    queue.add("subnet/s1")
+    queue.add("subnet/s2")
+    queue.add_rate_limited("subnet/s3")
+    empty = dict.fromkeys(("depth", "delayed", "processing", "retrying"), 0)
+    assert queue.stats_by_kind(["pod", "subnet", "loadbalancer"]) == {
+        "pod": {**empty, "processing": 1},
+        "subnet": {**empty, "depth": 2, "delayed": 1, "retrying": 1},
+        "loadbalancer": empty,
+    }
+    assert queue.depth_of("subnet") == 2 and queue.depth_of("pod") == 0
+    assert queue.is_pending("pod/p1") and queue.is_pending("subnet/s3") and not queue.is_pending("pod/p2")
+    gate.set()
+
+
+async def test_a_failure_counts_a_retry_of_its_kind(make_queue):
+    queue, handler = make_queue(kind_of=kind_of), Recorder(fail_times={"pod/p": 1})
+    before = REGISTRY.get_sample_value("lbagent_queue_retries_total", {"queue": "pod"}) or 0
+    queue.add("pod/p")
+    queue.start(handler)
+    await handler.wait_calls(2)
+    await drained(queue)
+    assert REGISTRY.get_sample_value("lbagent_queue_retries_total", {"queue": "pod"}) == before + 1
+
+
+# --- Dispatcher ---------------------------------------------------------------------
+
+
+async def test_the_dispatcher_hands_the_name_to_its_kinds_reconcile(caplog):
+    seen = []
+
+    async def reconcile_pod(name):
+        seen.append(("pod", name))
+
+    dispatcher = Dispatcher({"pod": reconcile_pod, "loadbalancer": lambda name: seen.append(("lb", name))})
+    assert dispatcher.kinds == ("pod", "loadbalancer")
+    await dispatcher(key("pod", "p-1"))
+    await dispatcher("loadbalancer/lb-1")  # a plain function (a mere kick) is fine too
+    await dispatcher("subnet/s-1")  # nobody handles subnets here: dropped, not retried
+    await dispatcher("pod")  # no name
+    assert seen == [("pod", "p-1"), ("lb", "lb-1")]
+    assert caplog.text.count("no handler for this key") == 2
+
+
+async def test_a_reconcile_error_reaches_the_queue():
+    async def failing(name):
+        raise RuntimeError(f"{name} failed")
+
+    with pytest.raises(RuntimeError, match="p failed"):
+        await Dispatcher({"pod": failing})("pod/p")
+
+
+def test_keys_name_their_kind():
+    assert key("provider_network", "physnet1") == "provider_network/physnet1"
+    assert kind_of("provider_network/physnet1") == "provider_network" and kind_of("odd") == "odd"

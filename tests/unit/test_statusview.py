@@ -85,3 +85,18 @@ def test_detail_lists_http_rules():
                                     "redirect": {"code": 301}}]}]}
     text = "\n".join(render_detail(lb))
     assert "api.example.com" in text and "/v1" in text and "bg-2" in text and "redirect 301" in text
+
+
+def test_subnets_provider_networks_pods_and_queue_are_summed_up():
+    idle = {"depth": 0, "delayed": 0, "processing": 0, "retrying": 0}
+    queues = {"loadbalancer": {**idle, "depth": 2}, "subnet": {**idle, "retrying": 1}}
+    doc = {**DOC, "agent": {**DOC["agent"], "queues": queues},
+           "subnets": [{"id": "net-1", "state": "ready", "error": None},
+                       {"id": "net-2", "state": "error", "error": "1 of 1 load balancers on this subnet failed"}],
+           "provider_networks": [{"name": "physnet1", "state": "ready", "error": None}],
+           "pods": {"count": 3, "ready": 2, "items": []}}
+    lines = render_status(doc, "agent").splitlines()
+    assert "subnets: 1 error, 1 ready" in lines and "  net-2: 1 of 1 load balancers on this subnet failed" in lines
+    assert "provider networks: 1 ready" in lines and "pods: 3 (2 ready)" in lines
+    assert "queue (waiting/delayed/running/retrying): loadbalancer 2/0/0/0  subnet 0/0/0/1" in lines
+    assert not any(line.startswith(("subnets", "pods", "queue")) for line in render_status(DOC, "agent").splitlines())
