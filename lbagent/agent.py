@@ -56,6 +56,7 @@ class Agent:
         self.host = OvnHost(self.ovs, self.namespaces, self.iptc)
         self.queue: WorkQueue[str] = WorkQueue("controllers", kind_of=kind_of)
         self.worker = OvnWorker(self.host, self.haproxy, self.store, config.agent.resync_interval,
+                                config.agent.resync_rate,
                                 requeue=requeue_loadbalancers(self.queue))
         self.worker.udp_health = UdpHealthChecker(self.namespaces, self.worker.kick)
         self.provider_networks = ProviderNetworkController(
@@ -177,6 +178,7 @@ class Agent:
                 "haproxy": self.haproxy.status(),
                 "writes": write_counts(),
                 "gc": dict(self.gc_stats),
+                "resync_interval": round(self.worker.resync_interval(), 1),
                 "queues": self.queue.stats_by_kind(self.controllers.dispatcher.kinds),
             },
             "loadbalancers": lbs,

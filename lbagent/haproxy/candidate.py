@@ -86,6 +86,8 @@ def stage(paths: HaproxyPaths, lb_id: str, text: str | None, files: Mapping[str,
         if files:
             write_tree(staged_files / lb_id, files)
         if text is not None:
+            # Not fsynced here: the manager syncs the filesystem once for a
+            # whole batch before installing it, and the base is never installed.
             _write(work / CHECK_BASE, base_for(staged_files))
             _write(change.staged_text, text)
     except BaseException:
@@ -94,15 +96,17 @@ def stage(paths: HaproxyPaths, lb_id: str, text: str | None, files: Mapping[str,
     return change
 
 
-def install_change(change: StagedChange) -> None:
-    """Make the change live on disk (haproxy reads it at the next reload)."""
+def install_change(change: StagedChange, sync_dir: bool = True) -> None:
+    """Make the change live on disk (haproxy reads it at the next reload). Its
+    staged text must be durable already (`sync_filesystem`); without
+    `sync_dir` the caller fsyncs conf.d once for the batch."""
     staged_files = change.work / STAGED_FILES / change.lb_id if change.has_files else None
     change.had_files = swap_tree(staged_files, change.files_dir, change.work / PARKED)
     change.files_swapped = True
     if change.text is None:
         replace_text(change.target, None, change.work)
     else:
-        install(change.staged_text, change.target)
+        install(change.staged_text, change.target, sync_dir)
     change.text_installed = True
 
 
@@ -121,9 +125,7 @@ def discard(change: StagedChange) -> None:
 
 
 def _write(path: Path, text: str) -> None:
-    """A new file holding `text`, mode 0600 like every file of ours, fsynced before any rename."""
+    """A new file holding `text`, mode 0600 like every file of ours."""
     fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW, 0o600)
     with os.fdopen(fd, "w", encoding="utf-8") as f:
         f.write(text)
-        f.flush()
-        os.fsync(f.fileno())

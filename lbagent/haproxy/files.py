@@ -17,6 +17,7 @@ Only this module knows the layout; everything else asks a `HaproxyPaths`.
 
 from __future__ import annotations
 
+import ctypes
 import os
 import re
 import shutil
@@ -36,6 +37,8 @@ LB_SUFFIX = ".cfg"
 # haproxy binds a UNIX socket as "<path>.<pid>.tmp" first and sun_path holds
 # 107 characters: longer paths fail at start with a cryptic message.
 MAX_SOCKET_PATH = 95
+
+_libc = ctypes.CDLL(None, use_errno=True)
 
 
 @dataclass(frozen=True)
@@ -142,10 +145,23 @@ def fsync_dir(directory: Path) -> None:
         os.close(fd)
 
 
-def install(staged: Path, target: Path) -> None:
-    """Atomically replace `target` by the already-fsynced `staged` file."""
+def install(staged: Path, target: Path, sync_dir: bool = True) -> None:
+    """Atomically replace `target` by the already-durable `staged` file (without
+    `sync_dir`, the caller fsyncs the directory once for many renames)."""
     os.replace(staged, target)
-    fsync_dir(target.parent)
+    if sync_dir:
+        fsync_dir(target.parent)
+
+
+def sync_filesystem(path: Path) -> None:
+    """Flush every written file of the filesystem holding `path` (syncfs): one
+    call makes a whole batch of staged files durable before they are renamed."""
+    fd = os.open(path, os.O_RDONLY | os.O_DIRECTORY)
+    try:
+        if _libc.syncfs(fd) != 0:
+            os.sync()
+    finally:
+        os.close(fd)
 
 
 def replace_text(path: Path, text: str | None, staging_dir: Path) -> None:

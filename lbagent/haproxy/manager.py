@@ -38,9 +38,12 @@ from datetime import datetime, timezone
 from pathlib import Path
 
 from lbagent.blocking import BlockingPool
+from lbagent.haproxy.bulkcheck import BulkChecker
 from lbagent.haproxy.candidate import StagedChange, current, discard, install_change, roll_back, stage
 from lbagent.haproxy.errors import HaproxyCheckError, HaproxyError, HaproxyReloadError
-from lbagent.haproxy.files import HaproxyPaths, empty_dir, install, read_or_none, replace_text, write_staged
+from lbagent.haproxy.files import (
+    HaproxyPaths, empty_dir, fsync_dir, install, read_or_none, replace_text, sync_filesystem, write_staged,
+)
 from lbagent.haproxy.process import HaproxyProcess
 from lbagent.haproxy.render import render_base
 from lbagent.haproxy.sockets import parse_show_stat, send_command
@@ -82,6 +85,7 @@ class HaproxyManager:
         self._batcher: asyncio.Task | None = None
         self._lb_locks: dict[str, tuple[asyncio.Lock, int]] = {}
         self._check_slots: asyncio.Semaphore | None = None
+        self._bulk_checks: BulkChecker | None = None
         self._process_lock: asyncio.Lock | None = None
         self._reloads = 0
         self._failed_reloads = 0
@@ -243,8 +247,11 @@ class HaproxyManager:
         if text is None:
             return staged  # a removal needs no check
         try:
-            async with self._check_slots:
-                await self._lb_work.run(self.process.check, staged.check_paths)
+            if files:
+                async with self._check_slots:
+                    await self._lb_work.run(self.process.check, staged.check_paths)
+            else:
+                await self._bulk_checks.check(staged)
         except BaseException as exc:
             await self._lb_work.run(discard, staged)
             if isinstance(exc, HaproxyCheckError):
@@ -325,8 +332,10 @@ class HaproxyManager:
         self.paths.make_dirs()
         self._marker.touch()
         try:
+            sync_filesystem(self.paths.staging_dir)  # every staged text durable before any rename
             for change in batch:
-                install_change(change.staged)
+                install_change(change.staged, sync_dir=False)
+            fsync_dir(self.paths.conf_dir)
             self._check_directory()
             outcome = self.process.reload_or_start()
         except BaseException:
@@ -375,6 +384,8 @@ class HaproxyManager:
         if self._activity is None:
             self._activity = asyncio.Event()
             self._check_slots = asyncio.Semaphore(MAX_PARALLEL_CHECKS)
+            self._bulk_checks = BulkChecker(lambda paths: self._lb_work.run(self.process.check, paths),
+                                            self._check_slots)
             self._process_lock = asyncio.Lock()
 
     async def _lock_lb(self, lb_id: str) -> None:

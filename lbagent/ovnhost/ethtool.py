@@ -1,4 +1,4 @@
-"""TX checksum offload of one interface, through the SIOCETHTOOL ioctl.
+"""TX checksum offload and the driver of one interface, through the SIOCETHTOOL ioctl.
 
 With OVS's userspace datapath, TCP through a veth attached to the bridge
 hangs unless the namespace end of that veth computes checksums itself, so
@@ -20,21 +20,41 @@ from lbagent.ovnhost.errors import NetlinkError
 SIOCETHTOOL = 0x8946
 ETHTOOL_GTXCSUM = 0x16
 ETHTOOL_STXCSUM = 0x17
+ETHTOOL_GDRVINFO = 0x03
 
 
 class _EthtoolValue(ctypes.Structure):
     _fields_ = [("cmd", ctypes.c_uint32), ("data", ctypes.c_uint32)]
 
 
-def _ethtool(ifname: str, cmd: int, data: int = 0) -> int:
-    value = _EthtoolValue(cmd, data)
-    ifreq = struct.pack("16sP", ifname.encode(), ctypes.addressof(value)) + b"\0" * 16
+class _EthtoolDrvinfo(ctypes.Structure):
+    _fields_ = [("cmd", ctypes.c_uint32), ("driver", ctypes.c_char * 32), ("version", ctypes.c_char * 32),
+                ("fw_version", ctypes.c_char * 32), ("bus_info", ctypes.c_char * 32),
+                ("erom_version", ctypes.c_char * 32), ("reserved2", ctypes.c_char * 12),
+                ("n_priv_flags", ctypes.c_uint32), ("n_stats", ctypes.c_uint32), ("testinfo_len", ctypes.c_uint32),
+                ("eedump_len", ctypes.c_uint32), ("regdump_len", ctypes.c_uint32)]
+
+
+def _ioctl(ifname: str, request: ctypes.Structure) -> None:
+    ifreq = struct.pack("16sP", ifname.encode(), ctypes.addressof(request)) + b"\0" * 16
     with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as sock:
         try:
             fcntl.ioctl(sock.fileno(), SIOCETHTOOL, ifreq)
         except OSError as exc:
             raise NetlinkError("ethtool", exc.errno or 0, ifname) from exc
+
+
+def _ethtool(ifname: str, cmd: int, data: int = 0) -> int:
+    value = _EthtoolValue(cmd, data)
+    _ioctl(ifname, value)
     return value.data
+
+
+def driver(ifname: str) -> str:
+    """The interface's driver ("veth", "openvswitch", ...): one ioctl, not a netlink dump."""
+    info = _EthtoolDrvinfo(ETHTOOL_GDRVINFO)
+    _ioctl(ifname, info)
+    return info.driver.decode(errors="replace")
 
 
 def tx_checksum_enabled(ifname: str) -> bool:

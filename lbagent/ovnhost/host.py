@@ -10,14 +10,15 @@ from __future__ import annotations
 
 import logging
 import os
+import socket
 from dataclasses import dataclass
 
 from lbagent.blocking import BlockingPool
 from lbagent.inventory import Inventory
 from lbagent.naming import INTERFACE_RE, NETNS_PREFIX, InterfaceNames, iface_id, names_from_interface, netns_name
-from lbagent.ovnhost import datapath, iptables
+from lbagent.ovnhost import datapath, ethtool, iptables
 from lbagent.ovnhost.datapath import LinkSpec
-from lbagent.ovnhost.errors import AlreadyExists
+from lbagent.ovnhost.errors import AlreadyExists, NetlinkError
 from lbagent.ovnhost.iplib import Netlink
 from lbagent.ovnhost.nat import NatRule
 from lbagent.ovnhost.netns import NamespaceExecutor, list_netns, netns_exists, netns_path
@@ -141,8 +142,17 @@ def _read_address(name: str) -> str:
 
 
 def _read_marked_links() -> set[str]:
-    with Netlink.open() as nl:
-        return {name for name, link in nl.links().items() if INTERFACE_RE.match(name) and link.kind == "veth"}
+    """Our veths on the host. Names from if_nameindex (names only, parsed in
+    C) and the driver by ioctl: a pyroute2 dump of a host with two thousand
+    veths took two seconds."""
+    return {name for _, name in socket.if_nameindex() if INTERFACE_RE.match(name) and _is_veth(name)}
+
+
+def _is_veth(name: str) -> bool:
+    try:
+        return ethtool.driver(name) == "veth"
+    except NetlinkError:  # gone meanwhile
+        return False
 
 
 def _delete_link(name: str) -> None:

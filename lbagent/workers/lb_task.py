@@ -40,7 +40,7 @@ class LbTask:
         lb_id: str,
         reconcile: Callable[[str], Awaitable[int]],
         on_pass: Callable[["LbTask"], None],
-        resync_interval: float,
+        resync_interval: Callable[[], float],
     ):
         self.lb_id = lb_id
         self._reconcile = reconcile
@@ -74,7 +74,7 @@ class LbTask:
     def _next_delay(self) -> float:
         if self.last_error is not None:
             return backoff_delay(self.retries)
-        return self._resync * random.uniform(1 - JITTER, 1 + JITTER)
+        return self._resync() * random.uniform(1 - JITTER, 1 + JITTER)
 
     async def _loop(self) -> None:
         while True:

@@ -41,6 +41,7 @@ log = logging.getLogger(__name__)
 # queue there, and a thousand at once (a cold start) would finish all together
 # at the very end instead of steadily, and keep haproxy from batching reloads.
 PASS_SLOTS = 8
+DEFAULT_RESYNC_RATE = 10.0  # resync passes per second, all load balancers together
 
 
 class ReconcileError(Exception):
@@ -66,7 +67,8 @@ class LbRuntime:
 
 
 class OvnWorker:
-    def __init__(self, host: OvnHost, haproxy, store: StateStore, resync_interval: float, udp_health=None,
+    def __init__(self, host: OvnHost, haproxy, store: StateStore, resync_interval: float,
+                 resync_rate: float = DEFAULT_RESYNC_RATE, udp_health=None,
                  requeue: Callable[[str], None] | None = None):
         self._host = host
         # How a load balancer whose own inputs changed gets its pass: the agent
@@ -79,6 +81,7 @@ class OvnWorker:
         self._haproxy = haproxy
         self._store = store
         self._resync = resync_interval
+        self._resync_rate = resync_rate
         self._lock = asyncio.Lock()
         self._pass_slots = asyncio.Semaphore(PASS_SLOTS)
         self._changed = asyncio.Condition()
@@ -176,7 +179,7 @@ class OvnWorker:
         for lb_id in wanted:
             task = self.tasks.get(lb_id)
             if task is None:
-                task = self.tasks[lb_id] = LbTask(lb_id, self.reconcile, self._pass_done, self._resync)
+                task = self.tasks[lb_id] = LbTask(lb_id, self.reconcile, self._pass_done, self.resync_interval)
                 self.runtime[lb_id] = LbRuntime()
                 task.start()
                 self._requeue(lb_id)
@@ -292,6 +295,14 @@ class OvnWorker:
             runtime.rendered = (fingerprint, render_config(lb, allocation.outer, members, inner=allocation.inner))
         config = runtime.rendered[1]
         return await self._haproxy.submit(lb.id, config.text, config.files)
+
+    def resync_interval(self) -> float:
+        """Seconds between two resync passes of one load balancer: the configured
+        interval, stretched so that all of them together take at most
+        `resync_rate` passes a second. A converged pass writes nothing but still
+        reads every piece of its data path; with thousands of load balancers,
+        checking each every 30 s would cost a large part of a core."""
+        return max(self._resync, len(self.tasks) / self._resync_rate)
 
     def kick(self, lb_id: str) -> None:
         """Reconcile one load balancer now (the handler of its queue key; UDP health changes)."""

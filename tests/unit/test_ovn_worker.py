@@ -315,3 +315,10 @@ async def test_without_a_controller_the_periodic_resync_still_brings_a_dependenc
     assert await resyncing.wait_settled(2, 5)
     assert resyncing._host.converged[-1].links.mtu == 1400
     await resyncing.stop()
+
+
+async def test_resyncs_are_spread_so_all_together_stay_under_the_rate(tmp_path):
+    worker = OvnWorker(FakeHost(), FakeHaproxy(), StateStore(tmp_path), resync_interval=30, resync_rate=10)
+    assert worker.resync_interval() == 30
+    worker.tasks = {f"lb-{i}": object() for i in range(1000)}
+    assert worker.resync_interval() == 100  # 1,000 load balancers at 10 passes a second
