@@ -41,7 +41,7 @@ log = logging.getLogger(__name__)
 # queue there, and a thousand at once (a cold start) would finish all together
 # at the very end instead of steadily, and keep haproxy from batching reloads.
 PASS_SLOTS = 8
-DEFAULT_RESYNC_RATE = 10.0  # resync passes per second, all load balancers together
+DEFAULT_RESYNC_RATE = 4.0  # resync passes per second, all load balancers together
 
 
 class ReconcileError(Exception):
