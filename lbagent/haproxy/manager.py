@@ -14,13 +14,14 @@ changes into as few reloads as possible:
   reloads once. Every waiter of the batch gets the outcome; on failure the
   batch's files are put back as they were, so the running configuration and
   the disk agree again and one bad batch cannot block later reloads.
-- Reloads are paced by their own cost: the next one starts no sooner than
-  `RELOAD_PACE` times the last one's duration after it ended (at most
-  `MAX_RELOAD_PAUSE`), so reloading (a check, and a new worker parsing every
-  load balancer) takes at most about a quarter of the time. A change after a
-  quiet spell still goes out at once; when the passes of a large refresh
-  arrive one by one, pacing is what keeps the batches large and the reloads
-  few.
+- Reloads inside a burst are paced by their own cost: when changes arrived
+  while a reload ran, the next one starts no sooner than `RELOAD_PACE` times
+  its duration after it ended (at most `MAX_RELOAD_PAUSE`), so reloading (a
+  check, and a new worker parsing every load balancer) takes at most about a
+  quarter of the time; when the passes of a large refresh arrive one by one,
+  pacing is what keeps the batches large and the reloads few. A change that
+  finds haproxy idle (nothing arrived during the last reload) goes out at
+  once: one change after another, each waiting for the last, is no burst.
 - A marker file says "on disk but maybe not loaded yet": an agent restarted
   between installing and reloading reloads once when it adopts the master.
 
@@ -317,7 +318,11 @@ class HaproxyManager:
             return
         # Paced after successes only: a failed batch's fix should not wait for its cost.
         took = loop.time() - started
-        self._next_reload_at = loop.time() + min(self.reload_pace * took, MAX_RELOAD_PAUSE)
+        # Paced only inside a burst: changes that arrived while this reload ran
+        # wait for its cost to pass (and join the next batch meanwhile); a change
+        # that finds haproxy idle goes out at once, however recent the last reload.
+        burst = bool(self._pending) or self._in_flight > 0
+        self._next_reload_at = loop.time() + (min(self.reload_pace * took, MAX_RELOAD_PAUSE) if burst else 0.0)
         self._last_reload_seconds = round(took, 3)
         if outcome == "reloaded":
             self._record_reload()

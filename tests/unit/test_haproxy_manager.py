@@ -25,7 +25,7 @@ from cryptography.x509.oid import NameOID
 from devtools.topology import self_signed_certificate
 
 from lbagent.haproxy.errors import HaproxyCheckError, HaproxyError, HaproxyReloadError
-from lbagent.haproxy.manager import HaproxyManager
+from lbagent.haproxy.manager import MAX_RELOAD_PAUSE, HaproxyManager
 from lbagent.haproxy.render import HaproxyConfig, render_config, render_loadbalancer
 from lbagent.haproxy.sockets import parse_show_proc, parse_show_stat
 from lbagent.members import Member
@@ -192,17 +192,34 @@ async def test_apply_serves_and_the_same_text_again_does_not_reload(manager, ech
     assert manager.lb_ids_on_disk() == {"lb-a"}
 
 
-async def test_reloads_are_paced_by_their_own_cost(manager, echo_port):
+async def test_changes_arriving_during_a_reload_are_paced_by_its_cost(manager, echo_port):
+    port = free_port()
+    loop = asyncio.get_running_loop()
+    first = asyncio.create_task(manager.apply("lb-a", lb_text("lb-a", port, echo_port)))
+    await until(lambda: manager._process_lock.locked(), "the first reload to start")
+    # A burst: these arrive while the first reload runs.
+    later = [asyncio.create_task(manager.apply(f"lb-{i}", lb_text(f"lb-{i}", free_port(), echo_port)))
+             for i in range(2)]
+    assert await first
+    first_done, took = loop.time(), manager.status()["last_reload_seconds"]
+    assert await asyncio.gather(*later) == [True, True]
+    second_took = manager.status()["last_reload_seconds"]
+    # The next reload started no sooner than pace * took after the first ended.
+    assert loop.time() - first_done >= manager.reload_pace * took + second_took * 0.9
+    assert manager.status()["reloads"] == 2
+
+
+async def test_one_change_after_another_is_not_paced(manager, echo_port):
+    manager.reload_pace = 40.0  # were these paced, each would wait seconds
     port = free_port()
     loop = asyncio.get_running_loop()
     finished = []
     for i in range(3):
-        # One change after the other, each waiting for its reload.
+        # Each change waits for its reload: haproxy is idle when the next one comes.
         assert await manager.apply("lb-a", lb_text("lb-a", port, echo_port, timeouts={"client_idle": 60 + i}))
         finished.append((loop.time(), manager.status()["last_reload_seconds"]))
     for (done, took), (next_done, next_took) in zip(finished, finished[1:]):
-        # The next reload started no sooner than pace * took after this one ended.
-        assert next_done - done >= manager.reload_pace * took + next_took * 0.9, finished
+        assert next_done - done < min(manager.reload_pace * took, MAX_RELOAD_PAUSE), finished
     assert manager.status()["reloads"] == 3
 
 
