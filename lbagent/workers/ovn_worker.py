@@ -149,9 +149,12 @@ class OvnWorker:
         if new:
             pairs = PairAllocator({k: AddressPair(a.inner, a.outer) for k, a in allocations.items()})
             host_addresses = await self._host.host_addresses()
+            used_tags = {interface_names(k, a.salt).tag for k, a in allocations.items()}
             for lb in new:
                 pair = pairs.allocate(lb.id, host_addresses)
-                allocations[lb.id] = Allocation(pair.inner, pair.outer, self._free_salt(lb.id, allocations))
+                salt = self._free_salt(lb.id, used_tags)
+                used_tags.add(interface_names(lb.id, salt).tag)
+                allocations[lb.id] = Allocation(pair.inner, pair.outer, salt)
         for lb in desired.loadbalancers:
             old = allocations[lb.id]
             ports = assign_ports(old.ports, plan.member_keys(plan.group_targets(lb, desired.pods)))
@@ -160,10 +163,10 @@ class OvnWorker:
         return allocations
 
     @staticmethod
-    def _free_salt(lb_id: str, allocations: dict[str, Allocation]) -> int:
-        used = {interface_names(k, a.salt).tag for k, a in allocations.items()}
+    def _free_salt(lb_id: str, used_tags: set[str]) -> int:
+        """The first salt whose interface-name tag no other load balancer has."""
         salt = 0
-        while interface_names(lb_id, salt).tag in used:
+        while interface_names(lb_id, salt).tag in used_tags:
             salt += 1
         return salt
 

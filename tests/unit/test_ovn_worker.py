@@ -322,3 +322,13 @@ async def test_resyncs_are_spread_so_all_together_stay_under_the_rate(tmp_path):
     assert worker.resync_interval() == 30
     worker.tasks = {f"lb-{i}": object() for i in range(1000)}
     assert worker.resync_interval() == 100  # 1,000 load balancers at 10 passes a second
+
+
+async def test_new_load_balancers_whose_names_collide_get_the_next_salt(tmp_path, monkeypatch):
+    from types import SimpleNamespace
+    # Every id hashes to the same tag for a given salt: only the salt tells them apart.
+    monkeypatch.setattr(worker_mod, "interface_names", lambda lb_id, salt=0: SimpleNamespace(tag=f"t{salt}"))
+    worker = OvnWorker(FakeHost(), FakeHaproxy(), StateStore(tmp_path), resync_interval=3600)
+    body = state(1, [lb_body("a"), lb_body("b", ip="198.18.0.13"), lb_body("c", ip="198.18.0.14")])
+    allocations = await worker._allocate(parse_desired_state(body))
+    assert sorted(a.salt for a in allocations.values()) == [0, 1, 2]
