@@ -10,8 +10,8 @@ changes into as few reloads as possible:
   before it can disturb the others, and queues it for the next reload.
 - A single batcher collects queued changes until the burst settles (no new
   change for `debounce` seconds and no candidate still being checked, or at
-  most `max_delay`), installs them, checks the whole directory once and
-  reloads once. Every waiter of the batch gets the outcome; on failure the
+  most `max_delay`), installs them and reloads once (a configuration haproxy
+  cannot load shows as a failed reload). Every waiter of the batch gets the outcome; on failure the
   batch's files are put back as they were, so the running configuration and
   the disk agree again and one bad batch cannot block later reloads.
 - Reloads inside a burst are paced by their own cost: when changes arrived
@@ -341,7 +341,11 @@ class HaproxyManager:
             for change in batch:
                 install_change(change.staged, sync_dir=False)
             fsync_dir(self.paths.conf_dir)
-            self._check_directory()
+            # No `haproxy -c` of the whole directory first: every candidate was
+            # checked with the base, names are unique by construction, and a
+            # reload haproxy cannot load is reported (show proc counts it) and
+            # put back below. With 1,000 load balancers that check parsed them
+            # all once more, 0.3 s on every reload.
             outcome = self.process.reload_or_start()
         except BaseException:
             for change in batch:
