@@ -12,6 +12,7 @@ error locations into JSON pointers and making those messages presentable.
 from __future__ import annotations
 
 import difflib
+import functools
 import re
 import unicodedata
 from collections.abc import Callable, Iterable
@@ -233,6 +234,10 @@ def parse_ipv4(value: str) -> IPv4Address:
         raise ValueError("must be an IPv4 address: four numbers 0-255 without leading zeros") from None
 
 
+# The same addresses recur across a thousand load balancers (their backends,
+# gateways): ipaddress objects are slow to build, so valid values are
+# remembered (a refused one raises, which is never cached).
+@functools.lru_cache(maxsize=65536)
 def _check_host_ipv4(value: str) -> None:
     ip = parse_ipv4(value)
     # is_reserved covers 240/4 including the limited broadcast 255.255.255.255.
@@ -240,6 +245,7 @@ def _check_host_ipv4(value: str) -> None:
         raise ValueError("must be a unicast host address (not 0.0.0.0, loopback, multicast, link-local or broadcast)")
 
 
+@functools.lru_cache(maxsize=4096)
 def _check_cidr(value: str) -> None:
     match = _CIDR_RE.fullmatch(value)
     if not match:

@@ -20,7 +20,7 @@ from __future__ import annotations
 import asyncio
 import json
 import logging
-from dataclasses import astuple, dataclass
+from dataclasses import dataclass
 from typing import Callable
 
 from lbagent.errors import StaleGeneration
@@ -82,6 +82,7 @@ class OvnWorker:
         self._store = store
         self._resync = resync_interval
         self._resync_rate = resync_rate
+        self._subnet_dumps: dict[str, tuple] = {}  # subnet id -> (the subnet object, its JSON)
         self._lock = asyncio.Lock()
         self._pass_slots = asyncio.Semaphore(PASS_SLOTS)
         self._changed = asyncio.Condition()
@@ -215,10 +216,18 @@ class OvnWorker:
     def _deps_fingerprint(self, lb_id: str) -> str:
         """What a load balancer uses of others: its subnet and its groups' pod targets."""
         lb = self._lb(lb_id)
-        subnet = self.desired.subnet(lb.network.subnet_id)
         targets = plan.group_targets(lb, self.desired.pods)
-        return json.dumps([subnet.model_dump(mode="json"),
-                           {g: [list(astuple(t)) for t in ts] for g, ts in targets.items()}], sort_keys=True)
+        return json.dumps([self._subnet_json(lb.network.subnet_id),
+                           {g: [list(vars(t).values()) for t in ts] for g, ts in targets.items()}], sort_keys=True)
+
+    def _subnet_json(self, subnet_id: str) -> dict:
+        """The subnet as JSON, dumped once per accepted subnet object rather than
+        once per load balancer on it (a thousand times per refresh)."""
+        subnet = self.desired.subnet(subnet_id)
+        cached = self._subnet_dumps.get(subnet_id)
+        if cached is None or cached[0] is not subnet:
+            cached = self._subnet_dumps[subnet_id] = (subnet, subnet.model_dump(mode="json"))
+        return cached[1]
 
     def dependency_changed(self, lb_id: str) -> None:
         """A subnet or pod this load balancer uses changed: kick it, unless a pass
