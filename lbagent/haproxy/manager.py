@@ -19,9 +19,10 @@ changes into as few reloads as possible:
   its duration after it ended (at most `MAX_RELOAD_PAUSE`), so reloading (a
   check, and a new worker parsing every load balancer) takes at most about a
   quarter of the time; when the passes of a large refresh arrive one by one,
-  pacing is what keeps the batches large and the reloads few. A change that
-  finds haproxy idle (nothing arrived during the last reload) goes out at
-  once: one change after another, each waiting for the last, is no burst.
+  pacing is what keeps the batches large and the reloads few. Pacing ends
+  early once no change has come for `PACE_QUIET`: the burst is over. A change
+  that finds haproxy idle (nothing arrived during the last reload) goes out
+  at once: one change after another, each waiting for the last, is no burst.
 - A marker file says "on disk but maybe not loaded yet": an agent restarted
   between installing and reloading reloads once when it adopts the master.
 
@@ -58,6 +59,7 @@ MAX_PARALLEL_CHECKS = 4
 # a change must not wait for that.
 RELOAD_PACE = 3.0
 MAX_RELOAD_PAUSE = 10.0
+PACE_QUIET = 0.25  # seconds without a new change that end a burst's pacing early
 PENDING_MARKER = "reload-pending"
 
 
@@ -285,10 +287,18 @@ class HaproxyManager:
             await self._commit(batch)
 
     async def _pace(self) -> None:
-        """Let the last reload's cost pass before the next (changes keep joining the batch meanwhile)."""
-        delay = self._next_reload_at - asyncio.get_running_loop().time()
-        if delay > 0:
-            await asyncio.sleep(delay)
+        """Let the last reload's cost pass before the next while changes keep
+        coming (they join the batch meanwhile). Once none has come for
+        `PACE_QUIET` seconds the burst is over and waiting longer would only
+        delay its last changes: the batch goes at once."""
+        loop = asyncio.get_running_loop()
+        while (delay := self._next_reload_at - loop.time()) > 0:
+            self._activity.clear()
+            try:
+                await asyncio.wait_for(self._activity.wait(), min(delay, PACE_QUIET))
+            except TimeoutError:
+                if not self._in_flight and delay > PACE_QUIET:
+                    return
 
     async def _settle(self) -> None:
         """Wait for the burst to end: quiet for `debounce`, no check in flight, or `max_delay` reached."""
