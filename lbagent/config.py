@@ -102,6 +102,9 @@ class _Section(BaseModel):
     model_config = ConfigDict(extra="forbid", frozen=True)
 
 
+DEFAULT_RESYNC_RATE = 4.0  # resync passes per second, all load balancers together
+
+
 class AgentConfig(_Section):
     host: Hostname = Field(default_factory=socket.gethostname)
     state_dir: AbsolutePath = Path("/var/lib/lbagent")
@@ -109,7 +112,7 @@ class AgentConfig(_Section):
     resync_interval: Annotated[float, Strict(), Field(gt=0)] = 30.0  # seconds, jittered
     # At most this many resync passes a second over all load balancers: with
     # more than resync_interval * resync_rate of them, each is resynced less often.
-    resync_rate: Annotated[float, Strict(), Field(gt=0)] = 4.0
+    resync_rate: Annotated[float, Strict(), Field(gt=0)] = DEFAULT_RESYNC_RATE
     gc_max_deletions_per_pass: Annotated[int, Strict(), Field(ge=1)] = 50
     log_format: Literal["text", "json"] = "text"
     log_level: Literal["debug", "info", "warning", "error", "critical"] = "info"

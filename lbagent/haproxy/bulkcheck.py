@@ -48,28 +48,32 @@ class BulkChecker:
         paths = [batch[0][0].check_paths[0]] + [staged.staged_text for staged, _ in batch]
         try:
             await self._check(paths)
-        except HaproxyCheckError:
-            if len(batch) == 1:
-                return await self._settle(batch[0], self._check(batch[0][0].check_paths))
-            await asyncio.gather(*(self._settle(item, self._check(item[0].check_paths)) for item in batch))
-            return
+        except HaproxyCheckError as exc:
+            if len(batch) == 1:  # that was its own check: the error is its own
+                _resolve(batch[0][1], exc)
+            else:
+                await asyncio.gather(*(self._check_alone(staged, done) for staged, done in batch))
         except Exception as exc:  # haproxy could not run at all: every waiter hears it
             for _, done in batch:
-                if not done.done():
-                    done.set_exception(exc)
-            return
-        for _, done in batch:
-            if not done.done():
-                done.set_result(None)
-
-    @staticmethod
-    async def _settle(item: tuple[StagedChange, asyncio.Future], check: Awaitable[None]) -> None:
-        _, done = item
-        try:
-            await check
-        except Exception as exc:
-            if not done.done():
-                done.set_exception(exc)
+                _resolve(done, exc)
         else:
-            if not done.done():
-                done.set_result(None)
+            for _, done in batch:
+                _resolve(done)
+
+    async def _check_alone(self, staged: StagedChange, done: asyncio.Future) -> None:
+        try:
+            await self._check(staged.check_paths)
+        except Exception as exc:
+            _resolve(done, exc)
+        else:
+            _resolve(done)
+
+
+def _resolve(done: asyncio.Future, error: BaseException | None = None) -> None:
+    """Tell a waiter the outcome, unless it has stopped waiting (cancelled)."""
+    if done.done():
+        return
+    if error is None:
+        done.set_result(None)
+    else:
+        done.set_exception(error)

@@ -11,14 +11,15 @@ changes into as few reloads as possible:
 - A single batcher collects queued changes until the burst settles (no new
   change for `debounce` seconds and no candidate still being checked, or at
   most `max_delay`), installs them and reloads once (a configuration haproxy
-  cannot load shows as a failed reload). Every waiter of the batch gets the outcome; on failure the
-  batch's files are put back as they were, so the running configuration and
-  the disk agree again and one bad batch cannot block later reloads.
+  cannot load shows as a failed reload). Every waiter of the batch gets the
+  outcome; on failure the batch's files are put back as they were, so the
+  running configuration and the disk agree again and one bad batch cannot
+  block later reloads.
 - Reloads inside a burst are paced by their own cost: when changes arrived
   while a reload ran, the next one starts no sooner than `RELOAD_PACE` times
   its duration after it ended (at most `MAX_RELOAD_PAUSE`), so reloading (a
-  check, and a new worker parsing every load balancer) takes at most about a
-  quarter of the time; when the passes of a large refresh arrive one by one,
+  new worker parsing every load balancer) takes at most about a quarter of
+  the time; when the passes of a large refresh arrive one by one,
   pacing is what keeps the batches large and the reloads few. Pacing ends
   early once no change has come for `PACE_QUIET`: the burst is over. A change
   that finds haproxy idle (nothing arrived during the last reload) goes out

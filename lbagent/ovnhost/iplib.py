@@ -145,8 +145,12 @@ class Netlink:
         msg["index"] = index
         return self._filtered_dump("dump addresses", str(index), msg, RTM_GETADDR)
 
-    def routes(self, table: int = MAIN_TABLE, oif: int | None = None) -> set[Route]:
-        """Unicast routes of one table (out of `oif`, if given)."""
+    def routes(self, table: int = MAIN_TABLE) -> set[Route]:
+        """Unicast routes of one table."""
+        return {_to_route(m) for m in self._route_dump(table) if m.get("type") == RTN_UNICAST}
+
+    def _route_dump(self, table: int, oif: int | None = None):
+        """The routes of one table (out of `oif`, if given), filtered by the kernel."""
         msg = rtmsg()
         msg["table"] = table if table <= 255 else RT_TABLE_COMPAT
         msg["attrs"] = [("RTA_TABLE", table)] + ([("RTA_OIF", oif)] if oif is not None else [])
@@ -154,9 +158,9 @@ class Netlink:
             msgs = self._filtered_dump("dump routes", f"table {table}", msg, RTM_GETROUTE)
         except NetlinkError as exc:
             if exc.code == errno.ENOENT:  # the kernel has no such table (yet): it holds no routes
-                return set()
+                return ()
             raise
-        return {_to_route(m) for m in msgs if m.get("type") == RTN_UNICAST and m.get("RTA_TABLE", table) == table}
+        return [m for m in msgs if m.get("RTA_TABLE", table) == table]
 
     def source_rules(self, priority: int) -> set[SourceRule]:
         msgs = self._call("dump rules", "", self._ipr.get_rules, family=socket.AF_INET)
@@ -259,12 +263,8 @@ class Netlink:
 
     def link_routes(self, index: int) -> set[LinkRoute]:
         """Main-table unicast routes out of this link, except those the kernel derives from addresses."""
-        msg = rtmsg()
-        msg["table"] = MAIN_TABLE
-        msg["attrs"] = [("RTA_TABLE", MAIN_TABLE), ("RTA_OIF", index)]
-        msgs = self._filtered_dump("dump routes", str(index), msg, RTM_GETROUTE)
         return {
-            _to_link_route(m) for m in msgs
+            _to_link_route(m) for m in self._route_dump(MAIN_TABLE, oif=index)
             if m.get("type") == RTN_UNICAST and m.get("RTA_OIF") == index and m["proto"] != RTPROT_KERNEL
         }
 

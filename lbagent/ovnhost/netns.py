@@ -10,18 +10,15 @@ and the agent adopts what exists).
 
 from __future__ import annotations
 
-import asyncio
-import contextvars
 import ctypes
 import errno
-import functools
 import logging
 import os
-from concurrent.futures import ThreadPoolExecutor
 from typing import Callable, TypeVar
 
 from pyroute2 import netns as pyroute_netns
 
+from lbagent.blocking import BlockingPool
 from lbagent.ovnhost.errors import NamespaceError
 
 log = logging.getLogger(__name__)
@@ -62,13 +59,10 @@ class NamespaceExecutor:
     def __init__(self, name: str, workers: int = 1):
         # Opened on the constructing thread, which is in the host namespace.
         self._host_fd = os.open("/proc/thread-self/ns/net", os.O_RDONLY | os.O_CLOEXEC)
-        self._pool = ThreadPoolExecutor(max_workers=workers, thread_name_prefix=name)
+        self._pool = BlockingPool(name, workers)
 
     async def run(self, netns: str | None, fn: Callable[..., T], *args) -> T:
-        loop = asyncio.get_running_loop()
-        # Like asyncio.to_thread: the caller's context (which load balancer) goes along.
-        context = contextvars.copy_context()
-        return await loop.run_in_executor(self._pool, context.run, functools.partial(self.call, netns, fn, *args))
+        return await self._pool.run(self.call, netns, fn, *args)
 
     def call(self, netns: str | None, fn: Callable[..., T], *args) -> T:
         """Run fn inside netns (None: the host namespace) on the current thread."""
@@ -95,7 +89,7 @@ class NamespaceExecutor:
             os.abort()
 
     async def create(self, name: str) -> None:
-        await asyncio.get_running_loop().run_in_executor(self._pool, self._create, name)
+        await self._pool.run(self._create, name)
 
     def _create(self, name: str) -> None:
         if os.path.exists(netns_path(name)) and not netns_exists(name):
@@ -111,10 +105,10 @@ class NamespaceExecutor:
             self._return_home()
 
     async def delete(self, name: str) -> None:
-        await asyncio.get_running_loop().run_in_executor(self._pool, delete_netns, name)
+        await self._pool.run(delete_netns, name)
 
     def shutdown(self) -> None:
-        self._pool.shutdown(wait=True)
+        self._pool.shutdown()
         os.close(self._host_fd)
 
 

@@ -23,6 +23,7 @@ import logging
 from dataclasses import dataclass
 from typing import Callable
 
+from lbagent.config import DEFAULT_RESYNC_RATE
 from lbagent.errors import StaleGeneration
 from lbagent.haproxy.render import HaproxyConfig, render_config
 from lbagent.inventory import Inventory
@@ -41,7 +42,6 @@ log = logging.getLogger(__name__)
 # queue there, and a thousand at once (a cold start) would finish all together
 # at the very end instead of steadily, and keep haproxy from batching reloads.
 PASS_SLOTS = 8
-DEFAULT_RESYNC_RATE = 4.0  # resync passes per second, all load balancers together
 
 
 class ReconcileError(Exception):

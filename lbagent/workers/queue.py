@@ -155,18 +155,17 @@ class WorkQueue(Generic[K]):
         """`key` waits (now or after a delay) or is being handled."""
         return key in self._dirty or key in self._timers or key in self._processing
 
+    def _keys_by_stat(self) -> dict[str, object]:
+        """Each of STAT_FIELDS and the collection of keys it counts."""
+        return dict(zip(STAT_FIELDS, (self._ready, self._timers, self._processing, self._failures)))
+
     def stats(self) -> dict[str, int]:
-        return {
-            "depth": self.depth,
-            "delayed": len(self._timers),
-            "processing": len(self._processing),
-            "retrying": len(self._failures),
-        }
+        return {field: len(keys) for field, keys in self._keys_by_stat().items()}
 
     def stats_by_kind(self, kinds: Iterable[str] = ()) -> dict[str, dict[str, int]]:
         """`stats()` per kind of key; the `kinds` given are listed even when they hold nothing."""
         found = {kind: dict.fromkeys(STAT_FIELDS, 0) for kind in kinds}
-        for field, keys in zip(STAT_FIELDS, (self._ready, self._timers, self._processing, self._failures)):
+        for field, keys in self._keys_by_stat().items():
             for key in keys:
                 found.setdefault(self._kind_of(key), dict.fromkeys(STAT_FIELDS, 0))[field] += 1
         return found
