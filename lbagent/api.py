@@ -21,8 +21,8 @@ from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 from lbagent.agentmetrics import AgentRegistry
 from lbagent.counters import API_REQUESTS
 from lbagent.errors import InvalidDesiredState, StaleGeneration
-from lbagent.model import parse_desired_state
 from lbagent.openapi import document_bytes, open_paths
+from lbagent.parsing import RefreshParser
 
 log = logging.getLogger(__name__)
 
@@ -30,6 +30,7 @@ MAX_WAIT = 300.0
 OPEN_PATHS = frozenset(open_paths())  # probes and the OpenAPI document carry no token
 AGENT = web.AppKey("agent", object)
 METRICS = web.AppKey("metrics", AgentRegistry)
+PARSER = web.AppKey("parser", RefreshParser)
 
 
 def error_response(status: int, code: str, message: str, details: list | None = None) -> web.Response:
@@ -41,6 +42,7 @@ def create_app(agent, token: str | None, max_body_bytes: int) -> web.Application
                           middlewares=[_count_requests, _errors_as_json, _auth(token)])
     app[AGENT] = agent
     app[METRICS] = AgentRegistry(agent)
+    app[PARSER] = RefreshParser()
     app.router.add_post("/v1/refresh", refresh)
     # No implicit HEAD routes: the OpenAPI document lists exactly what is served.
     app.router.add_get("/v1/status", status, allow_head=False)
@@ -139,7 +141,7 @@ async def refresh(request: web.Request) -> web.Response:
         return error_response(400, "invalid_json", f"the body is not JSON: {message}",
                               [{"path": "", "message": f"not JSON: {message}"}])
     try:
-        desired = parse_desired_state(body)
+        desired = request.app[PARSER].parse(body)
     except InvalidDesiredState as exc:
         return error_response(400, "invalid_body", "the desired state is invalid; nothing was applied", exc.details)
     try:

@@ -13,6 +13,7 @@ pydantic ValidationError of per-field problems through unconverted.
 
 from __future__ import annotations
 
+import json
 from collections.abc import Callable, Hashable, Iterable, Sequence
 from functools import cached_property
 from ipaddress import IPv4Address, IPv4Network
@@ -268,6 +269,17 @@ class LoadBalancer(_Model):
         """The group with that id; KeyError if there is none."""
         return self._groups_by_id[group_id]
 
+    @cached_property
+    def _own_problems(self) -> list[Problem]:
+        # Once per validated instance: a refresh that reuses the instance of an
+        # unchanged load balancer (see lbagent.refresh) does not check it again.
+        return own_problems(self)
+
+    @cached_property
+    def canonical_json(self) -> str:
+        """The load balancer as canonical JSON, computed once per instance (a fingerprint's basis)."""
+        return json.dumps(self.model_dump(mode="json"), sort_keys=True)
+
 
 class DesiredState(_Model):
     generation: Generation
@@ -306,23 +318,41 @@ class DesiredState(_Model):
 # --- cross-field rules ------------------------------------------------------------
 
 
+# A problem: where, what, and where the value it repeats was first used (or None).
+Problem = tuple[Location, str, Optional[Location]]
+
+
 class _Problems:
-    """Collects cross-field problems as api.md error details."""
+    """Collects cross-field problems; `details` turns them into api.md error details.
+
+    Locations are kept relative, so the problems of one load balancer can be
+    found once and placed under whichever index it has in a later request.
+    """
 
     def __init__(self) -> None:
-        self.details: list[dict[str, str]] = []
+        self.found: list[Problem] = []
 
     def add(self, location: Location, message: str) -> None:
-        self.details.append({"path": json_pointer(location), "message": message})
+        self.found.append((location, message, None))
+
+    def extend(self, base: Location, problems: Iterable[Problem]) -> None:
+        for location, message, first in problems:
+            self.found.append(((*base, *location), message, None if first is None else (*base, *first)))
 
     def unique(self, entries: Iterable[tuple[Hashable, Location]], describe: Callable[[Any], str]) -> None:
         """Reports every entry whose key an earlier entry already had."""
         first: dict[Hashable, Location] = {}
         for key, location in entries:
             if key in first:
-                self.add(location, f"{describe(key)} is already used at {json_pointer(first[key])}")
+                self.found.append((location, f"{describe(key)} is already used at", first[key]))
             else:
                 first[key] = location
+
+    @property
+    def details(self) -> list[dict[str, str]]:
+        return [{"path": json_pointer(location),
+                 "message": message if first is None else f"{message} {json_pointer(first)}"}
+                for location, message, first in self.found]
 
 
 def _keyed(items: Sequence[BaseModel], at: Location, field: str = "id") -> Iterable[tuple[Hashable, Location]]:
@@ -361,7 +391,9 @@ def _check_state(state: DesiredState) -> list[dict[str, str]]:
         named = [(port.name, ("pods", index, "ports", p, "name")) for p, port in enumerate(pod.ports) if port.name]
         problems.unique(named, lambda key: f"port name {key!r}")
     for index, lb in enumerate(state.loadbalancers):
-        _check_loadbalancer(problems, ("loadbalancers", index), lb, state)
+        at = ("loadbalancers", index)
+        _check_lb_network(problems, at, lb, state)
+        problems.extend(at, lb._own_problems)
     # Two load balancers on one subnet cannot share an address or a MAC.
     lbs = list(enumerate(state.loadbalancers))
     problems.unique(
@@ -386,7 +418,7 @@ def _check_subnet(problems: _Problems, at: Location, subnet: Subnet) -> None:
     problems.unique(_keyed(subnet.routes, (*at, "routes"), "cidr"), lambda key: f"a route to {key}")
 
 
-def _check_loadbalancer(problems: _Problems, at: Location, lb: LoadBalancer, state: DesiredState) -> None:
+def _check_lb_network(problems: _Problems, at: Location, lb: LoadBalancer, state: DesiredState) -> None:
     subnet_id = lb.network.subnet_id
     try:
         subnet = state.subnet(subnet_id)
@@ -399,6 +431,12 @@ def _check_loadbalancer(problems: _Problems, at: Location, lb: LoadBalancer, sta
         if problem:
             problems.add((*at, "network", "ip"), problem)
 
+
+def own_problems(lb: LoadBalancer) -> list[Problem]:
+    """The cross-field problems inside one load balancer, relative to it: they
+    depend on nothing else, so `LoadBalancer._own_problems` keeps them."""
+    problems = _Problems()
+    at: Location = ()
     listeners = list(enumerate(lb.listeners))
     groups = list(enumerate(lb.backend_groups))
     problems.unique(_keyed(lb.listeners, (*at, "listeners")), lambda key: f"listener id {key!r}")
@@ -429,6 +467,7 @@ def _check_loadbalancer(problems: _Problems, at: Location, lb: LoadBalancer, sta
     group_ids = {group.id for group in lb.backend_groups}
     for index, listener in listeners:
         _check_listener(problems, (*at, "listeners", index), listener, group_ids)
+    return problems.found
 
 
 def _check_group_reference(problems: _Problems, location: Location, group_id: str, group_ids: set[str]) -> None:

@@ -210,8 +210,7 @@ class OvnWorker:
     def _own_fingerprint(self, lb_id: str) -> str:
         """A load balancer's own inputs: its desired state and its allocation
         (whose backend ports follow the pods its groups select)."""
-        return json.dumps([self._lb(lb_id).model_dump(mode="json"), self.allocations[lb_id].to_json()],
-                          sort_keys=True)
+        return json.dumps([self._lb(lb_id).canonical_json, self.allocations[lb_id].to_json()], sort_keys=True)
 
     def _deps_fingerprint(self, lb_id: str) -> str:
         """What a load balancer uses of others: its subnet and its groups' pod targets."""

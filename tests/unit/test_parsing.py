@@ -1,0 +1,117 @@
+"""RefreshParser: unchanged load balancers keep their validated model, and
+nothing the full validation refuses gets through by being "unchanged"."""
+
+from __future__ import annotations
+
+import copy
+import json
+from pathlib import Path
+
+import pytest
+
+from lbagent.errors import InvalidDesiredState
+from lbagent.model import parse_desired_state
+from lbagent.parsing import RefreshParser
+
+EXAMPLE = json.loads((Path(__file__).parent / "data" / "example_state.json").read_text())
+
+
+def lb(index: int, **network) -> dict:
+    entry = copy.deepcopy(EXAMPLE["loadbalancers"][0])
+    entry["id"] = f"lb-{index}"
+    entry["network"].update({"ip": f"198.18.0.{20 + index}", "mac": f"00:22:0a:00:00:{20 + index:02x}", **network})
+    return entry
+
+
+def state(generation: int, *lbs: dict, **changes) -> dict:
+    body = copy.deepcopy(EXAMPLE)
+    body.update(generation=generation, loadbalancers=list(lbs), **changes)
+    return body
+
+
+def details(exc: pytest.ExceptionInfo) -> list[dict]:
+    return exc.value.details
+
+
+def test_an_unchanged_load_balancer_keeps_its_model_and_a_changed_one_is_validated_again():
+    parser = RefreshParser()
+    first = parser.parse(state(1, lb(1), lb(2)))
+    changed = lb(2)
+    changed["backend_groups"][0]["backends"][0]["port"] = 8001
+    second = parser.parse(state(2, lb(1), changed))
+    assert second.loadbalancer("lb-1") is first.loadbalancer("lb-1")
+    assert second.loadbalancer("lb-2") is not first.loadbalancer("lb-2")
+    assert second.loadbalancer("lb-2").backend_groups[0].backends[0].port == 8001
+    assert second == parse_desired_state(state(2, lb(1), changed))
+
+
+@pytest.mark.parametrize("value", [True, 1.0, "1"])
+def test_a_value_equal_in_python_but_not_in_json_is_validated_again(value):
+    # True == 1 == 1.0 in Python: a comparison of decoded values would reuse
+    # the model of {"weight": 1} for {"weight": true}, which strict validation refuses.
+    parser = RefreshParser()
+    parser.parse(state(1, lb(1)))
+    sneaky = lb(1)
+    sneaky["backend_groups"][0]["backends"][0]["weight"] = value
+    with pytest.raises(InvalidDesiredState) as exc:
+        parser.parse(state(2, sneaky))
+    assert [d["path"] for d in details(exc)] == ["/loadbalancers/0/backend_groups/0/backends/0/weight"]
+
+
+def test_rules_across_objects_still_see_a_reused_load_balancer():
+    parser = RefreshParser()
+    parser.parse(state(1, lb(1)))
+    # lb-1 is byte for byte the same, but its address is no longer in its subnet.
+    moved = [{**EXAMPLE["subnets"][0], "cidr": "198.18.1.0/24", "gateway": "198.18.1.1",
+              "routes": []}]
+    with pytest.raises(InvalidDesiredState) as exc:
+        parser.parse(state(2, lb(1), subnets=moved))
+    assert details(exc) == [{"path": "/loadbalancers/0/network/ip", "message": "must lie inside the subnet 198.18.1.0/24"}]
+    # ... and a new load balancer on its address collides with it.
+    twin = lb(2, ip="198.18.0.21")
+    with pytest.raises(InvalidDesiredState) as exc:
+        parser.parse(state(3, lb(1), twin))
+    assert details(exc) == [{"path": "/loadbalancers/1/network/ip",
+                             "message": "address 198.18.0.21 in subnet 'net-1' is already used at "
+                                        "/loadbalancers/0/network/ip"}]
+
+
+def test_a_reused_load_balancers_own_problems_name_its_new_place():
+    parser = RefreshParser()
+    bad = lb(3)
+    bad["listeners"].append({**bad["listeners"][0], "id": "lsn-2", "rules": []})  # the same port twice
+    with pytest.raises(InvalidDesiredState) as first:
+        parser.parse(state(1, bad))
+    with pytest.raises(InvalidDesiredState) as moved:
+        parser.parse(state(2, lb(1), bad))
+    assert details(first) == [{"path": "/loadbalancers/0/listeners/1/listener_port",
+                               "message": "tcp port 80 is already used at /loadbalancers/0/listeners/0/listener_port"}]
+    assert details(moved) == [{"path": "/loadbalancers/1/listeners/1/listener_port",
+                               "message": "tcp port 80 is already used at /loadbalancers/1/listeners/0/listener_port"}]
+
+
+def test_a_refused_body_leaves_what_the_parser_knows():
+    parser = RefreshParser()
+    first = parser.parse(state(1, lb(1)))
+    with pytest.raises(InvalidDesiredState):
+        parser.parse(state(2, lb(1), {"id": "lb-2"}))
+    assert parser.parse(state(3, lb(1))).loadbalancer("lb-1") is first.loadbalancer("lb-1")
+
+
+def test_it_forgets_load_balancers_the_last_valid_body_did_not_have():
+    parser = RefreshParser()
+    first = parser.parse(state(1, lb(1)))
+    parser.parse(state(2, lb(2)))
+    assert parser.parse(state(3, lb(1))).loadbalancer("lb-1") is not first.loadbalancer("lb-1")
+
+
+@pytest.mark.parametrize("body", [[], {"generation": 1, "loadbalancers": {"lb-1": {}}},
+                                  {"generation": 1, "loadbalancers": ["lb-1", {"id": ["x"]}]}])
+def test_bodies_of_the_wrong_shape_get_the_full_validations_answer(body):
+    parser = RefreshParser()
+    parser.parse(state(1, lb(1)))
+    with pytest.raises(InvalidDesiredState) as exc:
+        parser.parse(body)
+    with pytest.raises(InvalidDesiredState) as direct:
+        parse_desired_state(body)
+    assert details(exc) == details(direct)
