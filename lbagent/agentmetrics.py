@@ -26,6 +26,8 @@ class AgentCollector:
         yield _counter("lbagent_haproxy_reloads", "haproxy reloads that succeeded", haproxy.get("reloads", 0))
         yield _counter("lbagent_haproxy_failed_reloads", "haproxy reloads refused or failed (rolled back)",
                        haproxy.get("failed_reloads", 0))
+        yield _counter("lbagent_haproxy_live_updates", "server-only changes applied to the running haproxy "
+                       "without a reload", haproxy.get("live_updates", 0))
         yield _counter("lbagent_haproxy_starts", "haproxy master processes started by this agent",
                        haproxy.get("starts", 0))
         yield _gauge("lbagent_haproxy_up", "1 while the haproxy master runs", 1 if haproxy.get("running") else 0)

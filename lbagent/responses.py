@@ -62,6 +62,8 @@ class HaproxyStatus(_Answer):
     last_reload_at: Optional[str]
     reloads: int
     failed_reloads: int = 0
+    live_updates: int = 0  # server-only changes applied through the stats socket, without a reload
+    servers_draining: int = 0  # servers removed live that still had connections (in maintenance)
 
 
 class QueueStats(_Answer):

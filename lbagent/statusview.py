@@ -129,7 +129,8 @@ def _header(document: dict, source: str) -> list[str]:
     haproxy = agent.get("haproxy")
     if haproxy:
         lines.append(f"haproxy: pid {haproxy.get('pid')} running={haproxy.get('running')} "
-                     f"reloads={haproxy.get('reloads')} failed_reloads={haproxy.get('failed_reloads', 0)}")
+                     f"reloads={haproxy.get('reloads')} failed_reloads={haproxy.get('failed_reloads', 0)} "
+                     f"live_updates={haproxy.get('live_updates', 0)}")
     return lines
 
 

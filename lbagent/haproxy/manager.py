@@ -24,6 +24,10 @@ changes into as few reloads as possible:
   early once no change has come for `PACE_QUIET`: the burst is over. A change
   that finds haproxy idle (nothing arrived during the last reload) goes out
   at once: one change after another, each waiting for the last, is no burst.
+- A change confined to server lines of existing backends (a backend added,
+  removed or reweighted) skips the batch: its file is installed and the
+  running worker is edited through the stats socket (`live`), with no reload;
+  if haproxy refuses an edit, a reload of the files on disk follows at once.
 - A marker file says "on disk but maybe not loaded yet": an agent restarted
   between installing and reloading reloads once when it adopts the master.
 
@@ -35,6 +39,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import time
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from datetime import datetime, timezone
@@ -44,6 +49,7 @@ from lbagent.blocking import BlockingPool
 from lbagent.haproxy.bulkcheck import BulkChecker
 from lbagent.haproxy.candidate import StagedChange, current, discard, install_change, roll_back, stage
 from lbagent.haproxy.errors import HaproxyCheckError, HaproxyError, HaproxyReloadError
+from lbagent.haproxy.live import LiveEditError, ServerEdit, apply_edits, delete, plan_server_edits
 from lbagent.haproxy.files import (
     HaproxyPaths, empty_dir, fsync_dir, install, read_or_none, replace_text, sync_filesystem, write_staged,
 )
@@ -62,6 +68,7 @@ RELOAD_PACE = 3.0
 MAX_RELOAD_PAUSE = 10.0
 PACE_QUIET = 0.25  # seconds without a new change that end a burst's pacing early
 PENDING_MARKER = "reload-pending"
+READD_PATIENCE = 0.5  # seconds a server added back waits for its draining namesake (then: a reload)
 
 
 @dataclass
@@ -94,6 +101,8 @@ class HaproxyManager:
         self._reloads = 0
         self._failed_reloads = 0
         self._starts = 0
+        self._live_updates = 0
+        self._lingering: set[str] = set()  # "backend/server" removed live, still in maintenance
         self._last_reload_at: str | None = None
         self._last_error: str | None = None
         # Reloads and starts never wait behind candidate checks, nor status behind either.
@@ -145,9 +154,16 @@ class HaproxyManager:
         self._pending.clear()
 
     async def supervise_once(self) -> bool:
-        """Start the master again, on the files on disk, if it is gone. True if it had to."""
+        """Start the master again, on the files on disk, if it is gone. True if it had to.
+        Also deletes the servers a live edit left in maintenance, once unconnected."""
         self._ensure_loop_objects()
         if self.process.is_running():
+            if self._lingering:
+                async with self._process_lock:
+                    try:
+                        await self._process_work.run(self._retry_deletions)
+                    except OSError as exc:
+                        log.debug("object=haproxy action=delete_servers result=error error=%r", str(exc))
             return False
         async with self._process_lock:
             try:
@@ -229,20 +245,28 @@ class HaproxyManager:
             if (previous_text, previous_files) == (text, files):
                 self._unlock_lb(lb_id)
                 return None
+            edits = None
+            if previous_text is not None and text is not None and previous_files == files:
+                edits = plan_server_edits(previous_text, text)
             self._in_flight += 1
             try:
                 staged = await self._checked_candidate(lb_id, text, files, previous_text)
-                change = _Change(staged, asyncio.get_running_loop().create_future())
-                self._pending.append(change)
+                if edits is None:
+                    change = _Change(staged, asyncio.get_running_loop().create_future())
+                    self._pending.append(change)
             finally:
                 self._in_flight -= 1
                 self._activity.set()
         except BaseException:
             self._unlock_lb(lb_id)
             raise
-        change.done.add_done_callback(lambda _: self._unlock_lb(lb_id))
-        self._ensure_batcher()
-        return change.done
+        if edits is not None:
+            done = asyncio.ensure_future(self._apply_live(staged, edits))
+        else:
+            done = change.done
+            self._ensure_batcher()
+        done.add_done_callback(lambda _: self._unlock_lb(lb_id))
+        return done
 
     async def _checked_candidate(self, lb_id: str, text: str | None, files: dict[str, bytes],
                                  previous_text: str | None) -> StagedChange:
@@ -264,6 +288,74 @@ class HaproxyManager:
                                         f"configuration of load balancer {lb_id}") from None
             raise
         return staged
+
+    # --- live edits ---------------------------------------------------------------------
+
+    async def _apply_live(self, staged: StagedChange, edits: list[ServerEdit]) -> bool:
+        """Install a checked server-only change and edit the running worker to match."""
+        async with self._process_lock:
+            outcome = await self._process_work.run(self._install_live, staged, edits)
+        if outcome == "live":
+            self._live_updates += 1
+        elif outcome == "reloaded":
+            self._record_reload()
+        else:
+            self._record_start(outcome)
+        log.info("object=haproxy action=%s lb=%s servers=%d", outcome, staged.lb_id, len(edits))
+        return True
+
+    def _install_live(self, staged: StagedChange, edits: list[ServerEdit]) -> str:
+        """'live', or the outcome of the reload that took over when haproxy refused an edit."""
+        self.paths.make_dirs()
+        self._marker.touch()  # on disk, maybe not running yet: a restarted agent reloads
+        try:
+            sync_filesystem(self.paths.staging_dir)
+            install_change(staged)
+            self._clear_the_way(edits)
+            self._lingering |= apply_edits(edits, self._send)
+        except (LiveEditError, OSError) as exc:
+            if not staged.text_installed:
+                roll_back(staged)
+                self._clear_marker()
+                raise
+            # The worker may hold part of the edits: the files on disk, all checked, put it right.
+            log.warning("object=haproxy action=live lb=%s result=error error=%r", staged.lb_id, str(exc))
+            try:
+                outcome = self.process.reload_or_start()
+            except BaseException:
+                roll_back(staged)
+                self._clear_marker()
+                raise
+            self._lingering.clear()  # the new worker never had them
+        else:
+            outcome = "live"
+        self._clear_marker()
+        discard(staged)
+        return outcome
+
+    def _send(self, command: str) -> str:
+        return send_command(self.paths.stats_sock, command)
+
+    def _clear_the_way(self, edits: list[ServerEdit]) -> None:
+        """Delete what can be of the draining servers; one that is about to be added
+        again gets READD_PATIENCE for its last connections (short requests end in
+        milliseconds) before haproxy is asked, and refuses, to add it twice."""
+        adding = {edit.target for edit in edits if edit.line is not None and not edit.weight_only}
+        deadline = time.monotonic() + READD_PATIENCE
+        self._retry_deletions()
+        while adding & self._lingering and time.monotonic() < deadline:
+            time.sleep(0.02)
+            self._retry_deletions()
+
+    def _retry_deletions(self) -> None:
+        """Delete the servers removed live that were still connected then."""
+        for target in sorted(self._lingering):
+            try:
+                gone = delete(target, self._send)
+            except LiveEditError:
+                gone = True  # no such server any more (a reload dropped it): nothing to delete
+            if gone:
+                self._lingering.discard(target)
 
     def _check_base(self, crt_base: Path) -> str:
         return render_base(self.paths.run_dir, self._prometheus_listen, crt_base=crt_base)
@@ -364,6 +456,7 @@ class HaproxyManager:
             self._clear_marker()
             raise
         self._clear_marker()
+        self._lingering.clear()  # the new worker never had them
         for change in batch:
             discard(change.staged)  # the previous files are no longer needed
         return outcome
@@ -454,6 +547,8 @@ class HaproxyManager:
             "reloads": self._reloads,
             "failed_reloads": self._failed_reloads,
             "starts": self._starts,
+            "live_updates": self._live_updates,
+            "servers_draining": len(self._lingering),
             "last_error": self._last_error,
         }
 

@@ -1,7 +1,8 @@
 """Changes reach haproxy checked, batched and hitless: a change haproxy refuses
 leaves its load balancer and every other one serving; a refresh touching 100
 load balancers costs a handful of reloads; a steady load across 20 reloads
-loses no request."""
+loses no request; a backend replaced or reweighted reaches the running
+haproxy with no reload at all."""
 
 from __future__ import annotations
 
@@ -24,19 +25,21 @@ HANDFUL = 8  # reloads allowed for a refresh that changes MANY load balancers (5
 WRK_SECONDS = 300  # an upper bound only: the test stops wrk as soon as its reloads are done
 
 
-def http(listener_id: str, port: int, group: str = "bg-ab", **fields) -> dict:
+def http(listener_id: str, port: int, group: str = "bg-ab", idle: int | None = None, **fields) -> dict:
+    # A listener's idle timeout is a change only a reload applies.
+    timeouts = {"timeouts": {"client_idle": idle}} if idle else {}
     return {"id": listener_id, "listener_type": "http", "listener_port": port, "backend_group_id": group,
-            "scheduler": "wrr", **fields}
+            "scheduler": "wrr", **timeouts, **fields}
 
 
-def group(weight_a: int = 1) -> dict:
-    return {"bg-ab": [backend("be-a", BACKEND_ADDRESSES["a"], weight=weight_a),
-                      backend("be-b", BACKEND_ADDRESSES["b"])]}
+def group(weight_a: int = 1, members: str = "ab") -> dict:
+    return {"bg-ab": [backend(f"be-{m}", BACKEND_ADDRESSES[m], weight=weight_a if m == "a" else 1)
+                      for m in members]}
 
 
 @pytest.fixture(scope="module")
 def env(sandbox, tmp_path_factory):
-    with listener_env(sandbox, tmp_path_factory.mktemp("reloads"),
+    with listener_env(sandbox, tmp_path_factory.mktemp("reloads"), backends=("a", "b", "c"),
                       lb_ports={"web": WEB[::-1], "other": OTHER[::-1]}) as e:
         e.web_id, e.other_id = f"{e.vpc.prefix}-web", f"{e.vpc.prefix}-other"
         cert, key = self_signed_certificate("web.example.com")
@@ -45,10 +48,10 @@ def env(sandbox, tmp_path_factory):
         yield e
 
 
-def web_lb(env, weight_a: int = 1, cert: dict | None = None) -> dict:
-    listeners = [http("http", 80), {**http("tls", 443), "listener_type": "https",
-                                    "certificates": [cert or env.cert]}]
-    return loadbalancer(env.web_id, *WEB, listeners, group(weight_a))
+def web_lb(env, weight_a: int = 1, cert: dict | None = None, idle: int | None = None, members: str = "ab") -> dict:
+    listeners = [http("http", 80, idle=idle), {**http("tls", 443), "listener_type": "https",
+                                               "certificates": [cert or env.cert]}]
+    return loadbalancer(env.web_id, *WEB, listeners, group(weight_a, members))
 
 
 def other_lb(env, weight_a: int = 1) -> dict:
@@ -57,6 +60,10 @@ def other_lb(env, weight_a: int = 1) -> dict:
 
 def reloads(env) -> int:
     return env.agent.status()["agent"]["haproxy"]["reloads"]
+
+
+def live_updates(env) -> int:
+    return env.agent.status()["agent"]["haproxy"]["live_updates"]
 
 
 def served_certificate(env) -> str | None:
@@ -93,22 +100,22 @@ def test_a_refused_change_leaves_it_and_the_others_serving(env):
     assert served_certificate(env) == "web.example.com" and serving(env, OTHER[0])
 
 
-def many(weight_a: int) -> list[dict]:
-    return [loadbalancer(f"many-{i}", f"198.18.0.{100 + i}", f"00:22:0a:00:01:{i:02x}", [http("http", 80)],
-                         group(weight_a)) for i in range(MANY)]
+def many(idle: int | None = None) -> list[dict]:
+    return [loadbalancer(f"many-{i}", f"198.18.0.{100 + i}", f"00:22:0a:00:01:{i:02x}", [http("http", 80, idle=idle)],
+                         group()) for i in range(MANY)]
 
 
 def test_a_refresh_touching_100_load_balancers_takes_a_handful_of_reloads(env):
     try:
-        env.apply(web_lb(env), other_lb(env), *many(1))
+        env.apply(web_lb(env), other_lb(env), *many())
         before = reloads(env)
-        env.apply(web_lb(env), other_lb(env), *many(2))  # every one of them changes
+        env.apply(web_lb(env), other_lb(env), *many(idle=77))  # every one of them changes
         changed = reloads(env) - before
         # The passes reach haproxy one by one over many seconds (host-side work): the
         # batches close on the reloads' pacing, not on one reload per load balancer.
         assert 1 <= changed <= HANDFUL, changed
         conf = Path(env.agent.run_dir) / "haproxy" / "conf.d" / f"many-{MANY - 1}.cfg"
-        assert " weight 2\n" in conf.read_text()
+        assert "timeout client 77s" in conf.read_text()
     finally:
         before = reloads(env)
         env.apply(web_lb(env), other_lb(env))
@@ -126,7 +133,7 @@ def test_steady_load_across_20_reloads_fails_no_request(env):
     try:
         before = reloads(env)
         for i in range(20):
-            env.apply(web_lb(env, weight_a=2 + i % 2), other_lb(env))
+            env.apply(web_lb(env, idle=60 + i % 2), other_lb(env))
         assert reloads(env) - before == 20
     finally:
         wrk.send_signal(signal.SIGINT)  # wrk reports what it saw so far and exits
@@ -136,3 +143,26 @@ def test_steady_load_across_20_reloads_fails_no_request(env):
     assert done and int(done.group(1)) >= 200, output
     assert "Socket errors" not in output and "Non-2xx" not in output, output
     wait_until(lambda: serving(env, WEB[0]), 5, "the load balancer after the run")
+
+
+def test_a_backend_replaced_or_reweighted_goes_live_with_no_reload(env):
+    env.apply(web_lb(env, members="a"), other_lb(env))
+    assert {request(env.client, f"http://{WEB[0]}/").backend for _ in range(4)} == {"backend-a"}
+    before_reloads, before_live = reloads(env), live_updates(env)
+
+    env.apply(web_lb(env, members="c"), other_lb(env))  # be-a out, be-c in: one server list each
+    assert {request(env.client, f"http://{WEB[0]}/").backend for _ in range(4)} == {"backend-c"}
+    env.apply(web_lb(env, members="ac", weight_a=0), other_lb(env))  # be-a back, drained by weight 0
+    assert {request(env.client, f"http://{WEB[0]}/").backend for _ in range(6)} == {"backend-c"}
+    assert reloads(env) == before_reloads
+    assert live_updates(env) - before_live == 2  # one per pass: it edits every backend of the load balancer
+    # haproxy knows the servers added live (status reads their health from it).
+    health = {b["id"]: b["health"] for b in env.agent.lb(env.web_id)["backends"]}
+    assert set(health) == {"be-a", "be-c"} and "unknown" not in health.values(), health
+
+    # What a reload loads from the files on disk is what was applied live.
+    env.apply(web_lb(env, members="ac", weight_a=0, idle=45), other_lb(env))
+    assert reloads(env) == before_reloads + 1
+    assert {request(env.client, f"http://{WEB[0]}/").backend for _ in range(6)} == {"backend-c"}
+    env.apply(web_lb(env), other_lb(env))
+    assert serving(env, WEB[0])

@@ -1,0 +1,146 @@
+"""Server changes the running haproxy takes without a reload.
+
+A reload makes a new worker parse every load balancer's file: half a second
+with a thousand of them, for a change as small as one backend replaced. When
+the change from one file to the next is confined to `server` lines of
+backends that exist in both, `plan_server_edits` says which commands of the
+stats socket make the running worker match the new file, and `apply_edits`
+sends them:
+
+- an added server is created (haproxy creates it in maintenance), enabled,
+  and its health checks enabled when its line has `check`;
+- a removed server goes into maintenance, so it takes no new connection, and
+  is deleted; haproxy refuses to delete one that still has connections, which
+  then stays in maintenance until `retry_deletions` succeeds or a reload drops it;
+- a server whose line differs only in its weight gets the new weight.
+
+Anything else is left to a reload: other lines changed, a server line changed
+otherwise, a backend with a balance algorithm haproxy cannot add servers to
+(`source`), or servers with a persistence cookie (haproxy refuses `cookie` on
+servers it adds at run time). The file on disk is always the new one, so a
+later reload or restart loads the same servers.
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Callable
+from dataclasses import dataclass
+
+# Balance algorithms whose backends accept servers added at run time (haproxy 2.6).
+DYNAMIC_BALANCE = frozenset({"roundrobin", "leastconn", "first", "random"})
+STILL_CONNECTED = "still has connections"
+
+
+@dataclass(frozen=True)
+class ServerEdit:
+    backend: str
+    server: str
+    line: str | None  # the new `server` line (its words after the name); None: remove the server
+    weight_only: bool = False
+
+    @property
+    def target(self) -> str:
+        return f"{self.backend}/{self.server}"
+
+
+@dataclass
+class _Section:
+    header: str
+    lines: list[str]
+    servers: dict[str, str]  # server name -> the words after it
+
+
+def _sections(text: str) -> list[_Section]:
+    sections: list[_Section] = []
+    for raw in text.splitlines():
+        line = raw.strip()
+        if not line or line.startswith("#"):
+            continue
+        if raw[:1].strip():  # a section starts at column 0
+            sections.append(_Section(line, [], {}))
+        elif not sections:
+            return []  # not one of our files: nothing to compare
+        elif line.startswith("server "):
+            _, name, rest = (line.split(None, 2) + [""])[:3]
+            sections[-1].servers[name] = rest
+        else:
+            sections[-1].lines.append(line)
+    return sections
+
+
+def _weight(words: str) -> str | None:
+    match = re.search(r"(?:^| )weight (\d+)(?: |$)", words)
+    return match.group(1) if match else None
+
+
+def _without_weight(words: str) -> str:
+    return re.sub(r"(?:^| )weight \d+(?= |$)", "", words)
+
+
+def plan_server_edits(old_text: str, new_text: str) -> list[ServerEdit] | None:
+    """The edits that turn `old_text`'s servers into `new_text`'s, or None when
+    the change needs a reload (see the module docstring). [] when equal."""
+    old, new = _sections(old_text), _sections(new_text)
+    if not old or [(s.header, s.lines) for s in old] != [(s.header, s.lines) for s in new]:
+        return None
+    edits: list[ServerEdit] = []
+    for before, after in zip(old, new):
+        if before.servers == after.servers:
+            continue
+        kind, _, backend = before.header.partition(" ")
+        balance = next((line.split()[1] for line in before.lines if line.startswith("balance ")), "roundrobin")
+        if kind != "backend" or balance not in DYNAMIC_BALANCE:
+            return None
+        for name, words in after.servers.items():
+            if " cookie " in f" {words} ":
+                return None
+            previous = before.servers.get(name)
+            if previous is None:
+                edits.append(ServerEdit(backend, name, words))
+            elif previous != words:
+                if _without_weight(previous) != _without_weight(words) or _weight(words) is None:
+                    return None
+                edits.append(ServerEdit(backend, name, words, weight_only=True))
+        edits += [ServerEdit(backend, name, None) for name in before.servers if name not in after.servers]
+    return edits
+
+
+class LiveEditError(Exception):
+    """haproxy refused a command of a live edit: the running worker needs a reload."""
+
+
+def apply_edits(edits: list[ServerEdit], send: Callable[[str], str]) -> set[str]:
+    """Send the edits' commands through `send` (one stats-socket command, its
+    answer). Additions and weights first, removals last, so a backend never
+    runs short meanwhile. Returns the targets ("backend/server") that are in
+    maintenance but could not be deleted yet; LiveEditError on any other refusal."""
+    lingering: set[str] = set()
+    for edit in sorted(edits, key=lambda e: e.line is None):
+        if edit.line is None:
+            _expect(send(f"set server {edit.target} state maint"), "", edit)
+            if not delete(edit.target, send):
+                lingering.add(edit.target)
+        elif edit.weight_only:
+            _expect(send(f"set weight {edit.target} {_weight(edit.line)}"), "", edit)
+        else:
+            _expect(send(f"add server {edit.target} {edit.line}"), "New server registered.", edit)
+            _expect(send(f"enable server {edit.target}"), "", edit)
+            if " check" in f" {edit.line}":
+                _expect(send(f"enable health {edit.target}"), "", edit)
+    return lingering
+
+
+def delete(target: str, send: Callable[[str], str]) -> bool:
+    """Delete a server in maintenance; False while it still has connections."""
+    answer = send(f"del server {target}").strip()
+    if answer == "Server deleted.":
+        return True
+    if STILL_CONNECTED in answer:
+        return False
+    raise LiveEditError(f"del server {target}: {answer}")
+
+
+def _expect(answer: str, wanted: str, edit: ServerEdit) -> None:
+    if answer.strip() != wanted:
+        raise LiveEditError(f"{edit.target}: haproxy answered {answer.strip()!r}")
