@@ -89,6 +89,12 @@ def evaluate(results: dict[str, Any]) -> list[dict[str, Any]]:
         row(f"P5 failed requests during {p5['reloads']} reloads, N={p5['n']}", f"{p5['failed']} of {p5['requests']:,}", "0",
             p5["failed"] == 0 and p5["reloads"] >= p5["reloads_wanted"],
             f"{p5['tool']} clients, a new connection per request, {p5['rps']:,.0f} requests/s")
+        live = p5.get("live")
+        if live:
+            row(f"P5 failed requests during {live['reloads']} live backend changes, N={live['n']}",
+                f"{live['failed']} of {live['requests']:,}", "0",
+                live["failed"] == 0 and live["reloads"] >= live["reloads_wanted"],
+                f"a fifth backend added and removed without a reload, {live['rps']:,.0f} requests/s")
     p6 = results.get("p6")
     if p6:
         row(f"P6 agent resident memory, N={p6['n']}", f"{p6['rss_mb']:.0f} MB", "≤ 150 MB", p6["rss_mb"] <= 150,

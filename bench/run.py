@@ -111,10 +111,10 @@ def four_backends() -> list[dict]:
     return [backend(f"be-{k}", ip, BACKEND_PORT) for k, ip in enumerate(BACKEND_HOSTS.values(), 1)]
 
 
-def lb_body(prefix: str, index: int, members: list[dict] | None = None) -> dict:
+def lb_body(prefix: str, index: int, members: list[dict] | None = None, **listener) -> dict:
     vip = FIRST_VIP + index
     mac = "0a:5a:" + ":".join(f"{b:02x}" for b in vip.packed)
-    listeners = [tcp_listener(f"l{port}", port) for port in LISTENER_PORTS]
+    listeners = [tcp_listener(f"l{port}", port, **listener) for port in LISTENER_PORTS]
     return loadbalancer(lb_id(prefix, index), str(vip), mac, listeners, {"bg-1": members or four_backends()})
 
 
@@ -524,6 +524,8 @@ class Bench:
         wait_for(lambda: self.pool.call(http_text, vip, 80) in BACKEND_HOSTS, 30, f"{vip}:80 answering")
         poller = Poller(self.pool, vip, 80)
         latencies, posts, missed = [], [], 0
+        # Profiled at the largest N only: that is where the POST and the reload grow.
+        profile = self._profile_start(f"p3-n{n}", changes * 1.5) if n == self.config.ns[-1] else None
         try:
             for k in range(1, changes + 1):
                 spare = "s1" if k % 2 else "s2"
@@ -556,6 +558,8 @@ class Bench:
                  "poll_requests": poller.requests, "poll_failures": poller.failures}
         if not latencies:
             entry["p50"] = entry["p99"] = float("inf")
+        if profile is not None:
+            entry["profile"] = self._profile_finish(profile)
         self.results["p3"].append(entry)
         say(f"    p50 {entry['p50'] * 1000:.0f} ms, p99 {entry['p99'] * 1000:.0f} ms (POST p50 "
             f"{entry['post_p50'] * 1000:.0f} ms to 202; {poller.failures} failed polls of {poller.requests}; "
@@ -609,39 +613,46 @@ class Bench:
         self._attach_ovn_lb(False)
 
     def _p5(self, n: int) -> None:
-        reloads = self.config.reloads
+        # Reloads: a listener timeout alternates (a change only a reload applies)
+        # while a fifth backend comes and goes. Then the same scale-out and -in
+        # alone, which the running haproxy takes without a reload.
+        self.results["p5"] = self._changes_under_load(n, "reloads", "lbagent_haproxy_reloads_total", reload=True)
+        self.results["p5"]["live"] = self._changes_under_load(n, "live backend changes",
+                                                              "lbagent_haproxy_live_updates_total", reload=False)
+
+    def _changes_under_load(self, n: int, what: str, counter: str, reload: bool) -> dict:
+        changes = self.config.reloads
         conns = max(4, self.config.connections // 4)
         vip = self.lbs[0]["network"]["ip"]
-        say(f"==> P5 {reloads} reloads under steady load: {conns} clients, a new connection per request")
+        say(f"==> P5 {changes} {what} under steady load: {conns} clients, a new connection per request")
         stop = threading.Event()
         load = LoadLoop(self.pool, [(vip, 80)], conns, stop)
         done = 0
         try:
-            load.wait_for_requests(50, 30)  # the load is under way before the first reload
-            for k in range(reloads):
-                # Scale out to a fifth backend (a spare) and back in: each is a
-                # new haproxy server list, so each is a reload; every backend
-                # answers 200 all along.
+            load.wait_for_requests(50, 30)  # the load is under way before the first change
+            for k in range(changes):
+                # Every backend answers 200 all along.
                 members = four_backends()
                 if k % 2 == 0:
                     members.append(backend("be-p5", SPARE_HOSTS["s1"], BACKEND_PORT))
-                self.lbs[0] = lb_body(self.prefix, 0, members)
-                before = metric(self.agent, "lbagent_haproxy_reloads_total") or 0
+                listener = {"timeouts": {"client_idle": 60 + k % 2}} if reload else {}
+                self.lbs[0] = lb_body(self.prefix, 0, members, **listener)
+                before = metric(self.agent, counter) or 0
                 self._post_accepted()
                 try:
-                    wait_for(lambda: (metric(self.agent, "lbagent_haproxy_reloads_total") or 0) > before,
-                             P5_RELOAD_LIMIT, f"reload {k + 1}", interval=0.1)
+                    wait_for(lambda: (metric(self.agent, counter) or 0) > before, P5_RELOAD_LIMIT,
+                             f"change {k + 1} ({counter})", interval=0.1)
                 except TimeoutError:
                     break
                 done += 1
-                load.wait_for_requests(load.requests + 20, 10)  # steady load between reloads
+                load.wait_for_requests(load.requests + 20, 10)  # steady load between changes
         finally:
             stop.set()
             result = load.finish()
-        self.results["p5"] = {"n": n, "reloads_wanted": reloads, "reloads": done, "failed": result.errors,
-                              **{k: v for k, v in result.as_dict().items() if k != "errors"}}
-        say(f"    {result.errors} failed of {result.requests:,} requests during {done} reloads "
+        say(f"    {result.errors} failed of {result.requests:,} requests during {done} {what} "
             f"({result.rps:,.0f} requests/s)")
+        return {"n": n, "reloads_wanted": changes, "reloads": done, "failed": result.errors,
+                **{k: v for k, v in result.as_dict().items() if k != "errors"}}
 
     # -- agent lifetime ------------------------------------------------------------
 
