@@ -15,7 +15,7 @@ from __future__ import annotations
 
 import json
 from collections.abc import Callable, Hashable, Iterable, Sequence
-from functools import cached_property
+from functools import cached_property, lru_cache
 from ipaddress import IPv4Address, IPv4Network
 from typing import Any, Literal, Optional
 
@@ -74,7 +74,7 @@ class Subnet(_Model):
     mtu: Mtu = DEFAULT_MTU
     routes: list[Route] = many(MAX_ROUTES_PER_SUBNET)
 
-    @property
+    @cached_property
     def network(self) -> IPv4Network:
         return IPv4Network(self.cidr)
 
@@ -359,6 +359,7 @@ def _keyed(items: Sequence[BaseModel], at: Location, field: str = "id") -> Itera
     return ((getattr(item, field), (*at, index, field)) for index, item in enumerate(items))
 
 
+@lru_cache(maxsize=8192)  # a thousand load balancers on a few subnets: the same pairs every refresh
 def _host_problem(ip: str, network: IPv4Network) -> str | None:
     address = IPv4Address(ip)
     if address not in network:

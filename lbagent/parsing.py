@@ -5,9 +5,11 @@ change to one backend of one load balancer arrives with a thousand load
 balancers that did not change. Validating each of them again (pydantic, the
 regular expressions of every field, the cross-field rules) made the answer to
 such a POST grow with the host's size. The parser remembers, per load
-balancer id, the JSON text of the last valid body's entry and the model it
-validated to; an entry whose JSON text is the same is replaced by that model
-before validation, which pydantic accepts as it is.
+balancer, subnet and pod id, the JSON text of the last valid body's entry and
+the model it validated to; an entry whose JSON text is the same is replaced by
+that model before validation, which pydantic accepts as it is. The models of
+unchanged entries are therefore the same objects from one state to the next,
+which lets the worker skip what it derived from them (see OvnWorker).
 
 Comparing JSON text rather than decoded values matters: `1`, `1.0` and `true`
 compare equal in Python, and only `1` is a valid port. Identical text is the
@@ -20,34 +22,43 @@ from __future__ import annotations
 
 import json
 
-from lbagent.model import DesiredState, LoadBalancer, parse_desired_state
+from pydantic import BaseModel
+
+from lbagent.model import DesiredState, parse_desired_state
+
+# The lists whose entries are reused, each keyed by its entries' "id".
+REUSED_LISTS = ("loadbalancers", "subnets", "pods")
 
 
 class RefreshParser:
     def __init__(self) -> None:
-        self._known: dict[str, tuple[str, LoadBalancer]] = {}  # id -> (JSON text, its model)
+        # list name -> entry id -> (the entry's JSON text, its model)
+        self._known: dict[str, dict[str, tuple[str, BaseModel]]] = {name: {} for name in REUSED_LISTS}
 
     def parse(self, body: object) -> DesiredState:
-        """`parse_desired_state(body)`, reusing the models of unchanged load balancers."""
-        entries = body.get("loadbalancers") if isinstance(body, dict) else None
-        if not isinstance(entries, list):
-            return self._remember(parse_desired_state(body), [])
-        texts = [_text(entry) for entry in entries]
-        reused = [self._model_for(entry, text) for entry, text in zip(entries, texts)]
-        state = parse_desired_state({**body, "loadbalancers": reused})
-        return self._remember(state, texts)
+        """`parse_desired_state(body)`, reusing the models of unchanged entries."""
+        if not isinstance(body, dict):
+            return parse_desired_state(body)
+        texts: dict[str, list[str | None]] = {}
+        reusing = dict(body)
+        for name in REUSED_LISTS:
+            entries = body.get(name)
+            if isinstance(entries, list):
+                texts[name] = [_text(entry) for entry in entries]
+                reusing[name] = [self._model_for(name, entry, text) for entry, text in zip(entries, texts[name])]
+        state = parse_desired_state(reusing)
+        # Only the last valid body's entries: the memory never outgrows one state.
+        self._known = {name: {model.id: (text, model) for model, text in zip(getattr(state, name), texts.get(name, ()))
+                              if text is not None}
+                       for name in REUSED_LISTS}
+        return state
 
-    def _model_for(self, entry: object, text: str | None) -> object:
-        lb_id = entry.get("id") if isinstance(entry, dict) else None
-        known = self._known.get(lb_id) if isinstance(lb_id, str) else None
+    def _model_for(self, name: str, entry: object, text: str | None) -> object:
+        entry_id = entry.get("id") if isinstance(entry, dict) else None
+        known = self._known[name].get(entry_id) if isinstance(entry_id, str) else None
         if known is not None and text is not None and known[0] == text:
             return known[1]
         return entry
-
-    def _remember(self, state: DesiredState, texts: list[str | None]) -> DesiredState:
-        # Only the last valid body's entries: the memory never outgrows one state.
-        self._known = {lb.id: (text, lb) for lb, text in zip(state.loadbalancers, texts) if text is not None}
-        return state
 
 
 def _text(entry: object) -> str | None:

@@ -44,6 +44,28 @@ log = logging.getLogger(__name__)
 PASS_SLOTS = 8
 
 
+class IdentityMemo:
+    """Values computed from some objects, kept while the same objects (by identity,
+    not equality: comparing a model costs what recomputing from it costs) come again."""
+
+    def __init__(self) -> None:
+        self._values: dict[str, dict[str, tuple[tuple, object]]] = {}  # name -> kind -> (inputs, value)
+
+    def get(self, key: tuple[str, str], inputs: tuple, compute: Callable[[], object]):
+        kind, name = key
+        kept = self._values.setdefault(name, {})
+        hit = kept.get(kind)
+        if hit is not None and len(hit[0]) == len(inputs) and all(a is b for a, b in zip(hit[0], inputs)):
+            return hit[1]
+        value = compute()
+        kept[kind] = (inputs, value)
+        return value
+
+    def forget(self, name: str) -> None:
+        """Drop every value kept under `name` (a load balancer that is gone)."""
+        self._values.pop(name, None)
+
+
 class ReconcileError(Exception):
     """A failed pass, remembering which generation it was for."""
 
@@ -82,7 +104,7 @@ class OvnWorker:
         self._store = store
         self._resync = resync_interval
         self._resync_rate = resync_rate
-        self._subnet_dumps: dict[str, tuple] = {}  # subnet id -> (the subnet object, its JSON)
+        self._derived = IdentityMemo()  # what is derived from the models of one load balancer
         self._lock = asyncio.Lock()
         self._pass_slots = asyncio.Semaphore(PASS_SLOTS)
         self._changed = asyncio.Condition()
@@ -158,7 +180,7 @@ class OvnWorker:
                 allocations[lb.id] = Allocation(pair.inner, pair.outer, salt)
         for lb in desired.loadbalancers:
             old = allocations[lb.id]
-            ports = assign_ports(old.ports, plan.member_keys(plan.group_targets(lb, desired.pods)))
+            ports = assign_ports(old.ports, plan.member_keys(self._targets(lb, desired.pods)))
             if ports != old.ports:
                 allocations[lb.id] = Allocation(old.inner, old.outer, old.salt, ports)
         return allocations
@@ -207,26 +229,34 @@ class OvnWorker:
             return True
         return self.runtime[task.lb_id].own != self._own_fingerprint(task.lb_id)
 
+    # What follows is derived once per set of input objects: RefreshParser
+    # reuses the models of unchanged entries, so a refresh that changes one
+    # load balancer of a thousand recomputes one load balancer's worth.
+
     def _own_fingerprint(self, lb_id: str) -> str:
         """A load balancer's own inputs: its desired state and its allocation
         (whose backend ports follow the pods its groups select)."""
-        return json.dumps([self._lb(lb_id).canonical_json, self.allocations[lb_id].to_json()], sort_keys=True)
+        lb, allocation = self._lb(lb_id), self.allocations[lb_id]
+        return self._derived.get(("own", lb_id), (lb, allocation),
+                                 lambda: json.dumps([lb.canonical_json, allocation.to_json()], sort_keys=True))
 
     def _deps_fingerprint(self, lb_id: str) -> str:
         """What a load balancer uses of others: its subnet and its groups' pod targets."""
         lb = self._lb(lb_id)
-        targets = plan.group_targets(lb, self.desired.pods)
-        return json.dumps([self._subnet_json(lb.network.subnet_id),
-                           {g: [list(vars(t).values()) for t in ts] for g, ts in targets.items()}], sort_keys=True)
+        subnet, targets = self._subnet_json(lb.network.subnet_id), self._targets(lb, self.desired.pods)
+        return self._derived.get(("deps", lb_id), (subnet, targets), lambda: json.dumps(
+            [subnet, {g: [list(vars(t).values()) for t in ts] for g, ts in targets.items()}], sort_keys=True))
 
     def _subnet_json(self, subnet_id: str) -> dict:
-        """The subnet as JSON, dumped once per accepted subnet object rather than
-        once per load balancer on it (a thousand times per refresh)."""
+        """The subnet as JSON: one per subnet object, not one per load balancer on it."""
         subnet = self.desired.subnet(subnet_id)
-        cached = self._subnet_dumps.get(subnet_id)
-        if cached is None or cached[0] is not subnet:
-            cached = self._subnet_dumps[subnet_id] = (subnet, subnet.model_dump(mode="json"))
-        return cached[1]
+        return self._derived.get(("subnet", subnet_id), (subnet,), lambda: subnet.model_dump(mode="json"))
+
+    def _targets(self, lb: LoadBalancer, pods: list) -> dict[str, list[plan.Target]]:
+        """The groups' members before ports; the pods matter only to a load balancer that selects some."""
+        selects = any(group.pod_selector is not None for group in lb.backend_groups)
+        return self._derived.get(("targets", lb.id), (lb, pods if selects else None),
+                                 lambda: plan.group_targets(lb, pods))
 
     def dependency_changed(self, lb_id: str) -> None:
         """A subnet or pod this load balancer uses changed: kick it, unless a pass
@@ -245,7 +275,7 @@ class OvnWorker:
         return task.state if task is not None else None
 
     def members(self, lb: LoadBalancer) -> dict[str, list]:
-        return plan.members_by_group(plan.group_targets(lb, self.desired.pods), self.allocations[lb.id].ports)
+        return plan.members_by_group(self._targets(lb, self.desired.pods), self.allocations[lb.id].ports)
 
     def _lb(self, lb_id: str) -> LoadBalancer | None:
         if self.desired is None:
@@ -339,6 +369,7 @@ class OvnWorker:
             self.allocations.pop(lb_id, None)
             self.tasks.pop(lb_id, None)
             self.runtime.pop(lb_id, None)
+            self._derived.forget(lb_id)
             await asyncio.to_thread(self._store.save, PersistedState(self._raw, dict(self.allocations)))
             log.info("lb=%s action=deleted", lb_id)
             return True

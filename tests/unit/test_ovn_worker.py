@@ -332,3 +332,42 @@ async def test_new_load_balancers_whose_names_collide_get_the_next_salt(tmp_path
     body = state(1, [lb_body("a"), lb_body("b", ip="198.18.0.13"), lb_body("c", ip="198.18.0.14")])
     allocations = await worker._allocate(parse_desired_state(body))
     assert sorted(a.salt for a in allocations.values()) == [0, 1, 2]
+
+
+async def apply_parsed(worker, parser, body):
+    """As the API does: the parser hands over the very models of unchanged entries."""
+    return await worker.apply(parser.parse(body), body)
+
+
+async def test_a_refresh_changing_one_of_many_derives_only_its_members_again(worker, monkeypatch):
+    from lbagent.parsing import RefreshParser
+    from lbagent.workers import plan
+    parser, derived = RefreshParser(), []
+    group_targets = plan.group_targets
+    monkeypatch.setattr(plan, "group_targets", lambda lb, pods: derived.append(lb.id) or group_targets(lb, pods))
+    lbs = [lb_body(f"lb-{i}", ip=f"198.18.0.{20 + i}") for i in range(5)]
+    await apply_parsed(worker, parser, state(1, lbs))
+    assert await worker.wait_settled(1, 5)
+    derived.clear()
+    lbs[3] = lb_body("lb-3", ip="198.18.0.23", backends=("be-1", "be-2"))
+    await apply_parsed(worker, parser, state(2, lbs))
+    assert await worker.wait_settled(2, 5)
+    assert set(derived) == {"lb-3"}
+    assert worker.allocations["lb-3"].ports == {"be-1": 1025, "be-2": 1026}
+
+
+async def test_a_reused_load_balancer_still_follows_the_pods_it_selects(worker):
+    from lbagent.parsing import RefreshParser
+    parser = RefreshParser()
+    body = state(1, [selecting_lb("web", "198.18.0.12", "web"), lb_body("plain", ip="198.18.0.13")])
+    body["pods"] = [pod_body("w1", "198.18.0.21")]
+    await apply_parsed(worker, parser, body)
+    assert await worker.wait_settled(1, 5)
+    web = worker.desired.loadbalancer("web")
+    body = state(2, body["loadbalancers"])
+    body["pods"] = [pod_body("w1", "198.18.0.21"), pod_body("w2", "198.18.0.22")]
+    await apply_parsed(worker, parser, body)
+    assert worker.desired.loadbalancer("web") is web  # the same model: only the pods differ
+    assert await worker.wait_settled(2, 5)
+    assert worker.allocations["web"].ports == {"bg-1/w1": 1025, "bg-1/w2": 1026}
+    assert [m.key for m in worker.members(web)["bg-1"]] == ["bg-1/w1", "bg-1/w2"]

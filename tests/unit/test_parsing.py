@@ -115,3 +115,13 @@ def test_bodies_of_the_wrong_shape_get_the_full_validations_answer(body):
     with pytest.raises(InvalidDesiredState) as direct:
         parse_desired_state(body)
     assert details(exc) == details(direct)
+
+
+def test_unchanged_subnets_and_pods_are_reused_too_and_a_changed_one_is_not():
+    pod = {"id": "p1", "namespace": "shop", "ip": "198.18.0.40", "labels": {"app": "web"}}
+    parser = RefreshParser()
+    first = parser.parse(state(1, lb(1), pods=[pod]))
+    second = parser.parse(state(2, lb(1), pods=[pod, {**pod, "id": "p2", "ip": "198.18.0.41"}]))
+    assert second.subnets[0] is first.subnets[0] and second.pods[0] is first.pods[0]
+    moved = parser.parse(state(3, lb(1), pods=[{**pod, "ip": "198.18.0.42"}]))
+    assert moved.pods[0] is not first.pods[0] and moved.pods[0].ip == "198.18.0.42"
