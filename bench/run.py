@@ -68,6 +68,7 @@ LISTENER_PORTS = (80, 81)
 PROFILE_DIR = Path("/var/tmp/lbagent-bench-profiles")
 P3_CHANGE_LIMIT = 60.0  # seconds one change may take to reach the client before it counts as missed
 P3_GIVE_UP = 3  # changes missed before P3 stops trying
+P3_POLL_SAMPLE = 1.0  # seconds of polling before the changes, to time one request on the data path
 P5_RELOAD_LIMIT = 60.0
 RETIRE_BY_AGENT = 200  # above this many load balancers the teardown does not wait for the agent  # seconds one change may take to show up as a reload
 
@@ -464,16 +465,19 @@ class Bench:
             f"the floor); all ports ovn-installed at {entry['ovn_installed_seconds']:.1f} s; agent CPU "
             f"{entry['cpu_seconds']:.1f} s; peak RSS {entry['peak_rss_mb']:.0f} MB")
 
-    def _post(self, wait: float | None = 60) -> tuple[int, Any]:
+    def _body(self) -> bytes:
+        """The next generation's complete desired state, encoded (the region controller's work)."""
         self.generation += 1
-        state = desired(self.generation, *self.lbs, subnets=[SUBNET])
-        path = "/v1/refresh" + (f"?wait={wait:g}" if wait is not None else "")
-        return self.agent.request("POST", path, state, timeout=(wait or 0) + 60)
+        return json.dumps(desired(self.generation, *self.lbs, subnets=[SUBNET])).encode()
 
-    def _post_accepted(self) -> None:
-        code, body = self._post(wait=None)
+    def _post(self, wait: float | None = 60, body: bytes | None = None) -> tuple[int, Any]:
+        path = "/v1/refresh" + (f"?wait={wait:g}" if wait is not None else "")
+        return self.agent.request("POST", path, raw=body or self._body(), timeout=(wait or 0) + 60)
+
+    def _post_accepted(self, body: bytes | None = None) -> None:
+        code, answer = self._post(wait=None, body=body)
         if code != 202:
-            raise RuntimeError(f"POST /v1/refresh answered {code}: {str(body)[:300]}")
+            raise RuntimeError(f"POST /v1/refresh answered {code}: {str(answer)[:300]}")
 
     # -- P2 and P6 ---------------------------------------------------------------
 
@@ -523,6 +527,11 @@ class Bench:
         vip = self.lbs[0]["network"]["ip"]
         wait_for(lambda: self.pool.call(http_text, vip, 80) in BACKEND_HOSTS, 30, f"{vip}:80 answering")
         poller = Poller(self.pool, vip, 80)
+        # How long one request takes on the data path alone at this N: the
+        # resolution of every latency below, and part of each.
+        requests_before, poll_started = poller.requests, time.monotonic()
+        threading.Event().wait(P3_POLL_SAMPLE)
+        poll_ms = (time.monotonic() - poll_started) / max(1, poller.requests - requests_before) * 1000
         latencies, posts, missed = [], [], 0
         # Profiled at the largest N only: that is where the POST and the reload grow.
         profile = self._profile_start(f"p3-n{n}", changes * 1.5) if n == self.config.ns[-1] else None
@@ -531,9 +540,10 @@ class Bench:
                 spare = "s1" if k % 2 else "s2"
                 members = four_backends()[:3] + [backend(f"be-x{k}", SPARE_HOSTS[spare], BACKEND_PORT)]
                 self.lbs[0] = lb_body(self.prefix, 0, members)
+                body = self._body()
                 poller.watch_for(spare)
                 started = time.monotonic()
-                self._post_accepted()
+                self._post_accepted(body)
                 posts.append(time.monotonic() - started)
                 # The answer from the new backend is the signal; the POST itself only says "accepted".
                 if poller.seen.wait(P3_CHANGE_LIMIT):
@@ -555,7 +565,7 @@ class Bench:
                  "p99": round(report.percentile(latencies, 0.99), 4) if latencies else None,
                  "max": round(max(latencies), 4) if latencies else None,
                  "post_p50": round(statistics.median(posts), 4), "latencies": [round(x, 4) for x in latencies],
-                 "poll_requests": poller.requests, "poll_failures": poller.failures}
+                 "poll_requests": poller.requests, "poll_failures": poller.failures, "poll_ms": round(poll_ms, 1)}
         if not latencies:
             entry["p50"] = entry["p99"] = float("inf")
         if profile is not None:
@@ -617,6 +627,8 @@ class Bench:
         # while a fifth backend comes and goes. Then the same scale-out and -in
         # alone, which the running haproxy takes without a reload.
         self.results["p5"] = self._changes_under_load(n, "reloads", "lbagent_haproxy_reloads_total", reload=True)
+        self.lbs[0] = lb_body(self.prefix, 0)  # as P5 found it: the live changes start from there
+        self._post(wait=P5_RELOAD_LIMIT)
         self.results["p5"]["live"] = self._changes_under_load(n, "live backend changes",
                                                               "lbagent_haproxy_live_updates_total", reload=False)
 
