@@ -141,8 +141,8 @@ class Agent:
 
     # --- API-facing ------------------------------------------------------------
 
-    async def refresh(self, desired: DesiredState, raw: dict) -> int:
-        generation = await self.worker.apply(desired, raw)  # which also feeds the controllers
+    async def refresh(self, desired: DesiredState, raw: dict, raw_text: str | None = None) -> int:
+        generation = await self.worker.apply(desired, raw, raw_text)  # which also feeds the controllers
         self.state_error = None
         return generation
 

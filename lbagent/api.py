@@ -145,7 +145,7 @@ async def refresh(request: web.Request) -> web.Response:
     except InvalidDesiredState as exc:
         return error_response(400, "invalid_body", "the desired state is invalid; nothing was applied", exc.details)
     try:
-        generation = await agent.refresh(desired, body)
+        generation = await agent.refresh(desired, body, _utf8_text(raw))
     except StaleGeneration as exc:
         return error_response(409, "stale_generation", str(exc))
     if wait is None:
@@ -153,6 +153,17 @@ async def refresh(request: web.Request) -> web.Response:
     settled = await agent.worker.wait_settled(generation, wait)
     results = agent.results(generation)
     return web.json_response(results, status=200 if settled else 504)
+
+
+def _utf8_text(raw: bytes) -> str | None:
+    """The body as text to persist verbatim: JSON in UTF-8 without a BOM (json.loads
+    also reads UTF-16 and UTF-32, which cannot sit inside the UTF-8 state file)."""
+    if json.detect_encoding(raw) != "utf-8":
+        return None
+    try:
+        return raw.decode("utf-8")
+    except UnicodeDecodeError:  # json.loads passes encoded surrogates, which UTF-8 forbids
+        return None
 
 
 async def status(request: web.Request) -> web.Response:

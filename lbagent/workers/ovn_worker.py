@@ -110,6 +110,7 @@ class OvnWorker:
         self._changed = asyncio.Condition()
         self.desired: DesiredState | None = None
         self._raw: dict | None = None
+        self._raw_text: str | None = None
         self.allocations: dict[str, Allocation] = {}
         self.tasks: dict[str, LbTask] = {}
         self.runtime: dict[str, LbRuntime] = {}
@@ -129,7 +130,7 @@ class OvnWorker:
         if desired is not None:
             async with self._lock:
                 self.allocations = await self._allocate(desired)
-                self.desired, self._raw = desired, persisted.desired
+                self.desired, self._raw, self._raw_text = desired, persisted.desired, None
                 self._accept()
 
     async def adopt_from_host(self, max_salt: int = 16) -> list[str]:
@@ -154,15 +155,16 @@ class OvnWorker:
             log.info("lb=%s action=adopt inner=%s outer=%s ports=%d", lb_id, inner, outer, len(ports))
         return adopted
 
-    async def apply(self, desired: DesiredState, raw: dict) -> int:
-        """Accept a complete desired state: allocate, persist, then start converging."""
+    async def apply(self, desired: DesiredState, raw: dict, raw_text: str | None = None) -> int:
+        """Accept a complete desired state: allocate, persist, then start converging.
+        `raw` is the body as decoded, `raw_text` the JSON text it came as (if known)."""
         async with self._lock:
             current = self.generation
             if current is not None and desired.generation < current:
                 raise StaleGeneration(desired.generation, current)
             allocations = await self._allocate(desired)
-            await asyncio.to_thread(self._store.save, PersistedState(raw, allocations))
-            self.allocations, self.desired, self._raw = allocations, desired, raw
+            await asyncio.to_thread(self._store.save, PersistedState(raw, allocations, raw_text))
+            self.allocations, self.desired, self._raw, self._raw_text = allocations, desired, raw, raw_text
             self._accept()
             return desired.generation
 
@@ -370,7 +372,8 @@ class OvnWorker:
             self.tasks.pop(lb_id, None)
             self.runtime.pop(lb_id, None)
             self._derived.forget(lb_id)
-            await asyncio.to_thread(self._store.save, PersistedState(self._raw, dict(self.allocations)))
+            await asyncio.to_thread(self._store.save,
+                                    PersistedState(self._raw, dict(self.allocations), self._raw_text))
             log.info("lb=%s action=deleted", lb_id)
             return True
 

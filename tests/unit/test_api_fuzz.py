@@ -41,9 +41,9 @@ class FuzzAgent(FakeAgent):
         self.real = worker
         self.offered = []
 
-    async def refresh(self, desired, raw):
+    async def refresh(self, desired, raw, raw_text=None):
         self.offered.append(desired.generation)
-        return await self.real.apply(desired, raw)
+        return await self.real.apply(desired, raw, raw_text)
 
 
 class App:
