@@ -16,8 +16,8 @@ sends them:
 
 Anything else is left to a reload: other lines changed, a server line changed
 otherwise, a backend with a balance algorithm haproxy cannot add servers to
-(`source`), or servers with a persistence cookie (haproxy refuses `cookie` on
-servers it adds at run time). The file on disk is always the new one, so a
+(`source`), servers with a persistence cookie (haproxy refuses `cookie` on
+servers it adds at run time) or with TLS to the backend. The file on disk is always the new one, so a
 later reload or restart loads the same servers.
 """
 
@@ -30,6 +30,10 @@ from dataclasses import dataclass
 # Balance algorithms whose backends accept servers added at run time (haproxy 2.6).
 DYNAMIC_BALANCE = frozenset({"roundrobin", "leastconn", "first", "random"})
 STILL_CONNECTED = "still has connections"
+# Server keywords that keep a change to a reload: haproxy refuses `cookie` on
+# servers it adds at run time, and whether `ssl` implies TLS health checks is
+# settled at configuration parsing; a reload keeps both exactly as written.
+_UNSAFE_LIVE = frozenset({"cookie", "ssl"})
 
 
 @dataclass(frozen=True)
@@ -93,7 +97,7 @@ def plan_server_edits(old_text: str, new_text: str) -> list[ServerEdit] | None:
         if kind != "backend" or balance not in DYNAMIC_BALANCE:
             return None
         for name, words in after.servers.items():
-            if " cookie " in f" {words} ":
+            if _UNSAFE_LIVE & set(words.split()):
                 return None
             previous = before.servers.get(name)
             if previous is None:

@@ -293,8 +293,13 @@ class HaproxyManager:
 
     async def _apply_live(self, staged: StagedChange, edits: list[ServerEdit]) -> bool:
         """Install a checked server-only change and edit the running worker to match."""
-        async with self._process_lock:
-            outcome = await self._process_work.run(self._install_live, staged, edits)
+        try:
+            async with self._process_lock:
+                outcome = await self._process_work.run(self._install_live, staged, edits)
+        except Exception as exc:  # the change is not running: the pass fails and is retried
+            self._record_failure(exc)
+            log.warning("object=haproxy action=live lb=%s result=error error=%r", staged.lb_id, str(exc))
+            raise
         if outcome == "live":
             self._live_updates += 1
         elif outcome == "reloaded":
@@ -313,7 +318,7 @@ class HaproxyManager:
             install_change(staged)
             self._clear_the_way(edits)
             self._lingering |= apply_edits(edits, self._send)
-        except (LiveEditError, OSError) as exc:
+        except Exception as exc:  # a refused edit, the socket, or anything else half-way
             if not staged.text_installed:
                 roll_back(staged)
                 self._clear_marker()

@@ -68,6 +68,9 @@ def test_a_weight_alone_is_a_weight_edit_and_the_same_text_no_edit():
     (text([("a", 1025, 1)], scheduler="sch"), text([("a", 1025, 1), ("b", 1026, 1)], scheduler="sch")),
     # persistence cookies: refused on servers added at run time
     (text([("a", 1025, 1)], sticky=True), text([("a", 1025, 1), ("b", 1026, 1)], sticky=True)),
+    # TLS to the backends (an http listener's group with ssl members)
+    (text([("a", 1025, 1)], sticky=False).replace("weight 1", "weight 1 ssl verify none"),
+     text([("a", 1025, 1), ("b", 1026, 1)]).replace("weight 1", "weight 1 ssl verify none")),
     # another listener port: the frontend changes
     (text([("a", 1025, 1)]), text([("a", 1025, 1), ("b", 1026, 1)], port=9001)),
     # no sections at all on one side
@@ -222,3 +225,23 @@ async def test_a_sticky_backend_reloads(manager, named_servers):
                                      sticky=True))
     assert (manager.status()["reloads"], manager.status()["live_updates"]) == (reloads + 1, 0)
 
+
+
+async def test_a_refused_edit_whose_reload_fails_too_puts_the_old_file_back(manager, named_servers, monkeypatch):
+    from lbagent.haproxy.errors import HaproxyReloadError
+    port = free_port()
+    old = text([("a", named_servers["A"], 1)], port=port)
+    await manager.apply("lb-1", old)
+    monkeypatch.setattr(manager, "_send", lambda command: "Refused for the test.\n")
+
+    def reload_fails():
+        raise HaproxyReloadError("refused for the test")
+    monkeypatch.setattr(manager.process, "reload_or_start", reload_fails)
+    with pytest.raises(HaproxyReloadError):
+        await manager.apply("lb-1", text([("a", named_servers["A"], 1), ("b", named_servers["B"], 1)], port=port))
+    status = manager.status()
+    assert (status["failed_reloads"], status["live_updates"]) == (1, 0)
+    assert status["last_error"] == "refused for the test"
+    assert manager.paths.lb_file("lb-1").read_text() == old
+    assert not (manager.paths.root / "reload-pending").exists()
+    assert await who_answers(port) == "A"
