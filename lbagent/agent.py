@@ -19,6 +19,7 @@ from lbagent.counters import set_lb_states, track_queue, write_counts
 from lbagent.errors import InvalidDesiredState
 from lbagent.haproxy.manager import HaproxyManager
 from lbagent.haproxy.render import server_name
+from lbagent.heap import TICK_INTERVAL, HeapKeeper
 from lbagent.model import DesiredState, parse_desired_state
 from lbagent.naming import interface_names, netns_name
 from lbagent.ovnhost.host import OvnHost
@@ -66,6 +67,7 @@ class Agent:
         self.gc = GarbageCollector(self.host, self.haproxy, config.agent.gc_max_deletions_per_pass)
         self.gc_stats = {"passes": 0, "skipped": 0, "deleted": 0}
         self.state_error: str | None = None
+        self.heap = HeapKeeper(self._quiet)
         self._background: list[asyncio.Task] = []
 
     async def start(self) -> None:
@@ -78,6 +80,7 @@ class Agent:
         await self.provider_networks.start()
         self._background.append(asyncio.create_task(self._supervise_haproxy(), name="haproxy-supervisor"))
         self._background.append(asyncio.create_task(self._collect_garbage(), name="gc"))
+        self._background.append(asyncio.create_task(self._keep_heap(), name="heap"))
         log.info("action=started host=%s generation=%s", self.config.agent.host, self.worker.generation)
 
     def _start_queue(self) -> None:
@@ -110,6 +113,15 @@ class Agent:
                 await self.haproxy.supervise_once()
             except Exception as exc:  # keep supervising; the error is in status
                 log.warning("object=haproxy action=supervise result=error error=%r", str(exc))
+
+    def _quiet(self) -> bool:
+        worker = self.worker
+        return worker.desired is not None and worker.settled(worker.generation)
+
+    async def _keep_heap(self) -> None:
+        while True:
+            await asyncio.sleep(TICK_INTERVAL)
+            self.heap.tick()
 
     async def _collect_garbage(self) -> None:
         while True:

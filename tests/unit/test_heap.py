@@ -1,0 +1,63 @@
+"""HeapKeeper: freezes what survives a quiet moment, thaws it for a full collection
+once per interval, and leaves the heap alone while the agent is busy."""
+
+from __future__ import annotations
+
+import gc
+import weakref
+
+import pytest
+
+from lbagent.heap import HeapKeeper
+
+
+@pytest.fixture(autouse=True)
+def thawed():
+    yield
+    gc.unfreeze()  # the test process goes on as it was
+
+
+class Clock:
+    def __init__(self):
+        self.now = 0.0
+
+    def __call__(self):
+        return self.now
+
+
+def test_a_quiet_tick_collects_and_freezes_the_survivors():
+    gc.unfreeze()
+    keeper = HeapKeeper(lambda: True, clock=Clock())
+    survivor = [object() for _ in range(100)]
+    assert keeper.tick() == "young"
+    assert gc.get_freeze_count() >= len(survivor)
+    assert keeper.collections == {"young": 1, "full": 0}
+
+
+def test_a_busy_agent_is_left_alone():
+    gc.unfreeze()
+    keeper = HeapKeeper(lambda: False, clock=Clock())
+    assert keeper.tick() is None
+    assert gc.get_freeze_count() == 0 and keeper.collections == {"young": 0, "full": 0}
+
+
+class Node:
+    """An object in a reference cycle: only the cyclic collector frees it."""
+
+    def __init__(self):
+        self.me = self
+
+
+def test_frozen_cycles_are_reclaimed_by_the_full_collection_once_an_interval():
+    gc.unfreeze()
+    clock = Clock()
+    keeper = HeapKeeper(lambda: True, full_interval=100, clock=clock)
+    node = Node()
+    alive = weakref.ref(node)
+    keeper.tick()  # node survives, and is frozen
+    del node  # garbage now, but frozen: only a full collection sees it
+    clock.now = 50
+    assert keeper.tick() == "young" and alive() is not None
+    clock.now = 150
+    assert keeper.tick() == "full" and alive() is None
+    assert keeper.collections == {"young": 2, "full": 1}
