@@ -22,7 +22,7 @@ from lbagent.agentmetrics import AgentRegistry
 from lbagent.counters import API_REQUESTS
 from lbagent.errors import InvalidDesiredState, StaleGeneration
 from lbagent.openapi import document_bytes, open_paths
-from lbagent.parsing import RefreshParser
+from lbagent.parsing import RefreshParser, decode
 
 log = logging.getLogger(__name__)
 
@@ -135,13 +135,13 @@ async def refresh(request: web.Request) -> web.Response:
                               [{"path": f"?{exc.name}", "message": str(exc)}])
     raw = await request.read()
     try:
-        body = json.loads(raw)
+        body, comparable = decode(raw)
     except (ValueError, RecursionError) as exc:  # UnicodeDecodeError is a ValueError
         message = "nested too deeply" if isinstance(exc, RecursionError) else str(exc)
         return error_response(400, "invalid_json", f"the body is not JSON: {message}",
                               [{"path": "", "message": f"not JSON: {message}"}])
     try:
-        desired = request.app[PARSER].parse(body)
+        desired = request.app[PARSER].parse(body, comparable)
     except InvalidDesiredState as exc:
         return error_response(400, "invalid_body", "the desired state is invalid; nothing was applied", exc.details)
     try:

@@ -49,16 +49,20 @@ class IdentityMemo:
     not equality: comparing a model costs what recomputing from it costs) come again."""
 
     def __init__(self) -> None:
-        self._values: dict[str, dict[str, tuple[tuple, object]]] = {}  # name -> kind -> (inputs, value)
+        # name -> kind -> (the inputs, kept alive so their ids stay theirs; their ids; the value)
+        self._values: dict[str, dict[str, tuple[tuple, tuple[int, ...], object]]] = {}
 
     def get(self, key: tuple[str, str], inputs: tuple, compute: Callable[[], object]):
         kind, name = key
-        kept = self._values.setdefault(name, {})
+        kept = self._values.get(name)
+        if kept is None:
+            kept = self._values[name] = {}
+        ids = tuple(map(id, inputs))
         hit = kept.get(kind)
-        if hit is not None and len(hit[0]) == len(inputs) and all(a is b for a, b in zip(hit[0], inputs)):
-            return hit[1]
+        if hit is not None and hit[1] == ids:
+            return hit[2]
         value = compute()
-        kept[kind] = (inputs, value)
+        kept[kind] = (inputs, ids, value)
         return value
 
     def forget(self, name: str) -> None:
@@ -182,7 +186,9 @@ class OvnWorker:
                 allocations[lb.id] = Allocation(pair.inner, pair.outer, salt)
         for lb in desired.loadbalancers:
             old = allocations[lb.id]
-            ports = assign_ports(old.ports, plan.member_keys(self._targets(lb, desired.pods)))
+            targets = self._targets(lb, desired.pods)
+            ports = self._derived.get(("ports", lb.id), (targets, old),
+                                      lambda: assign_ports(old.ports, plan.member_keys(targets)))
             if ports != old.ports:
                 allocations[lb.id] = Allocation(old.inner, old.outer, old.salt, ports)
         return allocations

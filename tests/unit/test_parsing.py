@@ -11,7 +11,7 @@ import pytest
 
 from lbagent.errors import InvalidDesiredState
 from lbagent.model import parse_desired_state
-from lbagent.parsing import RefreshParser
+from lbagent.parsing import RefreshParser, decode
 
 EXAMPLE = json.loads((Path(__file__).parent / "data" / "example_state.json").read_text())
 
@@ -125,3 +125,35 @@ def test_unchanged_subnets_and_pods_are_reused_too_and_a_changed_one_is_not():
     assert second.subnets[0] is first.subnets[0] and second.pods[0] is first.pods[0]
     moved = parser.parse(state(3, lb(1), pods=[{**pod, "ip": "198.18.0.42"}]))
     assert moved.pods[0] is not first.pods[0] and moved.pods[0].ip == "198.18.0.42"
+
+
+@pytest.mark.parametrize("literal", ["NaN", "Infinity", "-Infinity", "1e400"])
+def test_a_number_json_cannot_carry_makes_the_body_validated_whole(literal):
+    # orjson writes NaN and the infinities as null: the text of this entry would
+    # match the earlier one's, whose redirect was a valid null.
+    parser = RefreshParser()
+    first, comparable = decode(json.dumps(state(1, lb(1))).encode())
+    assert comparable
+    parser.parse(first, comparable)
+    text = json.dumps(state(2, lb(1))).replace('"redirect": null', f'"redirect": {literal}', 1)
+    body, comparable = decode(text.encode())
+    assert not comparable
+    with pytest.raises(InvalidDesiredState) as exc:
+        parser.parse(body, comparable)
+    assert [d["path"] for d in details(exc)] == ["/loadbalancers/0/listeners/0/redirect"]
+
+
+def test_entries_orjson_cannot_encode_are_validated_again():
+    parser = RefreshParser()
+    parser.parse(state(1, lb(1)))
+    huge = lb(1)
+    huge["backend_groups"][0]["backends"][0]["port"] = 2**70
+    with pytest.raises(InvalidDesiredState) as exc:
+        parser.parse(state(2, huge))
+    assert [d["path"] for d in details(exc)] == ["/loadbalancers/0/backend_groups/0/backends/0/port"]
+
+
+def test_decode_answers_as_json_loads_does():
+    assert decode(b'{"a": [1, 2.5, true, null]}') == ({"a": [1, 2.5, True, None]}, True)
+    with pytest.raises(json.JSONDecodeError):
+        decode(b'{"a": ')
