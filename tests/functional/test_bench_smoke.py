@@ -32,6 +32,7 @@ def test_benchmark_runs_at_small_n_and_produces_sane_figures(sandbox, prefix, tm
     for entry in results["p3"]:
         assert entry["missed"] == 0 and len(entry["latencies"]) == 2, entry
         assert 0 < entry["p50"] <= entry["p99"] < 60, entry
+        assert 0 < entry["poll_ms"] < 1000, entry
 
     p4 = results["p4"]
     for leg in ("loadbalancer", "direct", "ovn_lb"):
@@ -40,6 +41,8 @@ def test_benchmark_runs_at_small_n_and_produces_sane_figures(sandbox, prefix, tm
     p5 = results["p5"]
     assert p5["reloads"] == 2 and p5["requests"] > 0, p5
     assert p5["failed"] == 0, p5
+    live = p5["live"]  # the same scale-out and -in without a reload
+    assert live["reloads"] == 2 and live["requests"] > 0 and live["failed"] == 0, live
 
     p6 = results["p6"]
     assert 10 < p6["rss_mb"] < 1000, p6
