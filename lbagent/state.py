@@ -24,8 +24,10 @@ class StateFileError(Exception):
     pass
 
 
-@dataclass
+@dataclass(frozen=True)
 class Allocation:
+    # Frozen: allocations are replaced, never changed in place, which the
+    # worker's memo and the state file's kept texts rely on.
     inner: str
     outer: str
     salt: int = 0

@@ -4,15 +4,21 @@ A reload makes a new worker parse every load balancer's file: half a second
 with a thousand of them, for a change as small as one backend replaced. When
 the change from one file to the next is confined to `server` lines of
 backends that exist in both, `plan_server_edits` says which commands of the
-stats socket make the running worker match the new file, and `apply_edits`
+CLI make the running worker match the new file, and `apply_edits`
 sends them:
 
 - an added server is created (haproxy creates it in maintenance), enabled,
   and its health checks enabled when its line has `check`;
 - a removed server goes into maintenance, so it takes no new connection, and
   is deleted; haproxy refuses to delete one that still has connections, which
-  then stays in maintenance until `retry_deletions` succeeds or a reload drops it;
+  then drains (`LiveServers.retry` deletes it once idle) for at most as long
+  as an old worker may after a reload (`hard-stop-after`), after which its
+  sessions are shut and it goes; a reload drops it too;
 - a server whose line differs only in its weight gets the new weight.
+
+`LiveServers` sends the commands through the master CLI to the current
+worker by pid: right after a reload the stats socket could still reach the
+old worker, where an edit would be lost.
 
 Anything else is left to a reload: other lines changed, a server line changed
 otherwise, a backend with a balance algorithm haproxy cannot add servers to
@@ -23,9 +29,16 @@ later reload or restart loads the same servers.
 
 from __future__ import annotations
 
+import logging
 import re
+import time
 from collections.abc import Callable
 from dataclasses import dataclass
+from pathlib import Path
+
+from lbagent.haproxy.sockets import ProcTable, send_command
+
+log = logging.getLogger(__name__)
 
 # Balance algorithms whose backends accept servers added at run time (haproxy 2.6).
 DYNAMIC_BALANCE = frozenset({"roundrobin", "leastconn", "first", "random"})
@@ -111,7 +124,12 @@ def plan_server_edits(old_text: str, new_text: str) -> list[ServerEdit] | None:
 
 
 class LiveEditError(Exception):
-    """haproxy refused a command of a live edit: the running worker needs a reload."""
+    """haproxy refused a command of a live edit: the running worker needs a reload.
+    `edited`: whether commands before the refused one changed the worker."""
+
+    def __init__(self, message: str, edited: bool = False):
+        super().__init__(message)
+        self.edited = edited
 
 
 def apply_edits(edits: list[ServerEdit], send: Callable[[str], str]) -> set[str]:
@@ -133,6 +151,85 @@ def apply_edits(edits: list[ServerEdit], send: Callable[[str], str]) -> set[str]
             if " check" in f" {edit.line}":
                 _expect(send(f"enable health {edit.target}"), "", edit)
     return lingering
+
+
+class LiveServers:
+    """Edits of the current haproxy worker, and the servers still draining in it.
+    Blocking (sockets): called on the manager's process thread, under its lock."""
+
+    def __init__(self, master_sock: Path, show_proc: Callable[[], ProcTable | None], drain_limit: float,
+                 readd_patience: float = 0.5, clock: Callable[[], float] = time.monotonic):
+        self._master_sock = master_sock
+        self._show_proc = show_proc
+        self._drain_limit = drain_limit  # seconds a removed server may keep its sessions
+        self._readd_patience = readd_patience
+        self._clock = clock
+        self._draining: dict[str, float] = {}  # "backend/server" -> when its sessions are shut
+
+    @property
+    def draining(self) -> int:
+        return len(self._draining)
+
+    def apply(self, edits: list[ServerEdit]) -> None:
+        """Send the edits to the current worker; LiveEditError if it refuses one."""
+        send = self._sender()
+        self._clear_the_way(edits, send)
+        sent = 0
+
+        def counted(command: str) -> str:
+            nonlocal sent
+            sent += 1
+            return send(command)
+
+        try:
+            lingering = apply_edits(edits, counted)
+        except (LiveEditError, OSError) as exc:
+            # The command that failed changed nothing; those before it did.
+            raise LiveEditError(str(exc), edited=sent > 1) from exc
+        shut_at = self._clock() + self._drain_limit
+        self._draining.update(dict.fromkeys(lingering, shut_at))
+
+    def retry(self) -> None:
+        """Delete the draining servers that are idle, or past their limit."""
+        if self._draining:
+            self._retry(self._sender())
+
+    def forget(self) -> None:
+        """A new worker (reload, restart) never had the draining servers."""
+        self._draining.clear()
+
+    def _sender(self) -> Callable[[str], str]:
+        table = self._show_proc()
+        if table is None or len(table.workers) != 1:
+            raise LiveEditError("no single current haproxy worker to edit")
+        prefix = f"@!{next(iter(table.workers))} "
+        return lambda command: send_command(self._master_sock, prefix + command)
+
+    def _retry(self, send: Callable[[str], str]) -> None:
+        now = self._clock()
+        for target, shut_at in sorted(self._draining.items()):
+            if now >= shut_at:
+                send(f"shutdown sessions server {target}")
+            try:
+                gone = delete(target, send)
+            except LiveEditError as exc:
+                gone = "No such server" in str(exc)  # dropped meanwhile: nothing left to delete
+                if not gone:
+                    log.warning("object=haproxy action=delete_server server=%s result=error error=%r", target,
+                                str(exc))
+            if gone:
+                del self._draining[target]
+
+    def _clear_the_way(self, edits: list[ServerEdit], send: Callable[[str], str]) -> None:
+        """Delete what can be of the draining servers; one about to be added again
+        gets `readd_patience` for its last connections (short requests end in
+        milliseconds) before haproxy is asked, and refuses, to add it twice."""
+        adding = {edit.target for edit in edits if edit.line is not None and not edit.weight_only}
+        deadline = self._clock() + self._readd_patience
+        self._retry(send)
+        while adding & self._draining.keys() and self._clock() < deadline:
+            time.sleep(0.02)
+            self._retry(send)
 
 
 def delete(target: str, send: Callable[[str], str]) -> bool:

@@ -26,7 +26,7 @@ changes into as few reloads as possible:
   at once: one change after another, each waiting for the last, is no burst.
 - A change confined to server lines of existing backends (a backend added,
   removed or reweighted) skips the batch: its file is installed and the
-  running worker is edited through the stats socket (`live`), with no reload;
+  running worker is edited through the master CLI (`live`), with no reload;
   if haproxy refuses an edit, a reload of the files on disk follows at once.
 - A marker file says "on disk but maybe not loaded yet": an agent restarted
   between installing and reloading reloads once when it adopts the master.
@@ -39,7 +39,6 @@ from __future__ import annotations
 
 import asyncio
 import logging
-import time
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from datetime import datetime, timezone
@@ -49,12 +48,12 @@ from lbagent.blocking import BlockingPool
 from lbagent.haproxy.bulkcheck import BulkChecker
 from lbagent.haproxy.candidate import StagedChange, current, discard, install_change, roll_back, stage
 from lbagent.haproxy.errors import HaproxyCheckError, HaproxyError, HaproxyReloadError
-from lbagent.haproxy.live import LiveEditError, ServerEdit, apply_edits, delete, plan_server_edits
+from lbagent.haproxy.live import LiveEditError, LiveServers, ServerEdit, plan_server_edits
 from lbagent.haproxy.files import (
     HaproxyPaths, empty_dir, fsync_dir, install, read_or_none, replace_text, sync_filesystem, write_staged,
 )
 from lbagent.haproxy.process import HaproxyProcess
-from lbagent.haproxy.render import render_base
+from lbagent.haproxy.render import HARD_STOP_AFTER, render_base
 from lbagent.haproxy.sockets import parse_show_stat, send_command
 
 log = logging.getLogger(__name__)
@@ -69,6 +68,7 @@ MAX_RELOAD_PAUSE = 10.0
 PACE_QUIET = 0.25  # seconds without a new change that end a burst's pacing early
 PENDING_MARKER = "reload-pending"
 READD_PATIENCE = 0.5  # seconds a server added back waits for its draining namesake (then: a reload)
+RELOAD_RETRY = 5.0  # seconds between reloads the supervisor retries after a live edit left one due
 
 
 @dataclass
@@ -102,7 +102,11 @@ class HaproxyManager:
         self._failed_reloads = 0
         self._starts = 0
         self._live_updates = 0
-        self._lingering: set[str] = set()  # "backend/server" removed live, still in maintenance
+        # Servers removed live that still had connections drain at most as long as an old worker may.
+        self._live = LiveServers(self.paths.master_sock, self.process.show_proc, HARD_STOP_AFTER, READD_PATIENCE)
+        # A live edit went half-way and its reload failed: the worker differs from the disk.
+        self._reload_due = False
+        self._reload_retry_at = 0.0
         self._last_reload_at: str | None = None
         self._last_error: str | None = None
         # Reloads and starts never wait behind candidate checks, nor status behind either.
@@ -158,11 +162,13 @@ class HaproxyManager:
         Also deletes the servers a live edit left in maintenance, once unconnected."""
         self._ensure_loop_objects()
         if self.process.is_running():
-            if self._lingering:
+            if self._reload_due and asyncio.get_running_loop().time() >= self._reload_retry_at:
+                await self._reload_what_is_due()
+            elif self._live.draining:
                 async with self._process_lock:
                     try:
-                        await self._process_work.run(self._retry_deletions)
-                    except OSError as exc:
+                        await self._process_work.run(self._live.retry)
+                    except (LiveEditError, OSError) as exc:
                         log.debug("object=haproxy action=delete_servers result=error error=%r", str(exc))
             return False
         async with self._process_lock:
@@ -171,10 +177,30 @@ class HaproxyManager:
             except HaproxyError as exc:
                 self._last_error = str(exc)
                 raise
+            if outcome != "adopted":
+                self._worker_replaced()
         self._record_start(outcome)
         if outcome != "adopted":
             log.warning("object=haproxy action=restart outcome=%s pid=%s", outcome, self.process.pid)
         return outcome != "adopted"
+
+    async def _reload_what_is_due(self) -> None:
+        """The reload a half-applied live edit needs (its own one failed): the files on disk."""
+        async with self._process_lock:
+            try:
+                await self._process_work.run(self._check_and_reload)
+            except HaproxyError as exc:
+                self._record_failure(exc)
+                self._reload_retry_at = asyncio.get_running_loop().time() + RELOAD_RETRY
+                log.warning("object=haproxy action=reload result=error error=%r", str(exc))
+                return
+            self._worker_replaced()
+        self._record_reload()
+
+    def _worker_replaced(self) -> None:
+        """A new worker runs the files on disk: nothing drains in it, nothing is due."""
+        self._live.forget()
+        self._reload_due = False
 
     def _adopt_or_start(self) -> str:
         """'adopted', 'started', or 'started bare' when the files on disk kept haproxy from starting."""
@@ -312,55 +338,45 @@ class HaproxyManager:
     def _install_live(self, staged: StagedChange, edits: list[ServerEdit]) -> str:
         """'live', or the outcome of the reload that took over when haproxy refused an edit."""
         self.paths.make_dirs()
+        # A worker that may not run what the disk holds (an earlier reload is
+        # still due) cannot be edited into what the new file says: reload.
+        behind = self._reload_due or self._marker.exists()
         self._marker.touch()  # on disk, maybe not running yet: a restarted agent reloads
         try:
             sync_filesystem(self.paths.staging_dir)
             install_change(staged)
-            self._clear_the_way(edits)
-            self._lingering |= apply_edits(edits, self._send)
+            if behind:
+                raise LiveEditError("a reload of the files on disk is still due")
+            self._live.apply(edits)
         except Exception as exc:  # a refused edit, the socket, or anything else half-way
             if not staged.text_installed:
                 roll_back(staged)
                 self._clear_marker()
                 raise
-            # The worker may hold part of the edits: the files on disk, all checked, put it right.
             log.warning("object=haproxy action=live lb=%s result=error error=%r", staged.lb_id, str(exc))
-            try:
-                outcome = self.process.reload_or_start()
-            except BaseException:
+            return self._reload_instead(staged, edited=getattr(exc, "edited", True))
+        self._clear_marker()
+        discard(staged)
+        return "live"
+
+    def _reload_instead(self, staged: StagedChange, edited: bool) -> str:
+        """The files on disk, all checked, put the worker right. If that reload fails
+        too: with the worker untouched the old file goes back; with part of the
+        edits in it the new file stays, and the supervisor retries the reload."""
+        try:
+            outcome = self.process.reload_or_start()
+        except BaseException:
+            if edited:
+                self._reload_due = True  # the marker stays too: a restarted agent reloads
+                discard(staged)
+            else:
                 roll_back(staged)
                 self._clear_marker()
-                raise
-            self._lingering.clear()  # the new worker never had them
-        else:
-            outcome = "live"
+            raise
+        self._worker_replaced()
         self._clear_marker()
         discard(staged)
         return outcome
-
-    def _send(self, command: str) -> str:
-        return send_command(self.paths.stats_sock, command)
-
-    def _clear_the_way(self, edits: list[ServerEdit]) -> None:
-        """Delete what can be of the draining servers; one that is about to be added
-        again gets READD_PATIENCE for its last connections (short requests end in
-        milliseconds) before haproxy is asked, and refuses, to add it twice."""
-        adding = {edit.target for edit in edits if edit.line is not None and not edit.weight_only}
-        deadline = time.monotonic() + READD_PATIENCE
-        self._retry_deletions()
-        while adding & self._lingering and time.monotonic() < deadline:
-            time.sleep(0.02)
-            self._retry_deletions()
-
-    def _retry_deletions(self) -> None:
-        """Delete the servers removed live that were still connected then."""
-        for target in sorted(self._lingering):
-            try:
-                gone = delete(target, self._send)
-            except LiveEditError:
-                gone = True  # no such server any more (a reload dropped it): nothing to delete
-            if gone:
-                self._lingering.discard(target)
 
     def _check_base(self, crt_base: Path) -> str:
         return render_base(self.paths.run_dir, self._prometheus_listen, crt_base=crt_base)
@@ -461,7 +477,7 @@ class HaproxyManager:
             self._clear_marker()
             raise
         self._clear_marker()
-        self._lingering.clear()  # the new worker never had them
+        self._worker_replaced()
         for change in batch:
             discard(change.staged)  # the previous files are no longer needed
         return outcome
@@ -553,7 +569,7 @@ class HaproxyManager:
             "failed_reloads": self._failed_reloads,
             "starts": self._starts,
             "live_updates": self._live_updates,
-            "servers_draining": len(self._lingering),
+            "servers_draining": self._live.draining,
             "last_error": self._last_error,
         }
 

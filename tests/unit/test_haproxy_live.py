@@ -8,6 +8,7 @@ small servers that answer with their own name, so a test sees which one served.
 from __future__ import annotations
 
 import asyncio
+from pathlib import Path
 
 import pytest
 
@@ -227,16 +228,31 @@ async def test_a_sticky_backend_reloads(manager, named_servers):
 
 
 
+def refusing(manager, monkeypatch, refuse: str):
+    """Make the running worker refuse commands starting with `refuse` (the others reach it)."""
+    sender = manager._live._sender
+
+    def patched():
+        send = sender()
+        return lambda command: "Refused for the test.\n" if command.startswith(refuse) else send(command)
+    monkeypatch.setattr(manager._live, "_sender", patched)
+
+
+def failing_reloads(manager, monkeypatch):
+    from lbagent.haproxy.errors import HaproxyReloadError
+
+    def reload_fails():
+        raise HaproxyReloadError("refused for the test")
+    monkeypatch.setattr(manager.process, "reload_or_start", reload_fails)
+
+
 async def test_a_refused_edit_whose_reload_fails_too_puts_the_old_file_back(manager, named_servers, monkeypatch):
     from lbagent.haproxy.errors import HaproxyReloadError
     port = free_port()
     old = text([("a", named_servers["A"], 1)], port=port)
     await manager.apply("lb-1", old)
-    monkeypatch.setattr(manager, "_send", lambda command: "Refused for the test.\n")
-
-    def reload_fails():
-        raise HaproxyReloadError("refused for the test")
-    monkeypatch.setattr(manager.process, "reload_or_start", reload_fails)
+    refusing(manager, monkeypatch, "add server")  # the first command: the worker is untouched
+    failing_reloads(manager, monkeypatch)
     with pytest.raises(HaproxyReloadError):
         await manager.apply("lb-1", text([("a", named_servers["A"], 1), ("b", named_servers["B"], 1)], port=port))
     status = manager.status()
@@ -244,4 +260,70 @@ async def test_a_refused_edit_whose_reload_fails_too_puts_the_old_file_back(mana
     assert status["last_error"] == "refused for the test"
     assert manager.paths.lb_file("lb-1").read_text() == old
     assert not (manager.paths.root / "reload-pending").exists()
-    assert await who_answers(port) == "A"
+    assert set(servers_of(manager)) == {"a"} and await who_answers(port) == "A"
+
+
+async def test_a_half_applied_edit_keeps_the_new_file_and_the_supervisor_reloads_it(manager, named_servers,
+                                                                                    monkeypatch):
+    from lbagent.haproxy.errors import HaproxyReloadError
+    port = free_port()
+    await manager.apply("lb-1", text([("a", named_servers["A"], 1)], port=port))
+    reloads = manager.status()["reloads"]
+    refusing(manager, monkeypatch, "enable server")  # after "add server" went through
+    failing_reloads(manager, monkeypatch)
+    new = text([("b", named_servers["B"], 1)], port=port)
+    with pytest.raises(HaproxyReloadError):
+        await manager.apply("lb-1", new)
+    # The worker holds b (in maintenance) and a: neither the old file nor the new one.
+    assert servers_of(manager) == {"a": "no check", "b": "MAINT"}
+    assert manager.paths.lb_file("lb-1").read_text() == new
+    assert (manager.paths.root / "reload-pending").exists()
+    monkeypatch.undo()
+    assert await manager.supervise_once() is False
+    assert set(servers_of(manager)) == {"b"} and await who_answers(port) == "B"
+    assert manager.status()["reloads"] == reloads + 1
+    assert not (manager.paths.root / "reload-pending").exists()
+
+
+async def test_a_worker_behind_the_disk_is_reloaded_not_edited(manager, named_servers):
+    port = free_port()
+    await manager.apply("lb-1", text([("a", named_servers["A"], 1)], port=port))
+    reloads = manager.status()["reloads"]
+    (manager.paths.root / "reload-pending").touch()  # as an adoption whose reload failed leaves it
+    await manager.apply("lb-1", text([("b", named_servers["B"], 1)], port=port))
+    status = manager.status()
+    assert (status["reloads"], status["live_updates"]) == (reloads + 1, 0)
+    assert set(servers_of(manager)) == {"b"}
+    assert not (manager.paths.root / "reload-pending").exists()
+
+
+async def test_a_server_added_live_has_its_health_checked(manager, named_servers):
+    port = free_port()
+    check = {"type": "tcp", "interval": 1, "timeout": 1, "rise": 1, "fall": 1}
+    await manager.apply("lb-1", text([("a", named_servers["A"], 1)], port=port, health_check=check))
+    dead = free_port()  # nothing listens there: its check must fail
+    await manager.apply("lb-1", text([("a", named_servers["A"], 1), ("b", named_servers["B"], 1), ("c", dead, 1)],
+                                     port=port, health_check=check))
+    assert manager.status()["live_updates"] == 1
+    await until(lambda: servers_of(manager) == {"a": "UP", "b": "UP", "c": "DOWN"}, "checks of the added servers",
+                timeout=WAIT)
+
+
+def test_a_server_draining_past_its_limit_has_its_sessions_shut():
+    from lbagent.haproxy.live import LiveServers
+    from lbagent.haproxy.sockets import ProcTable
+    clock, sent = [0.0], []
+    answers = iter(["Server still has connections attached to it, cannot remove it.", "Server deleted."])
+
+    def send(command):
+        sent.append(command)
+        return next(answers) if command.startswith("del server") else ""
+    live = LiveServers(Path("/nonexistent"), lambda: ProcTable(1, 0, 0, frozenset({7}), frozenset()),
+                       drain_limit=60, clock=lambda: clock[0])
+    live._draining["be/old"] = 60.0
+    live._retry(send)
+    assert live.draining == 1 and sent == ["del server be/old"]
+    clock[0] = 61.0
+    live._retry(send)
+    assert live.draining == 0
+    assert sent[1:] == ["shutdown sessions server be/old", "del server be/old"]
