@@ -70,6 +70,8 @@ def evaluate(results: dict[str, Any]) -> list[dict[str, Any]]:
         row(f"P3 backend change → traffic, N={entry['n']}",
             f"p50 {_ms(entry['p50'])}, p99 {_ms(entry['p99'])}", target, met,
             f"{entry['changes']} changes; POST answered 202 in {_ms(entry['post_p50'])} p50"
+            + (f"; in haproxy after {_ms(entry['agent_p50'])} p50, {_ms(entry['agent_p99'])} p99"
+               if "agent_p50" in entry else "")
             + (f"; one request on the data path {entry['poll_ms']:.0f} ms" if "poll_ms" in entry else "")
             + (f", {entry['missed']} never seen" if entry["missed"] else ""))
     p4 = results.get("p4")

@@ -532,7 +532,7 @@ class Bench:
         requests_before, poll_started = poller.requests, time.monotonic()
         threading.Event().wait(P3_POLL_SAMPLE)
         poll_ms = (time.monotonic() - poll_started) / max(1, poller.requests - requests_before) * 1000
-        latencies, posts, missed = [], [], 0
+        latencies, posts, missed, posted_at = [], [], 0, []
         # Profiled at the largest N only: that is where the POST and the reload grow.
         profile = self._profile_start(f"p3-n{n}", changes * 1.5) if n == self.config.ns[-1] else None
         try:
@@ -542,6 +542,7 @@ class Bench:
                 self.lbs[0] = lb_body(self.prefix, 0, members)
                 body = self._body()
                 poller.watch_for(spare)
+                posted_at.append(time.time())
                 started = time.monotonic()
                 self._post_accepted(body)
                 posts.append(time.monotonic() - started)
@@ -566,6 +567,12 @@ class Bench:
                  "max": round(max(latencies), 4) if latencies else None,
                  "post_p50": round(statistics.median(posts), 4), "latencies": [round(x, 4) for x in latencies],
                  "poll_requests": poller.requests, "poll_failures": poller.failures, "poll_ms": round(poll_ms, 1)}
+        # When the agent had each change in haproxy, from its own log: what the
+        # rest of each latency is (the data path, and the poller catching up).
+        applied = _applied_after(self.agent.log_path, self.lbs[0]["id"], posted_at)
+        if applied:
+            entry["agent_p50"] = round(report.percentile(applied, 0.5), 4)
+            entry["agent_p99"] = round(report.percentile(applied, 0.99), 4)
         if not latencies:
             entry["p50"] = entry["p99"] = float("inf")
         if profile is not None:
@@ -754,6 +761,31 @@ class Bench:
 
 # --------------------------------------------------------------------------
 # helpers
+
+
+_LOG_TIME = re.compile(r"^(\d{4}-\d\d-\d\d \d\d:\d\d:\d\d,\d{3}) ")
+
+
+def _applied_after(log_path: Path, lb: str, posted_at: list[float]) -> list[float]:
+    """Seconds from each POST (wall clock) to the agent's next log line saying
+    it applied a change of `lb` to haproxy live; [] if it logged none."""
+    marker = f"object=haproxy action=live lb={lb} "
+    times = []
+    try:
+        lines = log_path.read_text(errors="replace").splitlines()
+    except OSError:
+        return []
+    for line in lines:
+        match = _LOG_TIME.match(line)
+        if match and marker in line:
+            stamp = time.mktime(time.strptime(match.group(1)[:19], "%Y-%m-%d %H:%M:%S"))
+            times.append(stamp + int(match.group(1)[20:]) / 1000)
+    applied = []
+    for posted in posted_at:
+        later = [t for t in times if t >= posted]
+        if later:
+            applied.append(min(later) - posted)
+    return applied if len(applied) == len(posted_at) else []
 
 
 def _host_addresses() -> set[str]:
