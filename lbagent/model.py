@@ -272,7 +272,7 @@ class LoadBalancer(_Model):
     @cached_property
     def _own_problems(self) -> list[Problem]:
         # Once per validated instance: a refresh that reuses the instance of an
-        # unchanged load balancer (see lbagent.refresh) does not check it again.
+        # unchanged load balancer (see lbagent.parsing) does not check it again.
         return own_problems(self)
 
     @cached_property

@@ -12,6 +12,7 @@ import json
 import os
 import time
 from dataclasses import dataclass, field
+from functools import cached_property
 from pathlib import Path
 
 from lbagent.counters import STATE_WRITES
@@ -27,7 +28,7 @@ class StateFileError(Exception):
 @dataclass(frozen=True)
 class Allocation:
     # Frozen: allocations are replaced, never changed in place, which the
-    # worker's memo and the state file's kept texts rely on.
+    # worker's memo and the kept `json_text` rely on.
     inner: str
     outer: str
     salt: int = 0
@@ -35,6 +36,11 @@ class Allocation:
 
     def to_json(self) -> dict:
         return {"inner": self.inner, "outer": self.outer, "salt": self.salt, "ports": dict(self.ports)}
+
+    @cached_property
+    def json_text(self) -> str:
+        """`to_json()` encoded, once per allocation (the state file and the worker's fingerprints use it)."""
+        return json.dumps(self.to_json(), separators=(",", ":"))
 
     @classmethod
     def from_json(cls, data: dict) -> "Allocation":
@@ -56,9 +62,6 @@ class PersistedState:
 class StateStore:
     def __init__(self, state_dir: Path):
         self.path = Path(state_dir) / "state.json"
-        # id -> (an allocation, its JSON text): allocations are replaced, never
-        # changed in place, so the same object encodes to the same text.
-        self._allocation_texts: dict[str, tuple[Allocation, str]] = {}
 
     def load(self) -> PersistedState:
         try:
@@ -96,14 +99,8 @@ class StateStore:
         desired = state.desired_text
         if desired is None:
             desired = json.dumps(state.desired, separators=(",", ":"))
-        texts = {}
-        for lb_id, allocation in sorted(state.allocations.items()):
-            known = self._allocation_texts.get(lb_id)
-            if known is None or known[0] is not allocation:
-                known = (allocation, json.dumps(allocation.to_json(), separators=(",", ":")))
-            texts[lb_id] = known
-        self._allocation_texts = texts
-        allocations = ",".join(f"{json.dumps(lb_id)}:{text}" for lb_id, (_, text) in texts.items())
+        allocations = ",".join(f"{json.dumps(lb_id)}:{allocation.json_text}"
+                               for lb_id, allocation in sorted(state.allocations.items()))
         return (f'{{"format":{json.dumps(FORMAT)},"version":{VERSION},'
                 f'"desired":{desired},"allocations":{{{allocations}}}}}').encode()
 

@@ -133,10 +133,10 @@ class LiveEditError(Exception):
 
 
 def apply_edits(edits: list[ServerEdit], send: Callable[[str], str]) -> set[str]:
-    """Send the edits' commands through `send` (one stats-socket command, its
-    answer). Additions and weights first, removals last, so a backend never
-    runs short meanwhile. Returns the targets ("backend/server") that are in
-    maintenance but could not be deleted yet; LiveEditError on any other refusal."""
+    """Send the edits' commands through `send` (one CLI command, its answer).
+    Additions and weights first, removals last, so a backend never runs short
+    meanwhile. Returns the targets ("backend/server") that are in maintenance
+    but could not be deleted yet; LiveEditError on any other refusal."""
     lingering: set[str] = set()
     for edit in sorted(edits, key=lambda e: e.line is None):
         if edit.line is None:
@@ -148,7 +148,7 @@ def apply_edits(edits: list[ServerEdit], send: Callable[[str], str]) -> set[str]
         else:
             _expect(send(f"add server {edit.target} {edit.line}"), "New server registered.", edit)
             _expect(send(f"enable server {edit.target}"), "", edit)
-            if " check" in f" {edit.line}":
+            if "check" in edit.line.split():
                 _expect(send(f"enable health {edit.target}"), "", edit)
     return lingering
 

@@ -328,10 +328,8 @@ class HaproxyManager:
             raise
         if outcome == "live":
             self._live_updates += 1
-        elif outcome == "reloaded":
-            self._record_reload()
         else:
-            self._record_start(outcome)
+            self._record_outcome(outcome)
         log.info("object=haproxy action=%s lb=%s servers=%d", outcome, staged.lb_id, len(edits))
         return True
 
@@ -448,10 +446,7 @@ class HaproxyManager:
         burst = bool(self._pending) or self._in_flight > 0
         self._next_reload_at = loop.time() + (min(self.reload_pace * took, MAX_RELOAD_PAUSE) if burst else 0.0)
         self._last_reload_seconds = round(took, 3)
-        if outcome == "reloaded":
-            self._record_reload()
-        else:
-            self._record_start(outcome)
+        self._record_outcome(outcome)
         log.info("object=haproxy action=%s lbs=%d seconds=%.2f", outcome, len(batch), took)
         for change in batch:
             if not change.done.done():
@@ -553,6 +548,13 @@ class HaproxyManager:
     def _record_start(self, outcome: str) -> None:
         if outcome != "adopted":
             self._starts += 1
+
+    def _record_outcome(self, outcome: str) -> None:
+        """Count what `reload_or_start` did: a reload, or a start."""
+        if outcome == "reloaded":
+            self._record_reload()
+        else:
+            self._record_start(outcome)
 
     def _record_failure(self, exc: BaseException) -> None:
         self._failed_reloads += 1

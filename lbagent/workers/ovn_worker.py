@@ -246,7 +246,7 @@ class OvnWorker:
         (whose backend ports follow the pods its groups select)."""
         lb, allocation = self._lb(lb_id), self.allocations[lb_id]
         return self._derived.get(("own", lb_id), (lb, allocation),
-                                 lambda: json.dumps([lb.canonical_json, allocation.to_json()], sort_keys=True))
+                                 lambda: json.dumps([lb.canonical_json, allocation.json_text]))
 
     def _deps_fingerprint(self, lb_id: str) -> str:
         """What a load balancer uses of others: its subnet and its groups' pod targets."""
