@@ -3,13 +3,21 @@
 Two pure-ish functions, each run on a namespace thread with a netlink socket
 of that namespace: `converge_namespace` inside `lb-<id>`, `converge_host`
 in the host namespace. Both observe first and write only the difference.
+
+A namespace that a pass has just made holds nothing to observe: for it
+`build_namespace` and `build_host` make the same objects in three batches of
+requests without reading first (about thirty requests, each a round trip
+through pyroute2, otherwise). Whatever they cannot do is left to the two
+converge functions, which find and finish a partial build like any drift.
 """
 
 from __future__ import annotations
 
 import errno
 import ipaddress
+import socket
 import threading
+from contextlib import closing
 from dataclasses import dataclass
 
 from lbagent.counters import count_write
@@ -18,8 +26,10 @@ from lbagent.ovnhost import ethtool
 from lbagent.ovnhost.errors import LinkNotFound
 from lbagent.ovnhost.iplib import Address, Link, Netlink, Route, SourceRule
 from lbagent.ovnhost.netns import write_sysctl
+from lbagent.ovnhost.rtnl_batch import RtnlBatch, open_socket
 
 LINK_LOCAL_PREFIX = 16
+LOOPBACK_INDEX = 1  # in every namespace
 DEFAULT_ROUTE = "0.0.0.0/0"
 # haproxy sees real client addresses, so its replies (from OUTER, to anyone)
 # must go back through the load balancer's own veth: one policy rule and one
@@ -79,15 +89,54 @@ def converge_namespace(spec: LinkSpec, host_netns_fd: int) -> set[str]:
         haproxy = _ensure_link(nl, links[names.haproxy_ns], up=True)
         _ensure_addresses(nl, ovn, {Address(spec.vip, spec.prefixlen, False)})
         _ensure_addresses(nl, haproxy, {Address(spec.inner, LINK_LOCAL_PREFIX, False)})
-        wanted = {Route(DEFAULT_ROUTE, spec.gateway, ovn.index, None)}
-        wanted |= {Route(cidr, nexthop, ovn.index, None) for cidr, nexthop in spec.routes}
-        _ensure_gateway_routes(nl, wanted)
-        if spec.tx_checksum_off:
-            ethtool.ensure_tx_checksum_off(names.ovn_ns)
-        # A fresh namespace does not forward; both directions route through it.
-        if write_sysctl("net/ipv4/ip_forward", "1"):
-            count_write("netlink", what="ip_forward on")
+        _ensure_gateway_routes(nl, set(_gateway_routes(spec, ovn.index)))
+    _finish_namespace(spec)
     return created
+
+
+def build_namespace(spec: LinkSpec, host_netns_fd: int) -> set[str]:
+    """`converge_namespace` for a namespace that holds only its loopback: both
+    veth pairs made with their final MTU, MAC and state (the host ends made
+    directly on the host), then addresses and routes; two batches, no reads.
+    Returns the namespace ends it created, like `converge_namespace`."""
+    names = spec.names
+    batch = RtnlBatch()
+    with closing(open_socket()) as sock:
+        batch.set_up(LOOPBACK_INDEX, "lo")
+        batch.add_veth(names.ovn_ns, names.ovn_host, host_netns_fd, mtu=spec.mtu, mac=spec.mac, peer_mtu=spec.mtu)
+        batch.add_veth(names.haproxy_ns, names.haproxy_host, host_netns_fd)
+        batch.send(sock)
+        ovn, haproxy = _index_of(names.ovn_ns), _index_of(names.haproxy_ns)
+        batch.add_address(ovn, names.ovn_ns, spec.vip, spec.prefixlen)
+        batch.add_address(haproxy, names.haproxy_ns, spec.inner, LINK_LOCAL_PREFIX)
+        for route in _gateway_routes(spec, ovn):
+            batch.replace_route(route)
+        batch.send(sock)
+    _finish_namespace(spec)
+    return {names.ovn_ns, names.haproxy_ns}
+
+
+def _gateway_routes(spec: LinkSpec, oif: int) -> list[Route]:
+    """The namespace's routes via a gateway, the default route first (the
+    subnet's other routes may need it to reach their next hop)."""
+    return [Route(DEFAULT_ROUTE, spec.gateway, oif, None)] + sorted(
+        Route(cidr, nexthop, oif, None) for cidr, nexthop in spec.routes)
+
+
+def _finish_namespace(spec: LinkSpec) -> None:
+    if spec.tx_checksum_off:
+        ethtool.ensure_tx_checksum_off(spec.names.ovn_ns)
+    # A fresh namespace does not forward; both directions route through it.
+    if write_sysctl("net/ipv4/ip_forward", "1"):
+        count_write("netlink", what="ip_forward on")
+
+
+def _index_of(name: str) -> int:
+    """A link's index by name: one ioctl in the calling thread's namespace."""
+    try:
+        return socket.if_nametoindex(name)
+    except OSError as exc:
+        raise LinkNotFound("find link", exc.errno or errno.ENODEV, name) from exc
 
 
 def converge_host(spec: LinkSpec) -> None:
@@ -114,6 +163,38 @@ def converge_host(spec: LinkSpec) -> None:
             _ensure_reply_path(nl, spec, haproxy)
 
 
+def build_host(spec: LinkSpec) -> None:
+    """`converge_host` for host ends that `build_namespace` has just made (with
+    their MTU): both up, OUTER, the route to INNER, the reply table and its
+    rule in one batch. The reply path is then checked as `converge_host` checks
+    it: a stale rule from OUTER left by an earlier life would come first."""
+    names = spec.names
+    ovn, haproxy = _index_of(names.ovn_host), _index_of(names.haproxy_host)
+    table = reply_table(spec.outer)
+    batch = RtnlBatch()
+    batch.set_up(ovn, names.ovn_host)
+    batch.set_up(haproxy, names.haproxy_host)
+    batch.add_address(haproxy, names.haproxy_host, spec.outer, LINK_LOCAL_PREFIX, noprefixroute=True)
+    batch.replace_route(Route(f"{spec.inner}/32", None, haproxy, spec.outer))
+    for route in _reply_routes(spec, haproxy, table):
+        batch.replace_route(route)
+    with _RULES_LOCK, closing(open_socket()) as sock:
+        batch.add_skip_rules(*LINK_LOCAL_NET, SKIP_PRIORITY, SKIP_TARGET)
+        batch.add_source_rule(spec.outer, table, RULE_PRIORITY)
+        batch.send(sock)
+    with Netlink.open() as nl:
+        link = nl.link(names.haproxy_host)
+        if link is None:
+            raise LinkNotFound("find link", errno.ENODEV, names.haproxy_host)
+        if not _reply_path_ok(nl, spec, link):
+            _ensure_reply_path(nl, spec, link)
+
+
+def _reply_routes(spec: LinkSpec, oif: int, table: int) -> list[Route]:
+    """The reply table: INNER on the link, then the default route via INNER."""
+    return [Route(f"{spec.inner}/32", None, oif, spec.outer, table), Route(DEFAULT_ROUTE, spec.inner, oif, None, table)]
+
+
 def _reply_path_ok(nl: Netlink, spec: LinkSpec, haproxy: Link) -> bool:
     """Does a reply from OUTER to a client leave via INNER on this load balancer's veth?
     Only its own table routes anything via INNER (pyroute2 reports the table
@@ -130,13 +211,13 @@ _RULES_LOCK = threading.Lock()
 
 def _ensure_reply_path(nl: Netlink, spec: LinkSpec, haproxy: Link) -> None:
     table = reply_table(spec.outer)
-    wanted = {Route(f"{spec.inner}/32", None, haproxy.index, spec.outer, table),
-              Route(DEFAULT_ROUTE, spec.inner, haproxy.index, None, table)}
+    ordered = _reply_routes(spec, haproxy.index, table)
     observed = nl.routes(table)
-    for route in observed - wanted:
+    for route in observed - set(ordered):
         nl.delete_route(route)
-    for route in sorted(wanted - observed, key=lambda r: r.dst == DEFAULT_ROUTE):
-        nl.replace_route(route)
+    for route in ordered:
+        if route not in observed:
+            nl.replace_route(route)
     rule = SourceRule(spec.outer, table, RULE_PRIORITY)
     with _RULES_LOCK:
         # Adds that the kernel refuses as duplicates: no dump of the host's

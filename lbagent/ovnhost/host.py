@@ -61,17 +61,9 @@ class OvnHost:
         return await self.ovsdb.run(self._ovs.datapath_type) == NETDEV
 
     async def converge(self, spec: HostSpec) -> HostObservation:
-        if not netns_exists(spec.netns):
-            log.info("action=create object=netns lb=%s netns=%s", spec.lb_id, spec.netns)
-            await self._namespaces.create(spec.netns)
-        try:
-            created = await self._namespaces.run(spec.netns, datapath.converge_namespace, spec.links, self._host_fd)
-        except AlreadyExists:
-            # A host end left over from an earlier life of this namespace
-            # blocks the new pair: remove it and build the pair again.
-            await self._namespaces.run(None, datapath.delete_host_links, spec.links.names)
-            created = await self._namespaces.run(spec.netns, datapath.converge_namespace, spec.links, self._host_fd)
-        await self._namespaces.run(None, datapath.converge_host, spec.links)
+        created = await self._build_new(spec) if not netns_exists(spec.netns) else None
+        if created is None:
+            created = await self._converge_links(spec)
         _, self._nat_states[spec.lb_id] = await self._iptc.run(
             spec.netns, iptables.converge_nat, list(spec.nat), self._nat_states.get(spec.lb_id))
         port = spec.links.names.ovn_host
@@ -83,6 +75,30 @@ class OvnHost:
         if await self.ovsdb.run(self._ovs.ensure_port, port, wanted_ids, observed, reattach):
             observed = await self.ovsdb.run(self._ovs.observe_port, port)
         return HostObservation(port, bool(observed and observed.ovn_installed))
+
+    async def _build_new(self, spec: HostSpec) -> set[str] | None:
+        """Make the namespace and build its links in batches (nothing to read
+        in a namespace just made). None if the build stopped part-way: the
+        step-by-step converge then finds what is there and finishes it."""
+        log.info("action=create object=netns lb=%s netns=%s", spec.lb_id, spec.netns)
+        try:
+            created = await self._namespaces.create(spec.netns, datapath.build_namespace, spec.links, self._host_fd)
+            await self._namespaces.run(None, datapath.build_host, spec.links)
+        except NetlinkError as exc:
+            log.info("action=build object=links lb=%s result=partial error=%r", spec.lb_id, str(exc))
+            return None
+        return created
+
+    async def _converge_links(self, spec: HostSpec) -> set[str]:
+        try:
+            created = await self._namespaces.run(spec.netns, datapath.converge_namespace, spec.links, self._host_fd)
+        except AlreadyExists:
+            # A host end left over from an earlier life of this namespace
+            # blocks the new pair: remove it and build the pair again.
+            await self._namespaces.run(None, datapath.delete_host_links, spec.links.names)
+            created = await self._namespaces.run(spec.netns, datapath.converge_namespace, spec.links, self._host_fd)
+        await self._namespaces.run(None, datapath.converge_host, spec.links)
+        return created
 
     async def read_allocation(self, lb_id: str) -> tuple[str, str, str, dict[str, int]] | None:
         """What an existing namespace says about its allocation: (tag, inner,

@@ -88,19 +88,23 @@ class NamespaceExecutor:
             log.critical("a namespace thread could not return to the host namespace; aborting")
             os.abort()
 
-    async def create(self, name: str) -> None:
-        await self._pool.run(self._create, name)
+    async def create(self, name: str, inside: Callable[..., T] | None = None, *args) -> T | None:
+        """Make the namespace; `inside(*args)`, if given, runs in it on the
+        same thread before the thread goes home (no second setns)."""
+        return await self._pool.run(self._create, name, inside, args)
 
-    def _create(self, name: str) -> None:
+    def _create(self, name: str, inside: Callable[..., T] | None, args: tuple) -> T | None:
         if os.path.exists(netns_path(name)) and not netns_exists(name):
             os.unlink(netns_path(name))  # stale file from an interrupted create
         if _libc.unshare(CLONE_NEWNET) != 0:
             raise NamespaceError(f"create namespace {name}: {os.strerror(ctypes.get_errno())}")
         try:
-            # /proc/self would name the main thread's namespace; this thread's is new.
-            pyroute_netns.attach(name, "thread-self")
-        except OSError as exc:
-            raise NamespaceError(f"create namespace {name}: {exc}") from exc
+            try:
+                # /proc/self would name the main thread's namespace; this thread's is new.
+                pyroute_netns.attach(name, "thread-self")
+            except OSError as exc:
+                raise NamespaceError(f"create namespace {name}: {exc}") from exc
+            return inside(*args) if inside is not None else None
         finally:
             self._return_home()
 

@@ -1,6 +1,7 @@
 """The kernel half of OvnHost on the real kernel, without OVS: namespaces,
 veths, addresses, routes, NAT rules; converging twice writes nothing."""
 
+import logging
 import os
 import secrets
 import subprocess
@@ -12,8 +13,10 @@ from lbagent.members import Member
 from lbagent.naming import interface_names
 from lbagent.ovnhost import datapath, iplib, iptables
 from lbagent.ovnhost.datapath import LinkSpec
+from lbagent.ovnhost.host import HostSpec, OvnHost
 from lbagent.ovnhost.nat import NatPlan, nat_rules
 from lbagent.ovnhost.netns import NamespaceExecutor, delete_netns, netns_exists
+from lbagent.ovnhost.ovs import PortState
 
 pytestmark = pytest.mark.skipif(os.geteuid() != 0, reason="needs root")
 
@@ -70,6 +73,14 @@ async def converge(executors, netns, names, link_spec, nat):
 async def test_converge_builds_the_data_path_and_a_second_pass_writes_nothing(executors, lb):
     lb_id, names, netns = lb
     await converge(executors, netns, names, spec(names), rules(names))
+    assert_data_path(netns, names)
+
+    before = write_counts()
+    assert await converge(executors, netns, names, spec(names), rules(names)) == 0
+    assert write_counts() == before
+
+
+def assert_data_path(netns, names):
     inside = sh(f"ip netns exec {netns} ip -br addr")
     assert "198.18.0.12/24" in inside and "169.254.0.100/16" in inside
     assert "default via 198.18.0.1" in sh(f"ip netns exec {netns} ip route")
@@ -88,10 +99,12 @@ async def test_converge_builds_the_data_path_and_a_second_pass_writes_nothing(ex
     nat = sh(f"ip netns exec {netns} iptables-legacy-save -t nat")
     assert "--to-destination 169.254.0.101:80" in nat and "--to-destination 198.18.0.21:8000" in nat
     assert "-j SNAT --to-source 198.18.0.12" in nat and "--to-source 169.254" not in nat
-
-    before = write_counts()
-    assert await converge(executors, netns, names, spec(names), rules(names)) == 0
-    assert write_counts() == before
+    for name, kind in ((names.ovn_host, "veth"), (names.haproxy_host, "veth")):
+        link = sh(f"ip -d link show {name}")
+        assert kind in link and ",UP," in link
+    assert "mtu 1442" in sh(f"ip link show {names.ovn_host}")
+    ovn_ns = sh(f"ip netns exec {netns} ip link show {names.ovn_ns}")
+    assert "mtu 1442" in ovn_ns and "00:22:0a:00:00:12" in ovn_ns and ",UP," in ovn_ns
 
 
 async def test_changes_and_drift_are_repaired(executors, lb):
@@ -165,3 +178,73 @@ async def test_nat_passes_skip_an_unchanged_table_and_repair_an_edited_one(execu
     changes, moved = await iptc_exec.run(netns, iptables.converge_nat, rules(names, backend="198.18.0.22"), repaired)
     assert changes > 0 and moved != repaired
     assert "198.18.0.22:8000" in sh(f"ip netns exec {netns} iptables-legacy-save -t nat")
+
+
+class FakeOvs:
+    """The integration bridge, as far as OvnHost asks: this module tests the kernel half."""
+
+    def __init__(self):
+        self.ports: dict[str, PortState] = {}
+
+    def observe_port(self, name):
+        return self.ports.get(name)
+
+    def ensure_port(self, name, external_ids, observed, reattach=False):
+        if observed is not None and observed.external_ids == external_ids and not reattach:
+            return False
+        self.ports[name] = PortState("br-int", dict(external_ids))
+        return True
+
+
+@pytest.fixture
+async def ovn_host(executors):
+    ns_exec, iptc_exec = executors
+    host = OvnHost(FakeOvs(), ns_exec, iptc_exec)
+    yield host
+    host.ovsdb.shutdown()
+
+
+def host_spec(lb_id, netns, names):
+    return HostSpec(lb_id, netns, spec(names), tuple(rules(names)))
+
+
+async def test_a_new_namespace_is_built_in_batches_and_a_second_pass_writes_nothing(ovn_host, lb, monkeypatch):
+    """A namespace the pass has just made is built without a read or a
+    request of its own per object; what it builds is what converge wants."""
+    lb_id, names, netns = lb
+    one_by_one = []
+    real_call = iplib.Netlink._call
+    monkeypatch.setattr(iplib.Netlink, "_call", lambda self, op, *a, **k: one_by_one.append(op) or real_call(
+        self, op, *a, **k))
+    before = write_counts()
+    await ovn_host.converge(host_spec(lb_id, netns, names))
+    assert one_by_one == []
+    assert write_counts()["netlink"] - before["netlink"] >= 14  # each batched request is counted (and logged)
+    assert_data_path(netns, names)
+
+    before = write_counts()
+    await ovn_host.converge(host_spec(lb_id, netns, names))
+    assert write_counts() == before
+    assert one_by_one and "add veth" not in one_by_one  # the second pass observed, step by step
+
+
+async def test_a_build_stopped_by_a_leftover_link_is_finished_step_by_step(ovn_host, lb, caplog):
+    lb_id, names, netns = lb
+    # An earlier life's host end, in the way (its peer goes with it at cleanup).
+    sh(f"ip link add {names.haproxy_host} type veth peer name x{names.tag}9")
+    with caplog.at_level(logging.INFO, logger="lbagent.ovnhost.host"):
+        await ovn_host.converge(host_spec(lb_id, netns, names))
+    assert f"add veth {names.haproxy_ns}: EEXIST" in caplog.text and "result=partial" in caplog.text
+    assert_data_path(netns, names)
+    before = write_counts()
+    await ovn_host.converge(host_spec(lb_id, netns, names))
+    assert write_counts() == before
+
+
+async def test_a_build_puts_its_reply_rule_before_a_stale_one(ovn_host, lb):
+    lb_id, names, netns = lb
+    sh("ip rule add priority 31000 from 169.254.0.101 lookup main")  # left by an earlier life
+    await ovn_host.converge(host_spec(lb_id, netns, names))
+    policy = sh("ip rule")
+    assert f"from 169.254.0.101 lookup {datapath.reply_table('169.254.0.101')}" in policy
+    assert "from 169.254.0.101 lookup main" not in policy

@@ -1,0 +1,134 @@
+"""The batch encoder says what pyroute2 would say, and reads every answer."""
+
+import errno
+import struct
+
+import pytest
+from pyroute2 import IPBatch
+
+from lbagent.counters import write_counts
+from lbagent.ovnhost.errors import AlreadyExists, LinkNotFound, NetlinkError
+from lbagent.ovnhost.iplib import Route
+from lbagent.ovnhost.rtnl_batch import RtnlBatch
+
+TABLE = 0x4C420065
+
+
+def _without_sequence(data: bytes) -> bytes:
+    """A message with its sequence number and port id zeroed: each client numbers its own."""
+    return data[:8] + bytes(8) + data[16:]
+
+
+def _pyroute2(call) -> bytes:
+    compiler = IPBatch()
+    try:
+        call(compiler)
+        return _without_sequence(bytes(compiler.batch))
+    finally:
+        compiler.close()
+
+
+def _ours(call) -> bytes:
+    batch = RtnlBatch()
+    call(batch)
+    assert len(batch) == 1
+    return _without_sequence(batch._requests[0].data)
+
+
+@pytest.mark.parametrize("ours, theirs", [
+    (lambda b: b.add_veth("o1234abcd0", "o1234abcd1", 7, mtu=1442, mac="00:22:0a:00:00:12", peer_mtu=1442),
+     lambda c: c.link("add", ifname="o1234abcd0", kind="veth", mtu=1442, address="00:22:0a:00:00:12", state="up",
+                      peer={"ifname": "o1234abcd1", "net_ns_fd": 7, "mtu": 1442})),
+    (lambda b: b.add_veth("h1234abcd0", "h1234abcd1", 7),
+     lambda c: c.link("add", ifname="h1234abcd0", kind="veth", state="up",
+                      peer={"ifname": "h1234abcd1", "net_ns_fd": 7})),
+    (lambda b: b.set_up(1, "lo"), lambda c: c.link("set", index=1, state="up")),
+    (lambda b: b.add_address(5, "x", "169.254.0.101", 16, noprefixroute=True),
+     lambda c: c.addr("add", index=5, address="169.254.0.101", prefixlen=16, flags=0x200)),
+    (lambda b: b.add_address(2, "x", "198.18.0.12", 24),
+     lambda c: c.addr("add", index=2, address="198.18.0.12", prefixlen=24)),
+    (lambda b: b.replace_route(Route("0.0.0.0/0", "198.18.0.1", 2, None)),
+     lambda c: c.route("replace", dst="0.0.0.0/0", gateway="198.18.0.1", oif=2, table=254)),
+    (lambda b: b.replace_route(Route("198.19.0.0/16", "198.18.0.254", 2, None)),
+     lambda c: c.route("replace", dst="198.19.0.0/16", gateway="198.18.0.254", oif=2, table=254)),
+    (lambda b: b.replace_route(Route("169.254.0.100/32", None, 5, "169.254.0.101", TABLE)),
+     lambda c: c.route("replace", dst="169.254.0.100/32", oif=5, prefsrc="169.254.0.101", scope=253, table=TABLE)),
+    (lambda b: b.replace_route(Route("0.0.0.0/0", "169.254.0.100", 5, None, TABLE)),
+     lambda c: c.route("replace", dst="0.0.0.0/0", gateway="169.254.0.100", oif=5, table=TABLE)),
+    (lambda b: b.add_source_rule("169.254.0.101", TABLE, 31000),
+     lambda c: c.rule("add", src="169.254.0.101", src_len=32, table=TABLE, priority=31000)),
+])
+def test_requests_are_encoded_as_pyroute2_encodes_them(ours, theirs):
+    assert _ours(ours).hex() == _pyroute2(theirs).hex()
+
+
+def test_skip_rules_are_the_pair_iplib_adds():
+    batch = RtnlBatch()
+    batch.add_skip_rules("169.254.0.0", 16, 30999, 31999)
+    nop, skip = (_without_sequence(r.data) for r in batch._requests)
+    assert nop == _pyroute2(lambda c: c.rule("add", priority=31999, action="FR_ACT_NOP"))
+    assert skip == _pyroute2(lambda c: c.rule("add", priority=30999, src="169.254.0.0", src_len=16, flags=2,
+                                              action="FR_ACT_GOTO", goto=31999))
+
+
+class FakeSocket:
+    """Answers each request of the batch it was sent with the given errno, in
+    messages split across reads as the kernel may split them."""
+
+    def __init__(self, codes: list[int], per_read: int = 2):
+        self.codes, self.per_read, self.sent, self.replies = codes, per_read, b"", []
+
+    def send(self, data: bytes) -> int:
+        self.sent = data
+        acks = [struct.pack("=IHHIIi", 36, 2, 0x100, seq, 0, -code) + bytes(16)
+                for seq, code in enumerate(self.codes, start=1)]
+        self.replies = [b"".join(acks[i:i + self.per_read]) for i in range(0, len(acks), self.per_read)]
+        return len(data)
+
+    def recv(self, size: int) -> bytes:
+        return self.replies.pop(0)
+
+
+def _three_requests() -> RtnlBatch:
+    batch = RtnlBatch()
+    batch.add_skip_rules("169.254.0.0", 16, 30999, 31999)
+    batch.add_address(5, "h1234abcd1", "169.254.0.101", 16)
+    return batch
+
+
+def test_every_answer_is_read_and_an_existing_rule_is_no_failure():
+    before = write_counts()["netlink"]
+    sock = FakeSocket([errno.EEXIST, 0, 0])
+    _three_requests().send(sock)
+    assert sock.sent.count(b"\x20\x00\x05\x06") == 2  # both rules (RTM_NEWRULE, create|excl|ack) in one write
+    assert write_counts()["netlink"] == before + 2
+
+
+def test_the_first_failure_is_raised_typed_once_all_answers_are_in():
+    sock = FakeSocket([0, errno.ENODEV, errno.EEXIST], per_read=1)
+    with pytest.raises(LinkNotFound) as raised:
+        _three_requests().send(sock)
+    assert "not from 169.254.0.0/16 goto 31999" in str(raised.value)
+    assert sock.replies == []  # the third answer was read too: the next batch starts clean
+
+
+def test_an_existing_address_is_a_failure():
+    batch = RtnlBatch()
+    batch.add_address(5, "h1234abcd1", "169.254.0.101", 16)
+    with pytest.raises(AlreadyExists, match="add address 169.254.0.101/16 h1234abcd1"):
+        batch.send(FakeSocket([errno.EEXIST]))
+
+
+def test_a_socket_error_is_a_netlink_error():
+    class Broken(FakeSocket):
+        def send(self, data):
+            raise OSError(errno.ENOBUFS, "no buffer space")
+
+    with pytest.raises(NetlinkError, match="ENOBUFS"):
+        _three_requests().send(Broken([]))
+
+
+def test_an_empty_batch_sends_nothing():
+    sock = FakeSocket([])
+    RtnlBatch().send(sock)
+    assert sock.sent == b""
