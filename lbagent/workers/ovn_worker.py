@@ -320,12 +320,15 @@ class OvnWorker:
 
     async def _converge(self, lb: LoadBalancer, fingerprint: str) -> None:
         async with self._pass_slots:
-            reloaded = await self._converge_host_and_submit(lb, fingerprint)
-        # The slot is free while haproxy batches this change with others.
+            config = await self._converge_host(lb, fingerprint)
+        # The slots bound the host work only: haproxy checks candidates in bulk
+        # and batches their reload, and a check must not hold up the next pass.
+        reloaded = await self._haproxy.submit(lb.id, config.text, config.files)
         if reloaded is not None and await reloaded:
             log.info("lb=%s object=haproxy action=reload", lb.id)
 
-    async def _converge_host_and_submit(self, lb: LoadBalancer, fingerprint: str):
+    async def _converge_host(self, lb: LoadBalancer, fingerprint: str) -> HaproxyConfig:
+        """The host part of a pass; returns the haproxy configuration to submit."""
         allocation = self.allocations[lb.id]
         subnet = self.desired.subnet(lb.network.subnet_id)
         members = self.members(lb)
@@ -342,8 +345,7 @@ class OvnWorker:
         runtime = self.runtime[lb.id]
         if runtime.rendered is None or runtime.rendered[0] != fingerprint:
             runtime.rendered = (fingerprint, render_config(lb, allocation.outer, members, inner=allocation.inner))
-        config = runtime.rendered[1]
-        return await self._haproxy.submit(lb.id, config.text, config.files)
+        return runtime.rendered[1]
 
     def resync_interval(self) -> float:
         """Seconds between two resync passes of one load balancer: the configured
