@@ -14,12 +14,14 @@ makes in the kernel (see ../shared/design.md and lbagent/ovnhost/datapath.py):
 - on the host: OUTER/16 noprefixroute, the route to INNER/32, the reply table
   (two routes) and its policy rule, plus the two shared skip rules once.
 
-It reads nothing back and decides nothing. Requests are compiled by pyroute2
-(`IPBatch`) and sent as two batches per load balancer, one write each: one on
-the host's netlink socket, one on the namespace's (opened while the thread is
-inside it, so it acts there without entering again); interface indexes are
-chosen up front so a batch can name the links it creates. One setns() out of
-each new namespace.
+It reads nothing back and decides nothing. Requests are encoded by the
+agent's own batch client (`lbagent.ovnhost.rtnl_batch`: pyroute2's message
+classes without its per-request machinery, a fraction of `IPBatch`'s cost)
+and sent as two batches per load balancer, one write each: one on the host's
+netlink socket, one on the namespace's (opened while the thread is inside it,
+so it acts there without entering again); interface indexes are chosen up
+front so a batch can name the links it creates. One setns() out of each new
+namespace.
 The OVS ports are added in one OVSDB transaction for all load balancers,
 timed separately (`ovs_seconds`): the issue's floor is the kernel part.
 
@@ -41,15 +43,14 @@ import time
 from dataclasses import dataclass
 
 import iptc
-from pyroute2 import IPBatch, IPRoute
+from pyroute2 import IPRoute
 from pyroute2 import netns as pyroute_netns
 
 from lbagent.ovnhost import ethtool  # the SIOCETHTOOL ioctl, no fork: acts in the socket's namespace
+from lbagent.ovnhost.iplib import Route
+from lbagent.ovnhost.rtnl_batch import RtnlBatch, open_socket
 
 CLONE_NEWNET = 0x40000000
-IFA_F_NOPREFIXROUTE = 0x200
-FIB_RULE_INVERT = 0x2
-RT_SCOPE_LINK = 253
 RULE_PRIORITY = 32100
 SKIP_PRIORITY = RULE_PRIORITY - 1
 SKIP_TARGET = RULE_PRIORITY + 99
@@ -137,22 +138,19 @@ def _build(lbs: list[FloorLb], tx_checksum_off: bool) -> float:
     _warm_up_iptc(host_fd)
     started = time.perf_counter()
     try:
-        compiler = IPBatch()  # encodes requests into a buffer, sends nothing
-        host = _netlink_socket()
+        batch = RtnlBatch()  # encodes requests, sends them in one write, reads every answer
+        host = open_socket()
         try:
             # Interface indexes chosen by us, so that a whole batch can name
             # links it creates itself: no lookups, no waiting between requests.
             next_index = max(_host_indexes()) + 1000
-            compiler.rule("add", priority=SKIP_TARGET, action="FR_ACT_NOP")
-            compiler.rule("add", priority=SKIP_PRIORITY, src="169.254.0.0", src_len=16, flags=FIB_RULE_INVERT,
-                          action="FR_ACT_GOTO", goto=SKIP_TARGET)
-            _send_batch(host, compiler, 2)
+            batch.add_skip_rules("169.254.0.0", 16, SKIP_PRIORITY, SKIP_TARGET)
+            batch.send(host)
             for lb in lbs:
-                _build_one(compiler, host, host_fd, lb, next_index, tx_checksum_off)
+                _build_one(batch, host, host_fd, lb, next_index, tx_checksum_off)
                 next_index += 2
         finally:
             host.close()
-            compiler.close()
     finally:
         os.close(host_fd)
     return time.perf_counter() - started
@@ -189,7 +187,7 @@ def _host_indexes() -> list[int]:
 NS_OVN_INDEX, NS_HAPROXY_INDEX, LO_INDEX = 2, 3, 1
 
 
-def _build_one(compiler: IPBatch, host: socket.socket, host_fd: int, lb: FloorLb, index: int,
+def _build_one(batch: RtnlBatch, host: socket.socket, host_fd: int, lb: FloorLb, index: int,
                tx_checksum_off: bool) -> None:
     # The namespace: this thread enters it, makes what must be made from inside
     # (sysctl, nat table, the sockets), and comes back once.
@@ -197,7 +195,7 @@ def _build_one(compiler: IPBatch, host: socket.socket, host_fd: int, lb: FloorLb
         raise OSError(ctypes.get_errno(), "unshare")
     try:
         pyroute_netns.attach(lb.netns, "thread-self")
-        inside = _netlink_socket()  # bound to the namespace for good
+        inside = open_socket()  # bound to the namespace for good
         ioctl_sock = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
         with open("/proc/sys/net/ipv4/ip_forward", "w") as f:
             f.write("1")
@@ -207,71 +205,33 @@ def _build_one(compiler: IPBatch, host: socket.socket, host_fd: int, lb: FloorLb
         _setns(host_fd)
     o1, h1 = index, index + 1
     try:
-        # Host side, one batch: both pairs (the namespace ends created in the
-        # namespace), OUTER, the route to INNER, the reply table and its rule.
-        compiler.link("add", ifname=lb.ovn_host, index=o1, kind="veth", mtu=lb.mtu,
-                      peer={"ifname": lb.ovn_ns, "index": NS_OVN_INDEX, "net_ns_fd": ns_fd, "address": lb.mac,
-                            "mtu": lb.mtu})
-        compiler.link("add", ifname=lb.haproxy_host, index=h1, kind="veth",
-                      peer={"ifname": lb.haproxy_ns, "index": NS_HAPROXY_INDEX, "net_ns_fd": ns_fd})
-        compiler.link("set", index=o1, state="up")
-        compiler.link("set", index=h1, state="up")
-        compiler.addr("add", index=h1, address=lb.outer, prefixlen=16, flags=IFA_F_NOPREFIXROUTE)
-        compiler.route("replace", dst=f"{lb.inner}/32", oif=h1, prefsrc=lb.outer, scope=RT_SCOPE_LINK)
-        compiler.route("replace", dst=f"{lb.inner}/32", oif=h1, prefsrc=lb.outer, scope=RT_SCOPE_LINK,
-                       table=lb.table)
-        compiler.route("replace", dst="0.0.0.0/0", gateway=lb.inner, oif=h1, table=lb.table)
-        compiler.rule("add", src=lb.outer, src_len=32, table=lb.table, priority=RULE_PRIORITY)
-        _send_batch(host, compiler, 9)
+        # Host side, one batch: both pairs (host ends up, the namespace ends
+        # made in the namespace), OUTER, the route to INNER, the reply table
+        # and its rule.
+        batch.add_veth(lb.ovn_host, lb.ovn_ns, ns_fd, mtu=lb.mtu, peer_mtu=lb.mtu, peer_mac=lb.mac, index=o1,
+                       peer_index=NS_OVN_INDEX)
+        batch.add_veth(lb.haproxy_host, lb.haproxy_ns, ns_fd, index=h1, peer_index=NS_HAPROXY_INDEX)
+        batch.add_address(h1, lb.haproxy_host, lb.outer, 16, noprefixroute=True)
+        batch.replace_route(Route(f"{lb.inner}/32", None, h1, lb.outer))
+        batch.replace_route(Route(f"{lb.inner}/32", None, h1, lb.outer, lb.table))
+        batch.replace_route(Route("0.0.0.0/0", lb.inner, h1, None, lb.table))
+        batch.add_source_rule(lb.outer, lb.table, RULE_PRIORITY)
+        batch.send(host)
     finally:
         os.close(ns_fd)
     with ioctl_sock:
         try:
             # Inside, one batch on the namespace's own socket.
-            for link in (LO_INDEX, NS_OVN_INDEX, NS_HAPROXY_INDEX):
-                compiler.link("set", index=link, state="up")
-            compiler.addr("add", index=NS_OVN_INDEX, address=lb.vip, prefixlen=lb.prefixlen)
-            compiler.addr("add", index=NS_HAPROXY_INDEX, address=lb.inner, prefixlen=16)
-            compiler.route("replace", dst="0.0.0.0/0", gateway=lb.gateway, oif=NS_OVN_INDEX)
-            _send_batch(inside, compiler, 6)
+            for link, name in ((LO_INDEX, "lo"), (NS_OVN_INDEX, lb.ovn_ns), (NS_HAPROXY_INDEX, lb.haproxy_ns)):
+                batch.set_up(link, name)
+            batch.add_address(NS_OVN_INDEX, lb.ovn_ns, lb.vip, lb.prefixlen)
+            batch.add_address(NS_HAPROXY_INDEX, lb.haproxy_ns, lb.inner, 16)
+            batch.replace_route(Route("0.0.0.0/0", lb.gateway, NS_OVN_INDEX, None))
+            batch.send(inside)
             if tx_checksum_off:
                 _tx_checksum_off(ioctl_sock, lb.ovn_ns)
         finally:
             inside.close()
-
-
-NETLINK_ROUTE = 0
-SO_RCVBUFFORCE = 33
-NLMSG_ERROR = 2
-
-
-def _netlink_socket() -> socket.socket:
-    """A raw rtnetlink socket in the calling thread's namespace."""
-    sock = socket.socket(socket.AF_NETLINK, socket.SOCK_RAW, NETLINK_ROUTE)
-    sock.setsockopt(socket.SOL_SOCKET, SO_RCVBUFFORCE, 8 << 20)
-    sock.bind((0, 0))
-    return sock
-
-
-def _send_batch(sock: socket.socket, compiler: IPBatch, count: int) -> None:
-    """Send the compiled requests in one write and collect their `count` acknowledgements."""
-    data = bytes(compiler.batch)
-    compiler.reset()
-    sock.send(data)
-    acks, errors = 0, []
-    while acks < count:
-        buf = sock.recv(1 << 20)
-        offset = 0
-        while offset < len(buf):
-            length, kind, _, seq, _ = struct.unpack_from("IHHII", buf, offset)
-            if kind == NLMSG_ERROR:
-                acks += 1
-                code = struct.unpack_from("i", buf, offset + 16)[0]
-                if code:
-                    errors.append(f"request {seq}: {os.strerror(-code)}")
-            offset += (length + 3) & ~3
-    if errors:
-        raise OSError(f"netlink batch: {'; '.join(errors)}")
 
 
 def _tx_checksum_off(sock: socket.socket, ifname: str) -> None:
