@@ -1,0 +1,87 @@
+"""Calls that arrive while a batch runs go together in the next one."""
+
+import asyncio
+
+import pytest
+
+from lbagent.coalesce import Coalescer
+
+
+class Refused(Exception):
+    pass
+
+
+class Work:
+    """Doubles numbers; refuses negative ones (a batch holding one is refused whole)."""
+
+    def __init__(self):
+        self.batches: list[list[int]] = []
+        self.release = asyncio.Event()
+        self.release.set()
+
+    async def together(self, items):
+        self.batches.append(list(items))
+        await self.release.wait()
+        if any(i < 0 for i in items):
+            raise Refused(f"refused {[i for i in items if i < 0]}")
+        return [2 * i for i in items]
+
+    async def alone(self, item):
+        return (await self.together([item]))[0]
+
+
+def coalescer(work, max_batch=10, split_on=Refused):
+    return Coalescer("t-work", work.together, work.alone, split_on, max_batch)
+
+
+async def test_calls_arriving_during_a_batch_go_together_in_the_next():
+    work = Work()
+    work.release.clear()
+    runs = coalescer(work)
+    first = asyncio.ensure_future(runs.submit(1))
+    await asyncio.sleep(0)  # the first batch starts and waits
+    later = [asyncio.ensure_future(runs.submit(i)) for i in (2, 3, 4)]
+    await asyncio.sleep(0)
+    work.release.set()
+    assert await first == 2 and await asyncio.gather(*later) == [4, 6, 8]
+    assert work.batches == [[1], [2, 3, 4]]
+
+
+async def test_batches_are_bounded():
+    work = Work()
+    runs = coalescer(work, max_batch=2)
+    assert await asyncio.gather(*(runs.submit(i) for i in range(5))) == [0, 2, 4, 6, 8]
+    assert work.batches == [[0, 1], [2, 3], [4]]
+
+
+async def test_a_refused_batch_is_split_and_only_the_culprit_fails():
+    work = Work()
+    runs = coalescer(work)
+    outcomes = await asyncio.gather(*(runs.submit(i) for i in (1, -2, 3)), return_exceptions=True)
+    assert outcomes[0] == 2 and outcomes[2] == 6
+    assert isinstance(outcomes[1], Refused) and str(outcomes[1]) == "refused [-2]"
+    assert work.batches == [[1, -2, 3], [1], [-2], [3]]
+
+
+async def test_a_failure_that_is_not_the_items_fault_reaches_every_waiter():
+    work = Work()
+    runs = coalescer(work, split_on=KeyError)  # Refused now means "the work could not run at all"
+    outcomes = await asyncio.gather(*(runs.submit(i) for i in (1, -2, 3)), return_exceptions=True)
+    assert all(isinstance(o, Refused) for o in outcomes)
+    assert work.batches == [[1, -2, 3]]
+
+
+async def test_a_caller_that_stopped_waiting_is_skipped():
+    work = Work()
+    work.release.clear()
+    runs = coalescer(work)
+    first = asyncio.ensure_future(runs.submit(1))
+    await asyncio.sleep(0)
+    gone, kept = asyncio.ensure_future(runs.submit(2)), asyncio.ensure_future(runs.submit(3))
+    await asyncio.sleep(0)
+    gone.cancel()
+    work.release.set()
+    assert await first == 2 and await kept == 6
+    with pytest.raises(asyncio.CancelledError):
+        await gone
+    assert work.batches == [[1], [3]]
