@@ -23,6 +23,7 @@ from lbagent.ovnhost.iplib import Netlink
 from lbagent.ovnhost.nat import NatRule
 from lbagent.ovnhost.netns import NamespaceExecutor, list_netns, netns_exists, netns_path
 from lbagent.ovnhost.ovs import LB_KEY, OvsClient
+from lbagent.ovnhost.bridgeports import BridgePorts
 
 log = logging.getLogger(__name__)
 
@@ -51,6 +52,7 @@ class OvnHost:
         # One thread: the IDL connection serialises transactions anyway, and
         # OVSDB work must not queue behind other kinds of blocking work.
         self.ovsdb = BlockingPool("ovsdb", 1)
+        self._ports = BridgePorts(ovs, self.ovsdb)
         self._nat_states: dict[str, str] = {}  # lb id -> what its last pass left in its nat table
         self._host_fd = os.open("/proc/self/ns/net", os.O_RDONLY | os.O_CLOEXEC)
 
@@ -67,13 +69,10 @@ class OvnHost:
         _, self._nat_states[spec.lb_id] = await self._iptc.run(
             spec.netns, iptables.converge_nat, list(spec.nat), self._nat_states.get(spec.lb_id))
         port = spec.links.names.ovn_host
-        observed = await self.ovsdb.run(self._ovs.observe_port, port)
         wanted_ids = {"iface-id": iface_id(spec.lb_id), LB_KEY: spec.lb_id}
         # A re-created veth has a new ifindex; the userspace datapath keeps its
         # socket on the old one until the port itself is re-added.
-        reattach = spec.links.names.ovn_ns in created and observed is not None
-        if await self.ovsdb.run(self._ovs.ensure_port, port, wanted_ids, observed, reattach):
-            observed = await self.ovsdb.run(self._ovs.observe_port, port)
+        observed = await self._ports.converge(port, wanted_ids, reattach=spec.links.names.ovn_ns in created)
         return HostObservation(port, bool(observed and observed.ovn_installed))
 
     async def _build_new(self, spec: HostSpec) -> set[str] | None:

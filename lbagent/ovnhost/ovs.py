@@ -17,7 +17,7 @@ from ovs.db import types as ovs_types
 from ovsdbapp.backend.ovs_idl import command, connection, idlutils, transaction
 from ovsdbapp.schema.open_vswitch import impl_idl
 
-from lbagent.counters import count_write, note_ovsdb_session
+from lbagent.counters import CURRENT_LB, count_write, note_ovsdb_session
 from lbagent.ovnhost.errors import OvsdbError
 
 log = logging.getLogger(__name__)
@@ -39,6 +39,15 @@ class PortState:
     @property
     def ovn_installed(self) -> bool:
         return self.external_ids.get("ovn-installed") == "true"
+
+
+@dataclass(frozen=True)
+class PortWant:
+    """One port as a pass wants it."""
+
+    name: str
+    external_ids: dict[str, str]
+    reattach: bool = False  # the device behind it is new: an existing port must be added anew
 
 
 class _ObservePort(command.ReadOnlyCommand):
@@ -189,34 +198,49 @@ class OvsClient:
         """Our ports on which ovn-controller has installed its flows, now."""
         return set(self._execute(_OwnedPorts(self.api, self.owner, installed_only=True)))
 
-    def ensure_port(self, name: str, external_ids: dict[str, str], observed: PortState | None,
-                    reattach: bool = False) -> bool:
-        """Make `name` a port of the integration bridge with these external_ids.
+    def converge_ports(self, wants: list[PortWant]) -> list[PortState | None]:
+        """Make each port one of the integration bridge with its external_ids,
+        writing only the difference; returns what each looks like afterwards.
 
-        Creation and external_ids go in one transaction (add_port's attrs apply
-        only on creation, so external_ids is a separate db_set within it).
-        With `reattach`, an existing port is removed first, in a transaction of
-        its own, so that ovs-vswitchd opens the device anew.
-        Returns True if anything was written.
+        Every write goes in one transaction: each transaction that adds ports
+        makes ovs-vswitchd reconfigure the whole bridge. Creation and
+        external_ids go together (add_port's attrs apply only on creation, so
+        external_ids is a separate db_set). A port to re-attach that exists is
+        first removed in a transaction of its own, which waits until
+        ovs-vswitchd has closed the old device.
         """
-        if reattach and observed is not None:
-            # ovs-vswitchd must close the old device before the port comes back.
-            self.delete_port(name, wait_for_vswitchd=True)
-            observed = None
-        wanted = {**external_ids, OWNER_KEY: self.owner}
+        observed = [self.observe_port(want.name) for want in wants]
+        for index, want in enumerate(wants):
+            if want.reattach and observed[index] is not None:
+                self.delete_port(want.name, wait_for_vswitchd=True)
+                observed[index] = None
+        plans = [self._port_plan(want, seen) for want, seen in zip(wants, observed)]
+        written = [(want, plan[0]) for want, plan in zip(wants, plans) if plan is not None]
+        if written:
+            what = written[0][1] if len(written) == 1 else f"write {len(written)} ports"
+            self._transact(what, *(cmd for plan in plans if plan is not None for cmd in plan[1]), count=False)
+            for want, what in written:  # counted and logged for its own load balancer
+                token = CURRENT_LB.set(want.external_ids.get(LB_KEY, CURRENT_LB.get()))
+                count_write("ovsdb", what=what)
+                CURRENT_LB.reset(token)
+        return [seen if plan is None else self.observe_port(want.name)
+                for want, seen, plan in zip(wants, observed, plans)]
+
+    def _port_plan(self, want: PortWant, observed: PortState | None) -> tuple[str, list] | None:
+        """What to write for one port, and the commands; None if it is as wanted."""
+        name = want.name
+        wanted = {**want.external_ids, OWNER_KEY: self.owner}
         on_bridge = observed.on_bridge if observed else None
         ids_ok = observed is not None and all(observed.external_ids.get(k) == v for k, v in wanted.items())
         if on_bridge == self.bridge and ids_ok:
-            return False
+            return None
         commands = []
         if on_bridge is not None and on_bridge != self.bridge:
             commands.append(self.api.del_port(name, bridge=on_bridge, if_exists=True))
         if on_bridge != self.bridge:
             commands.append(self.api.add_port(self.bridge, name, may_exist=True))
         commands.append(self.api.db_set("Interface", name, ("external_ids", wanted)))
-        self._transact(f"add port {name}" if on_bridge != self.bridge else f"set external_ids of {name}",
-                       *commands)
-        return True
+        return (f"add port {name}" if on_bridge != self.bridge else f"set external_ids of {name}"), commands
 
     def delete_port(self, name: str, wait_for_vswitchd: bool = False) -> bool:
         if self.observe_port(name) is None:
@@ -312,7 +336,7 @@ class OvsClient:
         self._transact(f"update {BRIDGE_MAPPINGS_KEY}", _SetBridgeMapping(self.api, physnet, bridge, present))
         return True
 
-    def _transact(self, what: str, *commands, wait_for_vswitchd: bool = False) -> None:
+    def _transact(self, what: str, *commands, wait_for_vswitchd: bool = False, count: bool = True) -> None:
         try:
             with self.api.transaction(check_error=True, log_errors=False, nested=False,
                                       wait_for_vswitchd=wait_for_vswitchd) as txn:
@@ -320,7 +344,8 @@ class OvsClient:
                     txn.add(cmd)
         except Exception as exc:
             raise OvsdbError(f"OVSDB {what}: {exc}") from exc
-        count_write("ovsdb", what=what)
+        if count:
+            count_write("ovsdb", what=what)
 
 
 # --- provider bridges ---------------------------------------------------------------

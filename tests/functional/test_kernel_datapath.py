@@ -186,14 +186,10 @@ class FakeOvs:
     def __init__(self):
         self.ports: dict[str, PortState] = {}
 
-    def observe_port(self, name):
-        return self.ports.get(name)
-
-    def ensure_port(self, name, external_ids, observed, reattach=False):
-        if observed is not None and observed.external_ids == external_ids and not reattach:
-            return False
-        self.ports[name] = PortState("br-int", dict(external_ids))
-        return True
+    def converge_ports(self, wants):
+        for want in wants:
+            self.ports[want.name] = PortState("br-int", dict(want.external_ids))
+        return [self.ports[want.name] for want in wants]
 
 
 @pytest.fixture
