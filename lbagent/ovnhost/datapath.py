@@ -159,8 +159,8 @@ def converge_host(spec: LinkSpec) -> None:
         if used is None or (used.dst, used.oif, used.prefsrc) != (route.dst, route.oif, route.prefsrc):
             nl.replace_route(route)
         # A reply from OUTER to any client must leave through this load balancer.
-        if not _reply_path_ok(nl, spec, haproxy):
-            _ensure_reply_path(nl, spec, haproxy)
+        if not _reply_path_ok(nl, spec, haproxy.index):
+            _ensure_reply_path(nl, spec, haproxy.index)
 
 
 def build_host(spec: LinkSpec) -> None:
@@ -183,11 +183,8 @@ def build_host(spec: LinkSpec) -> None:
         batch.add_source_rule(spec.outer, table, RULE_PRIORITY)
         batch.send(sock)
     with Netlink.open() as nl:
-        link = nl.link(names.haproxy_host)
-        if link is None:
-            raise LinkNotFound("find link", errno.ENODEV, names.haproxy_host)
-        if not _reply_path_ok(nl, spec, link):
-            _ensure_reply_path(nl, spec, link)
+        if not _reply_path_ok(nl, spec, haproxy):
+            _ensure_reply_path(nl, spec, haproxy)
 
 
 def _reply_routes(spec: LinkSpec, oif: int, table: int) -> list[Route]:
@@ -195,12 +192,12 @@ def _reply_routes(spec: LinkSpec, oif: int, table: int) -> list[Route]:
     return [Route(f"{spec.inner}/32", None, oif, spec.outer, table), Route(DEFAULT_ROUTE, spec.inner, oif, None, table)]
 
 
-def _reply_path_ok(nl: Netlink, spec: LinkSpec, haproxy: Link) -> bool:
+def _reply_path_ok(nl: Netlink, spec: LinkSpec, haproxy: int) -> bool:
     """Does a reply from OUTER to a client leave via INNER on this load balancer's veth?
     Only its own table routes anything via INNER (pyroute2 reports the table
     of a `get` as the one its request named, so the table cannot be compared)."""
     reply = nl.route_to(REPLY_PROBE, src=spec.outer)
-    return reply is not None and (reply.gateway, reply.oif) == (spec.inner, haproxy.index)
+    return reply is not None and (reply.gateway, reply.oif) == (spec.inner, haproxy)
 
 
 # Policy rules are host-wide and the shared skip rules belong to all load
@@ -209,9 +206,10 @@ def _reply_path_ok(nl: Netlink, spec: LinkSpec, haproxy: Link) -> bool:
 _RULES_LOCK = threading.Lock()
 
 
-def _ensure_reply_path(nl: Netlink, spec: LinkSpec, haproxy: Link) -> None:
+def _ensure_reply_path(nl: Netlink, spec: LinkSpec, haproxy: int) -> None:
+    """`haproxy`: the index of the host end of the haproxy-side veth."""
     table = reply_table(spec.outer)
-    ordered = _reply_routes(spec, haproxy.index, table)
+    ordered = _reply_routes(spec, haproxy, table)
     observed = nl.routes(table)
     for route in observed - set(ordered):
         nl.delete_route(route)

@@ -41,7 +41,7 @@ log = logging.getLogger(__name__)
 # waits on the namespace, iptables and OVSDB threads; more at once would only
 # queue there, and a thousand at once (a cold start) would finish all together
 # at the very end instead of steadily, and keep haproxy from batching reloads.
-PASS_SLOTS = 8
+PASS_SLOTS = 32
 
 
 class IdentityMemo:
