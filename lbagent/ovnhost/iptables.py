@@ -118,6 +118,9 @@ def _hashed_rules(chain: iptc.Chain, include_foreign: bool = False):
 
 
 def _to_iptc(spec: NatRule) -> iptc.Rule:
+    # Module options are set with parse(), which is what python-iptables'
+    # attribute assignment calls after looking the name up in dir() of the
+    # module: a fifth of the cost of building a load balancer's rules.
     rule = iptc.Rule()
     if spec.in_interface:
         rule.in_interface = spec.in_interface
@@ -128,17 +131,15 @@ def _to_iptc(spec: NatRule) -> iptc.Rule:
     if spec.protocol:
         rule.protocol = spec.protocol
         if spec.dport:
-            match = rule.create_match(spec.protocol)
-            match.dport = str(spec.dport)
+            rule.create_match(spec.protocol).parse("dport", str(spec.dport))
     if spec.probability:
         statistic = rule.create_match("statistic")
-        statistic.mode = "random"
-        statistic.probability = spec.probability
-    comment = rule.create_match("comment")
-    comment.comment = spec.comment
+        statistic.parse("mode", "random")
+        statistic.parse("probability", spec.probability)
+    rule.create_match("comment").parse("comment", spec.comment)
     target = rule.create_target(spec.target)
     if spec.target == "DNAT":
-        target.to_destination = spec.to
+        target.parse("to-destination", spec.to)
     elif spec.target == "SNAT":
-        target.to_source = spec.to
+        target.parse("to-source", spec.to)
     return rule
