@@ -26,7 +26,7 @@ from lbagent.ovnhost import ethtool
 from lbagent.ovnhost.errors import LinkNotFound
 from lbagent.ovnhost.iplib import Address, Link, Netlink, Route, SourceRule
 from lbagent.ovnhost.netns import write_sysctl
-from lbagent.ovnhost.rtnl_batch import RtnlBatch, open_socket
+from lbagent.ovnhost.rtnl_batch import RtnlBatch, open_socket, route_via
 
 LINK_LOCAL_PREFIX = 16
 LOOPBACK_INDEX = 1  # in every namespace
@@ -178,12 +178,14 @@ def build_host(spec: LinkSpec) -> None:
     batch.replace_route(Route(f"{spec.inner}/32", None, haproxy, spec.outer))
     for route in _reply_routes(spec, haproxy, table):
         batch.replace_route(route)
-    with _RULES_LOCK, closing(open_socket()) as sock:
-        batch.add_skip_rules(*LINK_LOCAL_NET, SKIP_PRIORITY, SKIP_TARGET)
-        batch.add_source_rule(spec.outer, table, RULE_PRIORITY)
-        batch.send(sock)
-    with Netlink.open() as nl:
-        if not _reply_path_ok(nl, spec, haproxy):
+    with closing(open_socket()) as sock:
+        with _RULES_LOCK:
+            batch.add_skip_rules(*LINK_LOCAL_NET, SKIP_PRIORITY, SKIP_TARGET)
+            batch.add_source_rule(spec.outer, table, RULE_PRIORITY)
+            batch.send(sock)
+        reply_ok = route_via(sock, REPLY_PROBE, spec.outer) == (spec.inner, haproxy)
+    if not reply_ok:
+        with Netlink.open() as nl:
             _ensure_reply_path(nl, spec, haproxy)
 
 

@@ -21,7 +21,7 @@ import struct
 from dataclasses import dataclass
 
 from pyroute2.netlink import NLM_F_ACK, NLM_F_CREATE, NLM_F_EXCL, NLM_F_REPLACE, NLM_F_REQUEST, NLMSG_ERROR
-from pyroute2.netlink.rtnl import RTM_NEWADDR, RTM_NEWLINK, RTM_NEWROUTE, RTM_NEWRULE
+from pyroute2.netlink.rtnl import RTM_GETROUTE, RTM_NEWADDR, RTM_NEWLINK, RTM_NEWROUTE, RTM_NEWRULE
 from pyroute2.netlink.rtnl.fibmsg import FR_ACT_GOTO, FR_ACT_NOP, FR_ACT_TO_TBL, fibmsg
 from pyroute2.netlink.rtnl.ifaddrmsg import ifaddrmsg
 from pyroute2.netlink.rtnl.ifinfmsg import ifinfmsg
@@ -137,6 +137,31 @@ class RtnlBatch:
                 failure = _typed(request, code)
         if failure is not None:
             raise failure
+
+
+def route_via(sock: socket.socket, dst: str, src: str) -> tuple[str | None, int | None] | None:
+    """(gateway, output interface) of the route the kernel would use from `src`
+    to `dst`, policy rules included; None if it has none. One request on the
+    batch's socket (the probe after a build), not an IPRoute of its own."""
+    msg = rtmsg()
+    msg["family"], msg["dst_len"], msg["src_len"] = socket.AF_INET, 32, 32
+    msg["attrs"] = [("RTA_DST", dst), ("RTA_SRC", src)]
+    msg["header"]["type"], msg["header"]["flags"], msg["header"]["sequence_number"] = RTM_GETROUTE, NLM_F_REQUEST, 1
+    msg.encode()
+    try:
+        sock.send(bytes(msg.data))
+        reply = sock.recv(1 << 16)
+    except OSError as exc:
+        raise NetlinkError("get route", exc.errno or errno.EIO, dst) from exc
+    kind = _HEADER.unpack_from(reply)[1]
+    if kind == NLMSG_ERROR:
+        code = -_ERRNO.unpack_from(reply, _HEADER.size)[0]
+        if code in (errno.ENETUNREACH, errno.EHOSTUNREACH, errno.EINVAL):
+            return None
+        raise NetlinkError("get route", code, dst)
+    route = rtmsg(reply)
+    route.decode()
+    return route.get_attr("RTA_GATEWAY"), route.get_attr("RTA_OIF")
 
 
 def open_socket() -> socket.socket:

@@ -5,11 +5,12 @@ import struct
 
 import pytest
 from pyroute2 import IPBatch
+from pyroute2.netlink.rtnl.rtmsg import rtmsg
 
 from lbagent.counters import write_counts
 from lbagent.ovnhost.errors import AlreadyExists, LinkNotFound, NetlinkError
 from lbagent.ovnhost.iplib import Route
-from lbagent.ovnhost.rtnl_batch import RtnlBatch
+from lbagent.ovnhost.rtnl_batch import RtnlBatch, route_via
 
 TABLE = 0x4C420065
 
@@ -132,3 +133,42 @@ def test_an_empty_batch_sends_nothing():
     sock = FakeSocket([])
     RtnlBatch().send(sock)
     assert sock.sent == b""
+
+
+class OneReply:
+    def __init__(self, reply: bytes):
+        self.reply, self.sent = reply, b""
+
+    def send(self, data):
+        self.sent = data
+        return len(data)
+
+    def recv(self, size):
+        return self.reply
+
+
+def _error_reply(code: int) -> bytes:
+    return struct.pack("=IHHIIi", 36, 2, 0, 1, 0, -code) + bytes(16)
+
+
+@pytest.mark.parametrize("code", [errno.ENETUNREACH, errno.EHOSTUNREACH, errno.EINVAL])
+def test_no_route_is_none(code):
+    assert route_via(OneReply(_error_reply(code)), "198.18.255.254", "169.254.0.101") is None
+
+
+def test_a_failed_route_lookup_is_a_netlink_error():
+    with pytest.raises(NetlinkError, match="get route 198.18.255.254: EPERM"):
+        route_via(OneReply(_error_reply(errno.EPERM)), "198.18.255.254", "169.254.0.101")
+
+
+def test_a_route_answer_gives_gateway_and_device():
+    answer = rtmsg()
+    answer["family"], answer["dst_len"] = 2, 32
+    answer["attrs"] = [("RTA_DST", "198.18.255.254"), ("RTA_GATEWAY", "169.254.0.100"), ("RTA_OIF", 42)]
+    answer["header"]["type"] = 24
+    answer.encode()
+    sock = OneReply(bytes(answer.data))
+    assert route_via(sock, "198.18.255.254", "169.254.0.101") == ("169.254.0.100", 42)
+    request = rtmsg(sock.sent)
+    request.decode()
+    assert (request.get_attr("RTA_DST"), request.get_attr("RTA_SRC")) == ("198.18.255.254", "169.254.0.101")
