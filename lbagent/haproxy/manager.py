@@ -65,7 +65,7 @@ MAX_PARALLEL_CHECKS = 4
 # a change must not wait for that.
 RELOAD_PACE = 3.0
 MAX_RELOAD_PAUSE = 10.0
-PACE_QUIET = 0.25  # seconds without a new change that end a burst's pacing early
+PACE_QUIET = 0.1  # seconds without a new change that end a burst's pacing early
 PENDING_MARKER = "reload-pending"
 READD_PATIENCE = 0.5  # seconds a server added back waits for its draining namesake (then: a reload)
 RELOAD_RETRY = 5.0  # seconds between reloads the supervisor retries after a live edit left one due
