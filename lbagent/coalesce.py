@@ -6,12 +6,14 @@ the first call runs at once, and whatever arrives meanwhile forms the next
 batch (at most `max_batch` items). If a batch fails with `split_on`, its items
 are run one by one, so only the culprits fail and each hears its own error;
 any other failure reaches every item of the batch. A caller that stops
-waiting (cancelled) is skipped.
+waiting (cancelled) is skipped. The batches run in a context of their own,
+not the first caller's: whose item it is must be read from the item.
 """
 
 from __future__ import annotations
 
 import asyncio
+import contextvars
 from contextlib import nullcontext
 from typing import Awaitable, Callable, Generic, TypeVar
 
@@ -37,20 +39,29 @@ class Coalescer(Generic[I, R]):
         done = loop.create_future()
         self._waiting.append((item, done))
         if self._runner is None or self._runner.done():
-            self._runner = loop.create_task(self._run(), name=self._name)
+            self._runner = loop.create_task(self._run(), name=self._name, context=contextvars.Context())
         return await done
 
     async def _run(self) -> None:
-        while self._waiting:
-            async with self._slots or nullcontext():  # items keep arriving while this waits: the batch grows
-                batch = [(item, done) for item, done in self._waiting[:self._max_batch] if not done.done()]
-                del self._waiting[:self._max_batch]
-                if batch:
-                    await self._run_together(batch)
+        batch: list[tuple[I, asyncio.Future]] = []
+        try:
+            while self._waiting:
+                async with self._slots or nullcontext():  # items keep arriving while this waits: the batch grows
+                    batch = [(item, done) for item, done in self._waiting[:self._max_batch] if not done.done()]
+                    del self._waiting[:self._max_batch]
+                    if batch:
+                        await self._run_together(batch)
+        except BaseException as exc:  # cancelled, or worse: nobody may be left waiting for ever
+            stranded, self._waiting = batch + self._waiting, []
+            for _, done in stranded:
+                _resolve(done, error=exc if isinstance(exc, Exception) else RuntimeError(f"{self._name} stopped"))
+            raise
 
     async def _run_together(self, batch: list[tuple[I, asyncio.Future]]) -> None:
         try:
             results = await self._run_batch([item for item, _ in batch])
+            if len(results) != len(batch):
+                raise RuntimeError(f"{self._name}: {len(results)} results for {len(batch)} items")
         except self._split_on as exc:
             if len(batch) == 1:  # that was its own run: the error is its own
                 _resolve(batch[0][1], error=exc)

@@ -45,6 +45,11 @@ class OvsdbError(HostError):
     pass
 
 
+class OvsdbUnavailable(HostError):
+    """OVSDB did not answer (not connected, or a timeout): nothing any one
+    request did, so a batch of requests is not retried one by one."""
+
+
 def translate_netlink(op: str, exc: BaseException, target: str = "") -> NetlinkError:
     """Turn pyroute2's NetlinkError (or an OSError) into our typed exception."""
     code = getattr(exc, "code", None) or getattr(exc, "errno", None) or errno_mod.EIO

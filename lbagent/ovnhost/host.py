@@ -54,6 +54,7 @@ class OvnHost:
         self.ovsdb = BlockingPool("ovsdb", 1)
         self._ports = BridgePorts(ovs, self.ovsdb)
         self._nat_states: dict[str, str] = {}  # lb id -> what its last pass left in its nat table
+        self._reattach: set[str] = set()  # lb ids whose OVN-side veth is newer than their OVS port
         self._host_fd = os.open("/proc/self/ns/net", os.O_RDONLY | os.O_CLOEXEC)
 
     async def host_addresses(self) -> set[str]:
@@ -63,16 +64,24 @@ class OvnHost:
         return await self.ovsdb.run(self._ovs.datapath_type) == NETDEV
 
     async def converge(self, spec: HostSpec) -> HostObservation:
-        created = await self._build_new(spec) if not netns_exists(spec.netns) else None
+        new_namespace = not netns_exists(spec.netns)
+        if new_namespace:
+            # New veths (the old ones went with their namespace): the port must
+            # be added anew, even if this pass fails before it gets that far.
+            self._reattach.add(spec.lb_id)
+        created = await self._build_new(spec) if new_namespace else None
         if created is None:
             created = await self._converge_links(spec)
+        if spec.links.names.ovn_ns in created:
+            self._reattach.add(spec.lb_id)
         _, self._nat_states[spec.lb_id] = await self._iptc.run(
             spec.netns, iptables.converge_nat, list(spec.nat), self._nat_states.get(spec.lb_id))
         port = spec.links.names.ovn_host
         wanted_ids = {"iface-id": iface_id(spec.lb_id), LB_KEY: spec.lb_id}
         # A re-created veth has a new ifindex; the userspace datapath keeps its
         # socket on the old one until the port itself is re-added.
-        observed = await self._ports.converge(port, wanted_ids, reattach=spec.links.names.ovn_ns in created)
+        observed = await self._ports.converge(port, wanted_ids, reattach=spec.lb_id in self._reattach)
+        self._reattach.discard(spec.lb_id)
         return HostObservation(port, bool(observed and observed.ovn_installed))
 
     async def _build_new(self, spec: HostSpec) -> set[str] | None:
@@ -141,6 +150,7 @@ class OvnHost:
         """Remove everything converge() made; safe on partial or absent state.
         (Each counted write logs its own line; the namespace is not counted.)"""
         self._nat_states.pop(lb_id, None)
+        self._reattach.discard(lb_id)
         await self._namespaces.run(None, datapath.delete_reply_rules, {outer})
         await self.ovsdb.run(self._ovs.delete_port, names.ovn_host)
         await self._namespaces.run(None, datapath.delete_host_links, names)

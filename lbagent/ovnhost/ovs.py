@@ -14,11 +14,12 @@ from dataclasses import dataclass, field
 
 from ovs.db import data as ovs_data
 from ovs.db import types as ovs_types
+from ovsdbapp import exceptions as ovsdbapp_exceptions
 from ovsdbapp.backend.ovs_idl import command, connection, idlutils, transaction
 from ovsdbapp.schema.open_vswitch import impl_idl
 
 from lbagent.counters import CURRENT_LB, count_write, note_ovsdb_session
-from lbagent.ovnhost.errors import OvsdbError
+from lbagent.ovnhost.errors import OvsdbError, OvsdbUnavailable
 
 log = logging.getLogger(__name__)
 
@@ -175,12 +176,14 @@ class OvsClient:
     @property
     def api(self) -> _OvsApi:
         if self._api is None:
-            raise OvsdbError("not connected to OVSDB")
+            raise OvsdbUnavailable("not connected to OVSDB")
         return self._api
 
     def _execute(self, cmd):
         try:
             return cmd.execute(check_error=True, log_errors=False)
+        except ovsdbapp_exceptions.TimeoutException as exc:
+            raise OvsdbUnavailable(f"OVSDB {type(cmd).__name__}: {exc}") from exc
         except Exception as exc:
             raise OvsdbError(f"OVSDB {type(cmd).__name__}: {exc}") from exc
 
@@ -205,24 +208,24 @@ class OvsClient:
         Every write goes in one transaction: each transaction that adds ports
         makes ovs-vswitchd reconfigure the whole bridge. Creation and
         external_ids go together (add_port's attrs apply only on creation, so
-        external_ids is a separate db_set). A port to re-attach that exists is
-        first removed in a transaction of its own, which waits until
-        ovs-vswitchd has closed the old device.
+        external_ids is a separate db_set). The ports to re-attach that exist
+        are first removed together, in a transaction that waits until
+        ovs-vswitchd has closed their old devices.
         """
         observed = [self.observe_port(want.name) for want in wants]
-        for index, want in enumerate(wants):
-            if want.reattach and observed[index] is not None:
-                self.delete_port(want.name, wait_for_vswitchd=True)
+        stale = [index for index, want in enumerate(wants) if want.reattach and observed[index] is not None]
+        if stale:
+            self._transact_for([(wants[i], f"delete port {wants[i].name}") for i in stale],
+                               f"delete {len(stale)} ports",
+                               [self.api.del_port(wants[i].name, if_exists=True) for i in stale],
+                               wait_for_vswitchd=True)
+            for index in stale:
                 observed[index] = None
         plans = [self._port_plan(want, seen) for want, seen in zip(wants, observed)]
         written = [(want, plan[0]) for want, plan in zip(wants, plans) if plan is not None]
         if written:
-            what = written[0][1] if len(written) == 1 else f"write {len(written)} ports"
-            self._transact(what, *(cmd for plan in plans if plan is not None for cmd in plan[1]), count=False)
-            for want, what in written:  # counted and logged for its own load balancer
-                token = CURRENT_LB.set(want.external_ids.get(LB_KEY, CURRENT_LB.get()))
-                count_write("ovsdb", what=what)
-                CURRENT_LB.reset(token)
+            self._transact_for(written, f"write {len(written)} ports",
+                               [cmd for plan in plans if plan is not None for cmd in plan[1]])
         return [seen if plan is None else self.observe_port(want.name)
                 for want, seen, plan in zip(wants, observed, plans)]
 
@@ -342,10 +345,25 @@ class OvsClient:
                                       wait_for_vswitchd=wait_for_vswitchd) as txn:
                 for cmd in commands:
                     txn.add(cmd)
+        except ovsdbapp_exceptions.TimeoutException as exc:
+            raise OvsdbUnavailable(f"OVSDB {what}: {exc}") from exc
         except Exception as exc:
             raise OvsdbError(f"OVSDB {what}: {exc}") from exc
         if count:
             count_write("ovsdb", what=what)
+
+    def _transact_for(self, changes: list[tuple[PortWant, str]], many: str, commands: list,
+                      wait_for_vswitchd: bool = False) -> None:
+        """One transaction for the port changes of several load balancers, each
+        counted and logged as its own load balancer's change."""
+        what = changes[0][1] if len(changes) == 1 else many
+        self._transact(what, *commands, wait_for_vswitchd=wait_for_vswitchd, count=False)
+        for want, change in changes:
+            token = CURRENT_LB.set(want.external_ids.get(LB_KEY, "-"))
+            try:
+                count_write("ovsdb", what=change)
+            finally:
+                CURRENT_LB.reset(token)
 
 
 # --- provider bridges ---------------------------------------------------------------

@@ -34,6 +34,7 @@ from lbagent.ovnhost.iplib import (
 )
 
 NETLINK_ROUTE = 0
+RECEIVE_BUFFER = 1 << 20
 RTPROT_STATIC = 4  # what pyroute2 (and so the agent's other route writes) marks its routes with
 _CREATE = NLM_F_REQUEST | NLM_F_ACK | NLM_F_CREATE | NLM_F_EXCL
 _REPLACE = NLM_F_REQUEST | NLM_F_ACK | NLM_F_CREATE | NLM_F_REPLACE
@@ -153,7 +154,9 @@ def route_via(sock: socket.socket, dst: str, src: str) -> tuple[str | None, int 
         reply = sock.recv(1 << 16)
     except OSError as exc:
         raise NetlinkError("get route", exc.errno or errno.EIO, dst) from exc
-    kind = _HEADER.unpack_from(reply)[1]
+    kind, seq = _HEADER.unpack_from(reply)[1], _HEADER.unpack_from(reply)[3]
+    if seq != 1 or kind not in (NLMSG_ERROR, RTM_NEWROUTE):
+        raise NetlinkError("get route", errno.EPROTO, dst)  # not the answer to this request
     if kind == NLMSG_ERROR:
         code = -_ERRNO.unpack_from(reply, _HEADER.size)[0]
         if code in (errno.ENETUNREACH, errno.EHOSTUNREACH, errno.EINVAL):
@@ -172,6 +175,10 @@ def open_socket() -> socket.socket:
     except OSError as exc:
         raise NetlinkError("open socket", exc.errno or errno.EIO) from exc
     try:
+        # Room for the answers of a large batch (the default buffer holds about
+        # a thousand plain acknowledgements, fewer failed ones, which carry
+        # their request): the kernel drops what does not fit.
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, RECEIVE_BUFFER)
         sock.bind((0, 0))
     except OSError as exc:
         sock.close()

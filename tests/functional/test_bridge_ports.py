@@ -9,6 +9,7 @@ here (ovs-vswitchd logs that it cannot open them).
 from __future__ import annotations
 
 import asyncio
+import logging
 
 import pytest
 
@@ -47,11 +48,14 @@ def external_ids(sandbox, port: str) -> str:
     return sandbox.vsctl("get", "Interface", port, "external_ids")
 
 
-async def test_concurrent_writes_share_transactions(sandbox, prefix, bridge):
+async def test_concurrent_writes_share_transactions(sandbox, prefix, bridge, caplog):
     ports, transactions, _ = bridge
     names = [f"{prefix}p{i}" for i in range(12)]
-    seen = await asyncio.gather(*(ports.converge(name, {"iface-id": f"iface/lb/{name}", LB_KEY: name})
-                                  for name in names))
+    with caplog.at_level(logging.INFO, logger="lbagent.changes"):
+        seen = await asyncio.gather(*(ports.converge(name, {"iface-id": f"iface/lb/{name}", LB_KEY: name})
+                                      for name in names))
+    for name in names:  # one shared transaction, each change logged for its own load balancer
+        assert f"lb={name} object=ovsdb action=add port {name}" in caplog.text
     assert [s.on_bridge for s in seen] == ["br-int"] * len(names)
     assert seen[0].external_ids["iface-id"] == f"iface/lb/{names[0]}"
     assert transactions == [f"write {len(names)} ports"]  # all waiting at once: one transaction
@@ -94,3 +98,15 @@ async def test_a_port_as_wanted_is_not_written_and_one_to_reattach_is_added_anew
     again = await ports.converge(name, wanted, reattach=True)
     assert transactions[before:] == [f"delete port {name}", f"add port {name}"]
     assert again.on_bridge == "br-int" and sandbox.vsctl("get", "Port", name, "_uuid") != uuid
+
+
+async def test_ports_to_reattach_together_are_deleted_in_one_transaction(sandbox, prefix, bridge):
+    ports, transactions, _ = bridge
+    names = [f"{prefix}s{i}" for i in range(3)]
+    await asyncio.gather(*(ports.converge(name, {"iface-id": f"iface/lb/{name}"}) for name in names))
+    uuids = {name: sandbox.vsctl("get", "Port", name, "_uuid") for name in names}
+    before = len(transactions)
+    await asyncio.gather(*(ports.converge(name, {"iface-id": f"iface/lb/{name}"}, reattach=True)
+                           for name in names))
+    assert transactions[before:] == ["delete 3 ports", "write 3 ports"]
+    assert all(sandbox.vsctl("get", "Port", name, "_uuid") != uuids[name] for name in names)

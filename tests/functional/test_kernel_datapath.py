@@ -185,8 +185,10 @@ class FakeOvs:
 
     def __init__(self):
         self.ports: dict[str, PortState] = {}
+        self.wants = []
 
     def converge_ports(self, wants):
+        self.wants += wants
         for want in wants:
             self.ports[want.name] = PortState("br-int", dict(want.external_ids))
         return [self.ports[want.name] for want in wants]
@@ -244,3 +246,30 @@ async def test_a_build_puts_its_reply_rule_before_a_stale_one(ovn_host, lb):
     policy = sh("ip rule")
     assert f"from 169.254.0.101 lookup {datapath.reply_table('169.254.0.101')}" in policy
     assert "from 169.254.0.101 lookup main" not in policy
+
+
+async def test_a_port_is_reattached_after_a_pass_that_failed_past_the_new_veths(ovn_host, lb, monkeypatch):
+    """New veths need their OVS port added anew; a pass that fails after making
+    them (here: its NAT rules) must not leave the next pass to forget that."""
+    lb_id, names, netns = lb
+    real_nat = iptables.converge_nat
+    monkeypatch.setattr(iptables, "converge_nat", lambda *a: (_ for _ in ()).throw(
+        iptables.IptablesError("iptables nat: injected")))
+    with pytest.raises(iptables.IptablesError):
+        await ovn_host.converge(host_spec(lb_id, netns, names))
+    monkeypatch.setattr(iptables, "converge_nat", real_nat)
+    await ovn_host.converge(host_spec(lb_id, netns, names))
+    await ovn_host.converge(host_spec(lb_id, netns, names))
+    assert [w.reattach for w in ovn_host._ovs.wants] == [True, False]
+
+
+async def test_a_build_finished_step_by_step_still_reattaches_the_port(ovn_host, lb, monkeypatch):
+    lb_id, names, netns = lb
+
+    def host_fails(spec):
+        raise datapath.LinkNotFound("find link", 19, spec.names.haproxy_host)
+
+    monkeypatch.setattr(datapath, "build_host", host_fails)
+    await ovn_host.converge(host_spec(lb_id, netns, names))
+    assert_data_path(netns, names)
+    assert [w.reattach for w in ovn_host._ovs.wants] == [True]

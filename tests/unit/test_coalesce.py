@@ -85,3 +85,26 @@ async def test_a_caller_that_stopped_waiting_is_skipped():
     with pytest.raises(asyncio.CancelledError):
         await gone
     assert work.batches == [[1], [3]]
+
+
+async def test_waiters_hear_it_when_the_runner_is_cancelled():
+    work = Work()
+    work.release.clear()
+    runs = coalescer(work)
+    first = asyncio.ensure_future(runs.submit(1))
+    await asyncio.sleep(0)
+    queued = asyncio.ensure_future(runs.submit(2))
+    await asyncio.sleep(0)
+    runs._runner.cancel()
+    for waiter in (first, queued):
+        with pytest.raises(RuntimeError, match="t-work stopped"):
+            await asyncio.wait_for(waiter, 1)
+
+
+async def test_a_batch_that_answers_for_fewer_items_fails_them_all():
+    async def short(items):
+        return [0]
+
+    runs = Coalescer("t-short", short, short, Refused, 10)
+    outcomes = await asyncio.gather(runs.submit(1), runs.submit(2), return_exceptions=True)
+    assert all(isinstance(o, RuntimeError) and "1 results for 2 items" in str(o) for o in outcomes)

@@ -165,10 +165,16 @@ def test_a_route_answer_gives_gateway_and_device():
     answer = rtmsg()
     answer["family"], answer["dst_len"] = 2, 32
     answer["attrs"] = [("RTA_DST", "198.18.255.254"), ("RTA_GATEWAY", "169.254.0.100"), ("RTA_OIF", 42)]
-    answer["header"]["type"] = 24
+    answer["header"]["type"], answer["header"]["sequence_number"] = 24, 1
     answer.encode()
     sock = OneReply(bytes(answer.data))
     assert route_via(sock, "198.18.255.254", "169.254.0.101") == ("169.254.0.100", 42)
     request = rtmsg(sock.sent)
     request.decode()
     assert (request.get_attr("RTA_DST"), request.get_attr("RTA_SRC")) == ("198.18.255.254", "169.254.0.101")
+
+
+def test_an_answer_to_something_else_is_refused():
+    stray = struct.pack("=IHHII", 16, 3, 0, 7, 0)  # NLMSG_DONE of another request
+    with pytest.raises(NetlinkError, match="EPROTO"):
+        route_via(OneReply(stray), "198.18.255.254", "169.254.0.101")
