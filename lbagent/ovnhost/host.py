@@ -8,6 +8,7 @@ nothing of haproxy or of the desired-state model: the supervisor hands it a
 
 from __future__ import annotations
 
+import asyncio
 import logging
 import os
 import socket
@@ -64,18 +65,21 @@ class OvnHost:
         return await self.ovsdb.run(self._ovs.datapath_type) == NETDEV
 
     async def converge(self, spec: HostSpec) -> HostObservation:
-        new_namespace = not netns_exists(spec.netns)
-        if new_namespace:
+        built = None
+        if not netns_exists(spec.netns):
             # New veths (the old ones went with their namespace): the port must
             # be added anew, even if this pass fails before it gets that far.
             self._reattach.add(spec.lb_id)
-        created = await self._build_new(spec) if new_namespace else None
-        if created is None:
-            created = await self._converge_links(spec)
-        if spec.links.names.ovn_ns in created:
+            built = await self._make_namespace(spec)
+        # The NAT rules need only the namespace (they name links, not indexes):
+        # they go in on the iptables thread while the links are finished.
+        links, nat = await asyncio.gather(self._finish_links(spec, built), self._converge_nat(spec),
+                                          return_exceptions=True)
+        for outcome in (links, nat):
+            if isinstance(outcome, BaseException):
+                raise outcome
+        if spec.links.names.ovn_ns in links:
             self._reattach.add(spec.lb_id)
-        _, self._nat_states[spec.lb_id] = await self._iptc.run(
-            spec.netns, iptables.converge_nat, list(spec.nat), self._nat_states.get(spec.lb_id))
         port = spec.links.names.ovn_host
         wanted_ids = {"iface-id": iface_id(spec.lb_id), LB_KEY: spec.lb_id}
         # A re-created veth has a new ifindex; the userspace datapath keeps its
@@ -84,18 +88,32 @@ class OvnHost:
         self._reattach.discard(spec.lb_id)
         return HostObservation(port, bool(observed and observed.ovn_installed))
 
-    async def _build_new(self, spec: HostSpec) -> set[str] | None:
-        """Make the namespace and build its links in batches (nothing to read
-        in a namespace just made). None if the build stopped part-way: the
-        step-by-step converge then finds what is there and finishes it."""
+    async def _make_namespace(self, spec: HostSpec) -> set[str] | None:
+        """Make the namespace and, on the same thread, its veths, addresses and
+        routes in batches (nothing to read in a namespace just made). Returns
+        the namespace ends made; None if the build stopped part-way."""
         log.info("action=create object=netns lb=%s netns=%s", spec.lb_id, spec.netns)
         try:
-            created = await self._namespaces.create(spec.netns, datapath.build_namespace, spec.links, self._host_fd)
-            await self._namespaces.run(None, datapath.build_host, spec.links)
+            return await self._namespaces.create(spec.netns, datapath.build_namespace, spec.links, self._host_fd)
         except NetlinkError as exc:
             log.info("action=build object=links lb=%s result=partial error=%r", spec.lb_id, str(exc))
             return None
-        return created
+
+    async def _finish_links(self, spec: HostSpec, built: set[str] | None) -> set[str]:
+        """The host side of a namespace `_make_namespace` built, in one batch; or,
+        for any other namespace or a build that stopped part-way, the
+        step-by-step converge, which finds what is there and finishes it."""
+        if built is not None:
+            try:
+                await self._namespaces.run(None, datapath.build_host, spec.links)
+                return built
+            except NetlinkError as exc:
+                log.info("action=build object=links lb=%s result=partial error=%r", spec.lb_id, str(exc))
+        return await self._converge_links(spec)
+
+    async def _converge_nat(self, spec: HostSpec) -> None:
+        _, self._nat_states[spec.lb_id] = await self._iptc.run(
+            spec.netns, iptables.converge_nat, list(spec.nat), self._nat_states.get(spec.lb_id))
 
     async def _converge_links(self, spec: HostSpec) -> set[str]:
         try:
