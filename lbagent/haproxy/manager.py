@@ -8,22 +8,12 @@ changes into as few reloads as possible:
   (certificates and keys, see `candidate`). Otherwise it checks the candidate
   with its files alone with the base file, so a bad load balancer is refused
   before it can disturb the others, and queues it for the next reload.
-- A single batcher collects queued changes until the burst settles (no new
-  change for `debounce` seconds and no candidate still being checked, or at
-  most `max_delay`), installs them and reloads once (a configuration haproxy
-  cannot load shows as a failed reload). Every waiter of the batch gets the
-  outcome; on failure the batch's files are put back as they were, so the
-  running configuration and the disk agree again and one bad batch cannot
-  block later reloads.
-- Reloads inside a burst are paced by their own cost: when changes arrived
-  while a reload ran, the next one starts no sooner than `RELOAD_PACE` times
-  its duration after it ended (at most `MAX_RELOAD_PAUSE`), so reloading (a
-  new worker parsing every load balancer) takes at most about a quarter of
-  the time; when the passes of a large refresh arrive one by one,
-  pacing is what keeps the batches large and the reloads few. Pacing ends
-  early once no change has come for `PACE_QUIET`: the burst is over. A change
-  that finds haproxy idle (nothing arrived during the last reload) goes out
-  at once: one change after another, each waiting for the last, is no burst.
+- Checked changes are queued for the reload batcher (`batching`), which
+  hands them back as one batch once the burst settles, paced by the cost of
+  the last reload; this module installs a batch and reloads once (a
+  configuration haproxy cannot load shows as a failed reload). On failure
+  the batch's files are put back as they were, so the running configuration
+  and the disk agree again and one bad batch cannot block later reloads.
 - A change confined to server lines of existing backends (a backend added,
   removed or reweighted) skips the batch: its file is installed and the
   running worker is edited through the master CLI (`live`), with no reload;
@@ -40,11 +30,11 @@ from __future__ import annotations
 import asyncio
 import logging
 from collections.abc import Mapping
-from dataclasses import dataclass, field
 from datetime import datetime, timezone
 from pathlib import Path
 
 from lbagent.blocking import BlockingPool
+from lbagent.haproxy.batching import RELOAD_PACE, ReloadBatcher
 from lbagent.haproxy.bulkcheck import BulkChecker
 from lbagent.haproxy.candidate import StagedChange, current, discard, install_change, roll_back, stage
 from lbagent.haproxy.errors import HaproxyCheckError, HaproxyError, HaproxyReloadError
@@ -60,21 +50,9 @@ log = logging.getLogger(__name__)
 
 # haproxy -c processes at once: each takes a core for tens of milliseconds.
 MAX_PARALLEL_CHECKS = 4
-# After a reload that took t seconds the next one waits until t * RELOAD_PACE has passed,
-# but never longer than MAX_RELOAD_PAUSE: on a busy host t swells with contention, and
-# a change must not wait for that.
-RELOAD_PACE = 3.0
-MAX_RELOAD_PAUSE = 10.0
-PACE_QUIET = 0.1  # seconds without a new change that end a burst's pacing early
 PENDING_MARKER = "reload-pending"
 READD_PATIENCE = 0.5  # seconds a server added back waits for its draining namesake (then: a reload)
 RELOAD_RETRY = 5.0  # seconds between reloads the supervisor retries after a live edit left one due
-
-
-@dataclass
-class _Change:
-    staged: StagedChange
-    done: asyncio.Future = field(repr=False)
 
 
 class HaproxyManager:
@@ -83,17 +61,13 @@ class HaproxyManager:
         self.paths = HaproxyPaths(Path(run_dir))
         self.process = HaproxyProcess(binary, Path(run_dir))
         self._prometheus_listen = prometheus_listen
-        self._debounce = debounce
         # A steady trickle of changes must not postpone every reload forever.
-        self._max_delay = max_delay if max_delay is not None else max(1.0, 20 * debounce)
+        self._batches: ReloadBatcher[StagedChange] = ReloadBatcher(
+            self._reload_batch, debounce, max_delay if max_delay is not None else max(1.0, 20 * debounce),
+            reload_pace)
         self._marker = self.paths.root / PENDING_MARKER
-        self._pending: list[_Change] = []
-        self._in_flight = 0  # applies between "differs from disk" and "queued or refused"
-        self.reload_pace = reload_pace
-        self._next_reload_at = 0.0  # loop time before which the batcher does not reload (pacing)
         self._last_reload_seconds: float | None = None
-        self._activity: asyncio.Event | None = None
-        self._batcher: asyncio.Task | None = None
+        self._loop_objects = False
         self._lb_locks: dict[str, tuple[asyncio.Lock, int]] = {}
         self._check_slots: asyncio.Semaphore | None = None
         self._bulk_checks: BulkChecker | None = None
@@ -113,6 +87,15 @@ class HaproxyManager:
         self._process_work = BlockingPool("haproxy-process", 1)
         self._lb_work = BlockingPool("haproxy-files", MAX_PARALLEL_CHECKS)
         self._stats_work = BlockingPool("haproxy-stats", 1)
+
+    @property
+    def reload_pace(self) -> float:
+        """How many times its own duration a reload inside a burst is followed by a pause."""
+        return self._batches.reload_pace
+
+    @reload_pace.setter
+    def reload_pace(self, value: float) -> None:
+        self._batches.reload_pace = value
 
     # --- lifecycle -----------------------------------------------------------------
 
@@ -148,14 +131,8 @@ class HaproxyManager:
 
     async def close(self) -> None:
         """Stop batching (waiters of an unfinished batch are cancelled); haproxy keeps running."""
-        if self._batcher is not None:
-            self._batcher.cancel()
-            await asyncio.gather(self._batcher, return_exceptions=True)
-            self._batcher = None
-        for change in self._pending:
-            change.done.cancel()
-            await self._lb_work.run(discard, change.staged)
-        self._pending.clear()
+        for staged in await self._batches.close():
+            await self._lb_work.run(discard, staged)
 
     async def supervise_once(self) -> bool:
         """Start the master again, on the files on disk, if it is gone. True if it had to.
@@ -274,23 +251,15 @@ class HaproxyManager:
             edits = None
             if previous_text is not None and text is not None and previous_files == files:
                 edits = plan_server_edits(previous_text, text)
-            self._in_flight += 1
-            try:
+            with self._batches.checking():
                 staged = await self._checked_candidate(lb_id, text, files, previous_text)
                 if edits is None:
-                    change = _Change(staged, asyncio.get_running_loop().create_future())
-                    self._pending.append(change)
-            finally:
-                self._in_flight -= 1
-                self._activity.set()
+                    done = self._batches.add(staged)
         except BaseException:
             self._unlock_lb(lb_id)
             raise
         if edits is not None:
             done = asyncio.ensure_future(self._apply_live(staged, edits))
-        else:
-            done = change.done
-            self._ensure_batcher()
         done.add_done_callback(lambda _: self._unlock_lb(lb_id))
         return done
 
@@ -382,83 +351,32 @@ class HaproxyManager:
     def lb_ids_on_disk(self) -> set[str]:
         return self.paths.lb_ids_on_disk()
 
-    # --- batching ----------------------------------------------------------------------
+    # --- reloading batches ----------------------------------------------------------
 
-    def _ensure_batcher(self) -> None:
-        if self._batcher is None or self._batcher.done():
-            self._batcher = asyncio.get_running_loop().create_task(self._run_batches(), name="haproxy-reloads")
-
-    async def _run_batches(self) -> None:
-        while True:
-            while not self._pending:
-                self._activity.clear()
-                await self._activity.wait()
-            await self._pace()
-            await self._settle()
-            batch, self._pending = self._pending, []
-            await self._commit(batch)
-
-    async def _pace(self) -> None:
-        """Let the last reload's cost pass before the next while changes keep
-        coming (they join the batch meanwhile). Once none has come for
-        `PACE_QUIET` seconds the burst is over and waiting longer would only
-        delay its last changes: the batch goes at once."""
-        loop = asyncio.get_running_loop()
-        while (delay := self._next_reload_at - loop.time()) > 0:
-            self._activity.clear()
-            try:
-                await asyncio.wait_for(self._activity.wait(), min(delay, PACE_QUIET))
-            except TimeoutError:
-                if not self._in_flight and delay > PACE_QUIET:
-                    return
-
-    async def _settle(self) -> None:
-        """Wait for the burst to end: quiet for `debounce`, no check in flight, or `max_delay` reached."""
-        loop = asyncio.get_running_loop()
-        deadline = loop.time() + self._max_delay
-        while (remaining := deadline - loop.time()) > 0:
-            self._activity.clear()
-            # A candidate still being checked will join this batch: wait for it.
-            wait = remaining if self._in_flight else min(self._debounce, remaining)
-            try:
-                await asyncio.wait_for(self._activity.wait(), wait)
-            except TimeoutError:
-                return
-
-    async def _commit(self, batch: list[_Change]) -> None:
+    async def _reload_batch(self, batch: list[StagedChange]) -> float:
+        """Install a batch and reload (the batcher's `commit`); the seconds the reload took."""
         loop = asyncio.get_running_loop()
         try:
             async with self._process_lock:
                 started = loop.time()
                 outcome = await self._process_work.run(self._install_and_reload, batch)
-        except Exception as exc:  # every waiter hears about it; the batcher carries on
+        except Exception as exc:
             self._record_failure(exc)
             log.warning("object=haproxy action=reload lbs=%d result=error error=%r", len(batch), str(exc))
-            for change in batch:
-                if not change.done.done():
-                    change.done.set_exception(exc)
-            return
-        # Paced after successes only: a failed batch's fix should not wait for its cost.
+            raise
         took = loop.time() - started
-        # Paced only inside a burst: changes that arrived while this reload ran
-        # wait for its cost to pass (and join the next batch meanwhile); a change
-        # that finds haproxy idle goes out at once, however recent the last reload.
-        burst = bool(self._pending) or self._in_flight > 0
-        self._next_reload_at = loop.time() + (min(self.reload_pace * took, MAX_RELOAD_PAUSE) if burst else 0.0)
         self._last_reload_seconds = round(took, 3)
         self._record_outcome(outcome)
         log.info("object=haproxy action=%s lbs=%d seconds=%.2f", outcome, len(batch), took)
-        for change in batch:
-            if not change.done.done():
-                change.done.set_result(True)
+        return took
 
-    def _install_and_reload(self, batch: list[_Change]) -> str:
+    def _install_and_reload(self, batch: list[StagedChange]) -> str:
         self.paths.make_dirs()
         self._marker.touch()
         try:
             sync_filesystem(self.paths.staging_dir)  # every staged text durable before any rename
-            for change in batch:
-                install_change(change.staged, sync_dir=False)
+            for staged in batch:
+                install_change(staged, sync_dir=False)
             fsync_dir(self.paths.conf_dir)
             # No `haproxy -c` of the whole directory first: every candidate was
             # checked with the base, names are unique by construction, and a
@@ -467,14 +385,14 @@ class HaproxyManager:
             # all once more, 0.3 s on every reload.
             outcome = self.process.reload_or_start()
         except BaseException:
-            for change in batch:
-                roll_back(change.staged)
+            for staged in batch:
+                roll_back(staged)
             self._clear_marker()
             raise
         self._clear_marker()
         self._worker_replaced()
-        for change in batch:
-            discard(change.staged)  # the previous files are no longer needed
+        for staged in batch:
+            discard(staged)  # the previous files are no longer needed
         return outcome
 
     def _check_and_reload(self) -> None:
@@ -510,8 +428,8 @@ class HaproxyManager:
 
     def _ensure_loop_objects(self) -> None:
         # Created on first use, inside the running loop that will use them.
-        if self._activity is None:
-            self._activity = asyncio.Event()
+        if not self._loop_objects:
+            self._loop_objects = True
             self._check_slots = asyncio.Semaphore(MAX_PARALLEL_CHECKS)
             self._bulk_checks = BulkChecker(lambda paths: self._lb_work.run(self.process.check, paths),
                                             self._check_slots)

@@ -25,7 +25,8 @@ from cryptography.x509.oid import NameOID
 from devtools.topology import self_signed_certificate
 
 from lbagent.haproxy.errors import HaproxyCheckError, HaproxyError, HaproxyReloadError
-from lbagent.haproxy.manager import MAX_RELOAD_PAUSE, HaproxyManager
+from lbagent.haproxy.batching import MAX_RELOAD_PAUSE
+from lbagent.haproxy.manager import HaproxyManager
 from lbagent.haproxy.render import HaproxyConfig, render_config, render_loadbalancer
 from lbagent.haproxy.sockets import parse_show_proc, parse_show_stat
 from lbagent.members import Member
