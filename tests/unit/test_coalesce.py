@@ -34,14 +34,20 @@ def coalescer(work, max_batch=10, split_on=Refused):
     return Coalescer("t-work", work.together, work.alone, split_on, max_batch)
 
 
-async def test_calls_arriving_during_a_batch_go_together_in_the_next():
+async def held_with_queued(*queued):
+    """A coalescer whose first batch (item 1) has started and is held, with `queued` submitted behind it."""
     work = Work()
     work.release.clear()
     runs = coalescer(work)
     first = asyncio.ensure_future(runs.submit(1))
-    await asyncio.sleep(0)  # the first batch starts and waits
-    later = [asyncio.ensure_future(runs.submit(i)) for i in (2, 3, 4)]
     await asyncio.sleep(0)
+    later = [asyncio.ensure_future(runs.submit(i)) for i in queued]
+    await asyncio.sleep(0)
+    return work, runs, first, later
+
+
+async def test_calls_arriving_during_a_batch_go_together_in_the_next():
+    work, _, first, later = await held_with_queued(2, 3, 4)
     work.release.set()
     assert await first == 2 and await asyncio.gather(*later) == [4, 6, 8]
     assert work.batches == [[1], [2, 3, 4]]
@@ -72,13 +78,7 @@ async def test_a_failure_that_is_not_the_items_fault_reaches_every_waiter():
 
 
 async def test_a_caller_that_stopped_waiting_is_skipped():
-    work = Work()
-    work.release.clear()
-    runs = coalescer(work)
-    first = asyncio.ensure_future(runs.submit(1))
-    await asyncio.sleep(0)
-    gone, kept = asyncio.ensure_future(runs.submit(2)), asyncio.ensure_future(runs.submit(3))
-    await asyncio.sleep(0)
+    work, _, first, (gone, kept) = await held_with_queued(2, 3)
     gone.cancel()
     work.release.set()
     assert await first == 2 and await kept == 6
@@ -88,13 +88,7 @@ async def test_a_caller_that_stopped_waiting_is_skipped():
 
 
 async def test_waiters_hear_it_when_the_runner_is_cancelled():
-    work = Work()
-    work.release.clear()
-    runs = coalescer(work)
-    first = asyncio.ensure_future(runs.submit(1))
-    await asyncio.sleep(0)
-    queued = asyncio.ensure_future(runs.submit(2))
-    await asyncio.sleep(0)
+    _, runs, first, (queued,) = await held_with_queued(2)
     runs._runner.cancel()
     for waiter in (first, queued):
         with pytest.raises(RuntimeError, match="t-work stopped"):
