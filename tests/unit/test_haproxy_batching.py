@@ -1,0 +1,66 @@
+"""ReloadBatcher with a fake install-and-reload: failures reach every waiter of
+their batch, and closing mid-batch leaves nobody waiting. (Pacing and
+batching against a real haproxy: test_haproxy_manager.py.)"""
+
+import asyncio
+
+import pytest
+
+from lbagent.haproxy.batching import ReloadBatcher
+
+
+class FakeReloads:
+    def __init__(self):
+        self.batches: list[list[str]] = []
+        self.fail_next: Exception | None = None
+        self.release = asyncio.Event()
+        self.release.set()
+
+    async def commit(self, batch):
+        self.batches.append(list(batch))
+        await self.release.wait()
+        if self.fail_next is not None:
+            error, self.fail_next = self.fail_next, None
+            raise error
+        return 0.01
+
+
+def batcher(reloads):
+    return ReloadBatcher(reloads.commit, debounce=0.01, max_delay=0.5)
+
+
+async def test_a_failed_reload_reaches_every_waiter_and_the_next_batch_still_goes():
+    reloads = FakeReloads()
+    reloads.fail_next = RuntimeError("reload failed")
+    batches = batcher(reloads)
+    failed = [batches.add("a"), batches.add("b")]
+    for waiter in failed:
+        with pytest.raises(RuntimeError, match="reload failed"):
+            await asyncio.wait_for(waiter, 5)
+    assert await asyncio.wait_for(batches.add("c"), 5) is True
+    assert reloads.batches == [["a", "b"], ["c"]]
+    await batches.close()
+
+
+async def test_closing_mid_reload_cancels_its_waiters_and_hands_back_the_queued_changes():
+    reloads = FakeReloads()
+    reloads.release.clear()
+    batches = batcher(reloads)
+    committing = batches.add("a")
+    while not reloads.batches:  # the batch of "a" is being committed
+        await asyncio.sleep(0.01)
+    queued = batches.add("b")
+    assert await batches.close() == ["b"]
+    assert committing.cancelled() and queued.cancelled()
+
+
+async def test_a_change_being_checked_joins_the_batch_it_is_waited_for():
+    reloads = FakeReloads()
+    batches = batcher(reloads)
+    with batches.checking():
+        first = batches.add("a")
+        await asyncio.sleep(0.1)  # longer than the debounce: only the check in flight holds the batch
+        second = batches.add("b")
+    assert await asyncio.wait_for(asyncio.gather(first, second), 5) == [True, True]
+    assert reloads.batches == [["a", "b"]]
+    await batches.close()
