@@ -63,6 +63,8 @@ class _Model(BaseModel):
 
 
 class Route(_Model):
+    """A route of the subnet; one to 0.0.0.0/0 replaces the gateway as the default route."""
+
     cidr: Cidr
     nexthop: HostIPv4
 

@@ -118,9 +118,12 @@ def build_namespace(spec: LinkSpec, host_netns_fd: int) -> set[str]:
 
 def _gateway_routes(spec: LinkSpec, oif: int) -> list[Route]:
     """The namespace's routes via a gateway, the default route first (the
-    subnet's other routes may need it to reach their next hop)."""
-    return [Route(DEFAULT_ROUTE, spec.gateway, oif, None)] + sorted(
-        Route(cidr, nexthop, oif, None) for cidr, nexthop in spec.routes)
+    subnet's other routes may need it to reach their next hop). A subnet route
+    to 0.0.0.0/0 is the default route: it takes the gateway's place (both
+    would make each pass replace the other)."""
+    routes = dict(spec.routes)
+    default = Route(DEFAULT_ROUTE, routes.pop(DEFAULT_ROUTE, spec.gateway), oif, None)
+    return [default] + sorted(Route(cidr, nexthop, oif, None) for cidr, nexthop in routes.items())
 
 
 def _finish_namespace(spec: LinkSpec) -> None:

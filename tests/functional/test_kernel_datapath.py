@@ -1,6 +1,7 @@
 """The kernel half of OvnHost on the real kernel, without OVS: namespaces,
 veths, addresses, routes, NAT rules; converging twice writes nothing."""
 
+import dataclasses
 import logging
 import os
 import secrets
@@ -273,3 +274,21 @@ async def test_a_build_finished_step_by_step_still_reattaches_the_port(ovn_host,
     await ovn_host.converge(host_spec(lb_id, netns, names))
     assert_data_path(netns, names)
     assert [w.reattach for w in ovn_host._ovs.wants] == [True]
+
+
+@pytest.mark.parametrize("path", ["step by step", "batched build"])
+async def test_a_subnet_default_route_takes_the_gateways_place(executors, ovn_host, lb, path):
+    """A route to 0.0.0.0/0 in the subnet's routes would fight the gateway's
+    default route pass after pass; it replaces it instead."""
+    lb_id, names, netns = lb
+    with_default = dataclasses.replace(spec(names), routes=(("0.0.0.0/0", "198.18.0.254"),
+                                                            ("198.19.0.0/16", "198.18.0.254")))
+    if path == "batched build":
+        await ovn_host.converge(HostSpec(lb_id, netns, with_default, tuple(rules(names))))
+    else:
+        await converge(executors, netns, names, with_default, rules(names))
+    routes = sh(f"ip netns exec {netns} ip route")
+    assert "default via 198.18.0.254" in routes and "via 198.18.0.1 " not in routes
+    before = write_counts()
+    await converge(executors, netns, names, with_default, rules(names))
+    assert write_counts() == before
