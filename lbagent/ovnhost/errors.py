@@ -50,8 +50,12 @@ class OvsdbUnavailable(HostError):
     request did, so a batch of requests is not retried one by one."""
 
 
-def translate_netlink(op: str, exc: BaseException, target: str = "") -> NetlinkError:
-    """Turn pyroute2's NetlinkError (or an OSError) into our typed exception."""
-    code = getattr(exc, "code", None) or getattr(exc, "errno", None) or errno_mod.EIO
+def netlink_error(op: str, code: int, target: str = "") -> NetlinkError:
+    """The typed exception for a netlink request the kernel answered with errno `code`."""
     cls = {errno_mod.ENODEV: LinkNotFound, errno_mod.EEXIST: AlreadyExists}.get(code, NetlinkError)
     return cls(op, code, target)
+
+
+def translate_netlink(op: str, exc: BaseException, target: str = "") -> NetlinkError:
+    """Turn pyroute2's NetlinkError (or an OSError) into our typed exception."""
+    return netlink_error(op, getattr(exc, "code", None) or getattr(exc, "errno", None) or errno_mod.EIO, target)

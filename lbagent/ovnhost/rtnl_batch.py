@@ -28,7 +28,7 @@ from pyroute2.netlink.rtnl.ifinfmsg import ifinfmsg
 from pyroute2.netlink.rtnl.rtmsg import rtmsg
 
 from lbagent.counters import count_write
-from lbagent.ovnhost.errors import AlreadyExists, LinkNotFound, NetlinkError
+from lbagent.ovnhost.errors import NetlinkError, netlink_error
 from lbagent.ovnhost.iplib import (
     FIB_RULE_INVERT, IFA_F_NOPREFIXROUTE, IFF_UP, MAIN_TABLE, RT_SCOPE_LINK, RT_TABLE_COMPAT, RTN_UNICAST, Route,
 )
@@ -135,7 +135,7 @@ class RtnlBatch:
             if code == 0:
                 count_write("netlink", what=f"{request.op} {request.target}")
             elif not (code == errno.EEXIST and request.exists_ok) and failure is None:
-                failure = _typed(request, code)
+                failure = netlink_error(request.op, code, request.target)
         if failure is not None:
             raise failure
 
@@ -154,14 +154,14 @@ def route_via(sock: socket.socket, dst: str, src: str) -> tuple[str | None, int 
         reply = sock.recv(1 << 16)
     except OSError as exc:
         raise NetlinkError("get route", exc.errno or errno.EIO, dst) from exc
-    kind, seq = _HEADER.unpack_from(reply)[1], _HEADER.unpack_from(reply)[3]
+    _, kind, _, seq, _ = _HEADER.unpack_from(reply)
     if seq != 1 or kind not in (NLMSG_ERROR, RTM_NEWROUTE):
         raise NetlinkError("get route", errno.EPROTO, dst)  # not the answer to this request
     if kind == NLMSG_ERROR:
         code = -_ERRNO.unpack_from(reply, _HEADER.size)[0]
         if code in (errno.ENETUNREACH, errno.EHOSTUNREACH, errno.EINVAL):
             return None
-        raise NetlinkError("get route", code, dst)
+        raise netlink_error("get route", code, dst)
     route = rtmsg(reply)
     route.decode()
     return route.get_attr("RTA_GATEWAY"), route.get_attr("RTA_OIF")
@@ -198,11 +198,6 @@ def _read_acks(sock: socket.socket, count: int) -> list[int]:
                 codes[seq] = -_ERRNO.unpack_from(buf, offset + _HEADER.size)[0]
             offset += max((length + 3) & ~3, _HEADER.size)
     return [codes[seq] for seq in range(1, count + 1)]
-
-
-def _typed(request: _Request, code: int) -> NetlinkError:
-    cls = {errno.ENODEV: LinkNotFound, errno.EEXIST: AlreadyExists}.get(code, NetlinkError)
-    return cls(request.op, code, request.target)
 
 
 def _link_options(mtu: int | None, mac: str | None) -> list:
