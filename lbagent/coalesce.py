@@ -54,7 +54,7 @@ class Coalescer(Generic[I, R]):
         except BaseException as exc:  # cancelled, or worse: nobody may be left waiting for ever
             stranded, self._waiting = batch + self._waiting, []
             for _, done in stranded:
-                _resolve(done, error=exc if isinstance(exc, Exception) else RuntimeError(f"{self._name} stopped"))
+                resolve(done, error=exc if isinstance(exc, Exception) else RuntimeError(f"{self._name} stopped"))
             raise
 
     async def _run_together(self, batch: list[tuple[I, asyncio.Future]]) -> None:
@@ -64,26 +64,26 @@ class Coalescer(Generic[I, R]):
                 raise RuntimeError(f"{self._name}: {len(results)} results for {len(batch)} items")
         except self._split_on as exc:
             if len(batch) == 1:  # that was its own run: the error is its own
-                _resolve(batch[0][1], error=exc)
+                resolve(batch[0][1], error=exc)
             else:
                 await asyncio.gather(*(self._run_alone(item, done) for item, done in batch))
         except Exception as exc:  # the work could not run at all: every waiter hears it
             for _, done in batch:
-                _resolve(done, error=exc)
+                resolve(done, error=exc)
         else:
             for (_, done), result in zip(batch, results):
-                _resolve(done, result)
+                resolve(done, result)
 
     async def _run_alone(self, item: I, done: asyncio.Future) -> None:
         try:
             result = await self._run_one(item)
         except Exception as exc:
-            _resolve(done, error=exc)
+            resolve(done, error=exc)
         else:
-            _resolve(done, result)
+            resolve(done, result)
 
 
-def _resolve(done: asyncio.Future, result=None, error: BaseException | None = None) -> None:
+def resolve(done: asyncio.Future, result=None, error: BaseException | None = None) -> None:
     """Tell a waiter the outcome, unless it has stopped waiting (cancelled)."""
     if done.done():
         return

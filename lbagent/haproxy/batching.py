@@ -25,6 +25,8 @@ from contextlib import contextmanager
 from dataclasses import dataclass, field
 from typing import Awaitable, Callable, Generic, Iterator, TypeVar
 
+from lbagent.coalesce import resolve
+
 # After a reload that took t seconds the next one waits until t * RELOAD_PACE has passed,
 # but never longer than MAX_RELOAD_PAUSE: on a busy host t swells with contention, and
 # a change must not wait for that.
@@ -51,14 +53,8 @@ class ReloadBatcher(Generic[S]):
         self._pending: list[_Change[S]] = []
         self._in_flight = 0  # candidates between "differs from disk" and "queued or refused"
         self._next_reload_at = 0.0  # loop time before which no batch is committed (pacing)
-        self._activity: asyncio.Event | None = None
+        self._activity = asyncio.Event()  # bound to a loop on first use (Python 3.10+)
         self._task: asyncio.Task | None = None
-
-    def _event(self) -> asyncio.Event:
-        # Created on first use, inside the running loop that will use it.
-        if self._activity is None:
-            self._activity = asyncio.Event()
-        return self._activity
 
     @contextmanager
     def checking(self) -> Iterator[None]:
@@ -68,14 +64,14 @@ class ReloadBatcher(Generic[S]):
             yield
         finally:
             self._in_flight -= 1
-            self._event().set()
+            self._activity.set()
 
     def add(self, staged: S) -> asyncio.Future:
         """Queue a checked change; the future resolves with its batch's reload."""
         loop = asyncio.get_running_loop()
         change = _Change(staged, loop.create_future())
         self._pending.append(change)
-        self._event().set()
+        self._activity.set()
         if self._task is None or self._task.done():
             self._task = loop.create_task(self._run(), name="haproxy-reloads")
         return change.done
@@ -93,11 +89,10 @@ class ReloadBatcher(Generic[S]):
         return [change.staged for change in queued]
 
     async def _run(self) -> None:
-        activity = self._event()
         while True:
             while not self._pending:
-                activity.clear()
-                await activity.wait()
+                self._activity.clear()
+                await self._activity.wait()
             await self._pace()
             await self._settle()
             batch, self._pending = self._pending, []
@@ -108,25 +103,25 @@ class ReloadBatcher(Generic[S]):
         coming (they join the batch meanwhile). Once none has come for
         `PACE_QUIET` seconds the burst is over and waiting longer would only
         delay its last changes: the batch goes at once."""
-        loop, activity = asyncio.get_running_loop(), self._event()
+        loop = asyncio.get_running_loop()
         while (delay := self._next_reload_at - loop.time()) > 0:
-            activity.clear()
+            self._activity.clear()
             try:
-                await asyncio.wait_for(activity.wait(), min(delay, PACE_QUIET))
+                await asyncio.wait_for(self._activity.wait(), min(delay, PACE_QUIET))
             except TimeoutError:
                 if not self._in_flight and delay > PACE_QUIET:
                     return
 
     async def _settle(self) -> None:
         """Wait for the burst to end: quiet for `debounce`, no check in flight, or `max_delay` reached."""
-        loop, activity = asyncio.get_running_loop(), self._event()
+        loop = asyncio.get_running_loop()
         deadline = loop.time() + self._max_delay
         while (remaining := deadline - loop.time()) > 0:
-            activity.clear()
+            self._activity.clear()
             # A candidate still being checked will join this batch: wait for it.
             wait = remaining if self._in_flight else min(self._debounce, remaining)
             try:
-                await asyncio.wait_for(activity.wait(), wait)
+                await asyncio.wait_for(self._activity.wait(), wait)
             except TimeoutError:
                 return
 
@@ -139,8 +134,7 @@ class ReloadBatcher(Generic[S]):
             raise
         except Exception as exc:  # every waiter hears about it; the batcher carries on
             for change in batch:
-                if not change.done.done():
-                    change.done.set_exception(exc)
+                resolve(change.done, error=exc)
             return
         # Paced after successes only: a failed batch's fix should not wait for its cost.
         # Paced only inside a burst: changes that arrived while this reload ran
@@ -150,5 +144,4 @@ class ReloadBatcher(Generic[S]):
         pause = min(self.reload_pace * took, MAX_RELOAD_PAUSE) if burst else 0.0
         self._next_reload_at = asyncio.get_running_loop().time() + pause
         for change in batch:
-            if not change.done.done():
-                change.done.set_result(True)
+            resolve(change.done, True)

@@ -61,7 +61,6 @@ class HaproxyManager:
         self.paths = HaproxyPaths(Path(run_dir))
         self.process = HaproxyProcess(binary, Path(run_dir))
         self._prometheus_listen = prometheus_listen
-        # A steady trickle of changes must not postpone every reload forever.
         self._batches: ReloadBatcher[StagedChange] = ReloadBatcher(
             self._reload_batch, debounce, max_delay if max_delay is not None else max(1.0, 20 * debounce),
             reload_pace)
