@@ -18,13 +18,13 @@ from lbagent.blocking import BlockingPool
 from lbagent.inventory import Inventory
 from lbagent.naming import INTERFACE_RE, NETNS_PREFIX, InterfaceNames, iface_id, names_from_interface, netns_name
 from lbagent.ovnhost import datapath, ethtool, iptables
+from lbagent.ovnhost.bridgeports import BridgePorts
 from lbagent.ovnhost.datapath import LinkSpec
 from lbagent.ovnhost.errors import AlreadyExists, NetlinkError
 from lbagent.ovnhost.iplib import Netlink
 from lbagent.ovnhost.nat import NatRule
 from lbagent.ovnhost.netns import NamespaceExecutor, list_netns, netns_exists, netns_path
 from lbagent.ovnhost.ovs import LB_KEY, OvsClient
-from lbagent.ovnhost.bridgeports import BridgePorts
 
 log = logging.getLogger(__name__)
 

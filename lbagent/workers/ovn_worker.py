@@ -38,9 +38,10 @@ from lbagent.workers.lb_task import DONE, LbTask
 log = logging.getLogger(__name__)
 
 # Load balancers whose host side is being converged at once. Each pass mostly
-# waits on the namespace, iptables and OVSDB threads; more at once would only
-# queue there, and a thousand at once (a cold start) would finish all together
-# at the very end instead of steadily, and keep haproxy from batching reloads.
+# waits on the namespace, iptables and OVSDB threads, and 32 keep those busy in
+# a cold start; more at once would only queue there, and a thousand at once
+# would finish all together at the very end instead of steadily. A slot is
+# held for the host work only: the haproxy check and reload come after it.
 PASS_SLOTS = 32
 
 
