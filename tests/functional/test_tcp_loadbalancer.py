@@ -10,7 +10,7 @@ from pathlib import Path
 
 from agentproc import wait_until
 from helpers import MAC, VIP, answers, host_state, wait_bound, web_lb
-from lbstate import backend, desired, loadbalancer, tcp_listener
+from lbstate import SUBNET, backend, desired, loadbalancer, tcp_listener
 
 def test_tcp_load_balancer_through_ovn(agent_factory, vpc, web, sandbox):
     lb_id, client = web
@@ -188,3 +188,21 @@ def test_haproxy_sees_the_real_client_address(agent_factory, vpc, web):
         holder.wait(10)
     # And the answers still come back through the load balancer.
     assert set(answers(client, f"http://{VIP}:80/", 2)) <= {"backend-a", "backend-b"}
+
+
+def test_a_subnet_route_to_0_0_0_0_replaces_the_gateway_and_stays_put(agent_factory, vpc, web):
+    """A subnet route to 0.0.0.0/0 is the namespace's default route. (It used to
+    fight the gateway's: each resync replaced the other's, writing every pass.)"""
+    lb_id, client = web
+    agent = agent_factory(resync_interval=0.3)
+    subnet = {**SUBNET, "routes": [{"cidr": "0.0.0.0/0", "nexthop": "198.18.0.254"}]}
+    code, body = agent.refresh(desired(1, web_lb(lb_id), subnets=[subnet]))
+    assert code == 200 and body["loadbalancers"][0]["state"] == "ready", body
+    wait_bound(agent, lb_id)
+    routes = subprocess.run(["ip", "netns", "exec", f"lb-{lb_id}", "ip", "route"], capture_output=True, text=True,
+                            check=True).stdout
+    assert "default via 198.18.0.254" in routes and "default via 198.18.0.1 " not in routes, routes
+    assert client.curl(f"http://{VIP}:80/").strip() in {"backend-a", "backend-b"}  # the VPC is on-link
+    first, passes = agent.status(), agent.lb(lb_id)["passes"]
+    wait_until(lambda: agent.lb(lb_id)["passes"] >= passes + 2, 10, "two more resync passes")
+    assert agent.status()["agent"]["writes"] == first["agent"]["writes"]
