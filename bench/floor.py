@@ -10,7 +10,8 @@ makes in the kernel (see ../shared/design.md and lbagent/ovnhost/datapath.py):
   default route via the subnet gateway, TX checksum offload off (userspace
   datapath), ip_forward on, and the nat table (two owned chains, the jumps,
   a DNAT per listener and per backend, the SNAT, all with comments) in one
-  python-iptables commit;
+  python-iptables commit, the rules built by the agent's own `nat_rules` and
+  `iptables.build_rule`;
 - on the host: OUTER/16 noprefixroute, the route to INNER/32, the reply table
   (two routes) and its policy rule, plus the two shared skip rules once.
 
@@ -46,8 +47,11 @@ import iptc
 from pyroute2 import IPRoute
 from pyroute2 import netns as pyroute_netns
 
+from lbagent.members import Member
 from lbagent.ovnhost import ethtool  # the SIOCETHTOOL ioctl, no fork: acts in the socket's namespace
+from lbagent.ovnhost import iptables
 from lbagent.ovnhost.iplib import Route
+from lbagent.ovnhost.nat import CHAIN_HOOKS, NatPlan, nat_rules
 from lbagent.ovnhost.rtnl_batch import RtnlBatch, open_socket
 
 CLONE_NEWNET = 0x40000000
@@ -156,6 +160,10 @@ def _build(lbs: list[FloorLb], tx_checksum_off: bool) -> float:
     return time.perf_counter() - started
 
 
+WARM_UP_PLAN = NatPlan("lo", "lo", "127.0.0.1", "127.0.0.2", "127.0.0.3", (1,),
+                       (Member("warm-up", "127.0.0.1", 1, 1, "off", False, 2),))
+
+
 def _warm_up_iptc(host_fd: int) -> None:
     """Load python-iptables' modules once, in a scratch namespace.
 
@@ -170,10 +178,10 @@ def _warm_up_iptc(host_fd: int) -> None:
         table = iptc.Table(iptc.Table.NAT, autocommit=False)
         table.refresh()
         try:
-            table.create_chain("LBAGENT-PRE")
-            _rule("warm-up", "LBAGENT-PRE")
-            _rule("warm-up", "DNAT", "127.0.0.1:1", in_if="lo", dst="127.0.0.1", dport=1)
-            _rule("warm-up", "SNAT", "127.0.0.1", out_if="lo")
+            for chain in CHAIN_HOOKS:
+                table.create_chain(chain)
+            for rule in nat_rules(WARM_UP_PLAN):
+                iptables.build_rule(rule)
         finally:
             table.close()
     finally:
@@ -244,46 +252,20 @@ def _tx_checksum_off(sock: socket.socket, ifname: str) -> None:
 
 
 def _write_nat(lb: FloorLb) -> None:
-    """The namespace's nat table in one commit (this thread is inside the namespace)."""
+    """The namespace's nat table in one commit (this thread is inside the namespace):
+    the agent's own rules, built as the agent builds them."""
+    members = tuple(Member(key, address, port, 1, "off", False, mapped) for key, address, port, mapped in lb.members)
+    rules = nat_rules(NatPlan(lb.ovn_ns, lb.haproxy_ns, lb.vip, lb.inner, lb.outer, lb.listener_ports, members))
     table = iptc.Table(iptc.Table.NAT, autocommit=False)
     table.refresh()  # the handle is cached process-wide: make it this namespace's
     try:
-        pre, post = table.create_chain("LBAGENT-PRE"), table.create_chain("LBAGENT-POST")
-        rules = [(iptc.Chain(table, "PREROUTING"), _rule("jump", target="LBAGENT-PRE")),
-                 (iptc.Chain(table, "POSTROUTING"), _rule("jump", target="LBAGENT-POST"))]
-        for port in lb.listener_ports:
-            rules.append((pre, _rule(f"listener tcp/{port}", "DNAT", f"{lb.outer}:{port}", in_if=lb.ovn_ns,
-                                     dst=lb.vip, dport=port)))
-        for key, address, port, mapped in lb.members:
-            rules.append((pre, _rule(f"backend {key}", "DNAT", f"{address}:{port}", in_if=lb.haproxy_ns,
-                                     dst=lb.inner, dport=mapped)))
-        rules.append((post, _rule("to vpc", "SNAT", lb.vip, out_if=lb.ovn_ns)))
-        for chain, rule in rules:
-            chain.append_rule(rule)
+        for chain in CHAIN_HOOKS:
+            table.create_chain(chain)
+        for rule in rules:
+            table.append_entry(rule.chain, iptables.build_rule(rule).rule)
         table.commit()
     finally:
         table.close()  # leave no handle (and socket) pinned to this namespace
-
-
-def _rule(tag: str, target: str = "", to: str = "", *, in_if: str = "", out_if: str = "", dst: str = "",
-          dport: int = 0) -> iptc.Rule:
-    rule = iptc.Rule()
-    if in_if:
-        rule.in_interface = in_if
-    if out_if:
-        rule.out_interface = out_if
-    if dst:
-        rule.dst = dst
-    if dport:
-        rule.protocol = "tcp"
-        rule.create_match("tcp").dport = str(dport)
-    rule.create_match("comment").comment = f"floor000000:{tag}"
-    made = rule.create_target(target)
-    if target == "DNAT":
-        made.to_destination = to
-    elif target == "SNAT":
-        made.to_source = to
-    return rule
 
 
 def add_ovs_ports(vsctl, bridge: str, lbs: list[FloorLb]) -> float:
