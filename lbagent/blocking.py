@@ -12,10 +12,13 @@ from __future__ import annotations
 import asyncio
 import contextvars
 import functools
-from concurrent.futures import ThreadPoolExecutor
+import logging
+from concurrent.futures import Future, ThreadPoolExecutor
 from typing import Callable, TypeVar
 
 T = TypeVar("T")
+
+log = logging.getLogger(__name__)
 
 
 class BlockingPool:
@@ -28,5 +31,16 @@ class BlockingPool:
         call = functools.partial(contextvars.copy_context().run, fn, *args, **kwargs)
         return await asyncio.get_running_loop().run_in_executor(self._pool, call)
 
+    def submit(self, fn: Callable[..., object], *args) -> None:
+        """Run fn on this pool after what is queued, for clean-up nobody waits
+        on; an exception it raises is logged."""
+        self._pool.submit(fn, *args).add_done_callback(functools.partial(_log_failure, self.name, fn))
+
     def shutdown(self) -> None:
         self._pool.shutdown(wait=True)
+
+
+def _log_failure(pool: str, fn: Callable, future: Future) -> None:
+    if not future.cancelled() and future.exception() is not None:
+        log.warning("pool=%s action=%s result=error error=%r", pool, getattr(fn, "__name__", fn),
+                    str(future.exception()))

@@ -132,6 +132,12 @@ class HaproxyManager:
         """Stop batching (waiters of an unfinished batch are cancelled); haproxy keeps running."""
         for staged in await self._batches.close():
             await self._lb_work.run(discard, staged)
+        await self.tidied()
+
+    async def tidied(self) -> None:
+        """Returns once the staging directories of installed changes are gone
+        (their removal waits on the reload thread, behind what it has queued)."""
+        await self._process_work.run(_nothing)
 
     async def supervise_once(self) -> bool:
         """Start the master again, on the files on disk, if it is gone. True if it had to.
@@ -322,7 +328,7 @@ class HaproxyManager:
             log.warning("object=haproxy action=live lb=%s result=error error=%r", staged.lb_id, str(exc))
             return self._reload_instead(staged, edited=getattr(exc, "edited", True))
         self._clear_marker()
-        discard(staged)
+        self._process_work.submit(discard, staged)
         return "live"
 
     def _reload_instead(self, staged: StagedChange, edited: bool) -> str:
@@ -390,8 +396,10 @@ class HaproxyManager:
             raise
         self._clear_marker()
         self._worker_replaced()
-        for staged in batch:
-            discard(staged)  # the previous files are no longer needed
+        # The staging directories (with the previous files parked in them) go
+        # after the batch's waiters hear of the reload, on this same thread
+        # before its next job: removing fifty took 0.1 s in a cold start.
+        self._process_work.submit(_discard_all, batch)
         return outcome
 
     def _check_and_reload(self) -> None:
@@ -499,3 +507,12 @@ class HaproxyManager:
         except OSError as exc:
             raise HaproxyError(f"haproxy stats socket unavailable: {exc}") from exc
         return parse_show_stat(text)
+
+
+def _discard_all(batch: list[StagedChange]) -> None:
+    for staged in batch:
+        discard(staged)  # the previous files are no longer needed
+
+
+def _nothing() -> None:
+    pass

@@ -193,6 +193,30 @@ async def test_apply_serves_and_the_same_text_again_does_not_reload(manager, ech
     assert manager.lb_ids_on_disk() == {"lb-a"}
 
 
+async def test_a_reload_is_answered_before_its_staging_directories_go(manager, echo_port, monkeypatch):
+    """Removing the staged directories waits on the reload thread behind the
+    answer: with it held, the change is still reported served, and once let
+    go (and waited for with tidied) nothing is left under staging/."""
+    from lbagent.haproxy import manager as manager_module
+
+    release, removed = threading.Event(), []
+    real_discard = manager_module.discard
+
+    def held_discard(staged):
+        assert release.wait(WAIT)
+        removed.append(staged.lb_id)
+        real_discard(staged)
+
+    monkeypatch.setattr(manager_module, "discard", held_discard)
+    port = free_port()
+    assert await asyncio.wait_for(manager.apply("lb-a", lb_text("lb-a", port, echo_port)), WAIT) is True
+    assert await echo_through(port)
+    assert removed == [] and len(list(manager.paths.staging_dir.iterdir())) == 1
+    release.set()
+    await manager.tidied()
+    assert removed == ["lb-a"] and list(manager.paths.staging_dir.iterdir()) == []
+
+
 async def test_a_stream_of_changes_is_batched_by_pacing(manager, echo_port):
     manager.reload_pace = 20.0  # each reload would be followed by a long pause while changes keep coming
     changes = []
@@ -330,6 +354,7 @@ async def test_files_are_written_private_checked_and_served_by_sni(manager, echo
     assert changed.text == config.text
     assert await manager.apply("lb-a", changed.text, changed.files) is True
     assert await served_name(port) == "three.example.com"
+    await manager.tidied()
     assert list(manager.paths.staging_dir.iterdir()) == []
 
 
