@@ -107,7 +107,8 @@ class ReloadBatcher(Generic[S]):
         while (delay := self._next_reload_at - loop.time()) > 0:
             self._activity.clear()
             try:
-                await asyncio.wait_for(self._activity.wait(), min(delay, PACE_QUIET))
+                async with asyncio.timeout(min(delay, PACE_QUIET)):
+                    await self._activity.wait()
             except TimeoutError:
                 if not self._in_flight and delay > PACE_QUIET:
                     return
@@ -121,7 +122,8 @@ class ReloadBatcher(Generic[S]):
             # A candidate still being checked will join this batch: wait for it.
             wait = remaining if self._in_flight else min(self._debounce, remaining)
             try:
-                await asyncio.wait_for(self._activity.wait(), wait)
+                async with asyncio.timeout(wait):
+                    await self._activity.wait()
             except TimeoutError:
                 return
 

@@ -79,8 +79,11 @@ class LbTask:
     async def _loop(self) -> None:
         while True:
             try:
-                await asyncio.wait_for(self._wake.wait(), timeout=self._next_delay())
-            except asyncio.TimeoutError:
+                # Not asyncio.wait_for: in Python 3.11 it swallows a cancel that
+                # arrives together with the kick, and stop() then waits forever.
+                async with asyncio.timeout(self._next_delay()):
+                    await self._wake.wait()
+            except TimeoutError:
                 pass
             self._wake.clear()
             if await self._pass() == DONE:

@@ -102,8 +102,9 @@ class ProviderNetworkController:
         while True:
             delay = self._resync_interval * random.uniform(1 - JITTER, 1 + JITTER)
             try:
-                await asyncio.wait_for(self._resync_now.wait(), timeout=delay)
-            except asyncio.TimeoutError:
+                async with asyncio.timeout(delay):
+                    await self._resync_now.wait()
+            except TimeoutError:
                 pass
             self._resync_now.clear()
             await self.resync()

@@ -217,8 +217,9 @@ class WorkQueue(Generic[K]):
         if delay <= 0:
             return True
         try:
-            await asyncio.wait_for(self._stopping.wait(), timeout=delay)
-        except asyncio.TimeoutError:
+            async with asyncio.timeout(delay):
+                await self._stopping.wait()
+        except TimeoutError:
             return True
         return False
 

@@ -124,8 +124,9 @@ class UdpHealthChecker:
             log.debug("health probe could not open a socket in %s: %s", probe.netns, exc)
             return False
         try:
-            return await asyncio.wait_for(self._exchange(loop, sock, probe), probe.timeout)
-        except asyncio.TimeoutError:
+            async with asyncio.timeout(probe.timeout):
+                return await self._exchange(loop, sock, probe)
+        except TimeoutError:
             # UDP with nothing expected: silence means nobody refused it.
             return probe.kind == "udp" and not probe.expect
         except OSError:
