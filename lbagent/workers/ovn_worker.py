@@ -20,6 +20,7 @@ from __future__ import annotations
 import asyncio
 import json
 import logging
+import operator
 from dataclasses import dataclass
 from typing import Callable
 
@@ -87,6 +88,7 @@ class LbRuntime:
     own: str | None = None  # fingerprint of its own inputs at the last successful pass
     deps: str | None = None  # of its dependencies at the last successful pass
     running_deps: str | None = None  # of its dependencies at the start of the pass running now
+    wanted: tuple[str, str] | None = None  # (own, deps) fingerprints of the last accepted state
     # The haproxy config rendered for some inputs (own + deps fingerprints): a
     # resync pass over an unchanged load balancer compares it with the disk
     # without rendering again.
@@ -134,9 +136,9 @@ class OvnWorker:
         await self.adopt_from_host()
         if desired is not None:
             async with self._lock:
-                self.allocations = await self._allocate(desired)
+                self.allocations = await self._allocate(desired, frozenset())
                 self.desired, self._raw, self._raw_text = desired, persisted.desired, None
-                self._accept()
+                self._accept(frozenset())
 
     async def adopt_from_host(self, max_salt: int = 16) -> list[str]:
         """Allocations of load balancers whose namespaces exist but which the
@@ -167,13 +169,26 @@ class OvnWorker:
             current = self.generation
             if current is not None and desired.generation < current:
                 raise StaleGeneration(desired.generation, current)
-            allocations = await self._allocate(desired)
+            unchanged = self._unchanged(desired)
+            allocations = await self._allocate(desired, unchanged)
             await asyncio.to_thread(self._store.save, PersistedState(raw, allocations, raw_text))
             self.allocations, self.desired, self._raw, self._raw_text = allocations, desired, raw, raw_text
-            self._accept()
+            self._accept(unchanged)
             return desired.generation
 
-    async def _allocate(self, desired: DesiredState) -> dict[str, Allocation]:
+    def _unchanged(self, desired: DesiredState) -> frozenset[str]:
+        """The load balancers of `desired` that are the very models of the state
+        before, in a state whose subnets and pods are the very same too: all the
+        last refresh derived for them still holds. With a thousand load
+        balancers, deriving it again for each took 10 ms of every refresh."""
+        previous = self.desired
+        if previous is None or not (_same_models(previous.subnets, desired.subnets)
+                                    and _same_models(previous.pods, desired.pods)):
+            return frozenset()
+        before = {id(lb) for lb in previous.loadbalancers}
+        return frozenset(lb.id for lb in desired.loadbalancers if id(lb) in before)
+
+    async def _allocate(self, desired: DesiredState, unchanged: frozenset[str]) -> dict[str, Allocation]:
         allocations = dict(self.allocations)
         new = [lb for lb in desired.loadbalancers if lb.id not in allocations]
         if new:
@@ -186,6 +201,8 @@ class OvnWorker:
                 used_tags.add(interface_names(lb.id, salt).tag)
                 allocations[lb.id] = Allocation(pair.inner, pair.outer, salt)
         for lb in desired.loadbalancers:
+            if lb.id in unchanged:
+                continue  # the same members as before, so the same ports
             old = allocations[lb.id]
             targets = self._targets(lb, desired.pods)
             ports = self._derived.get(("ports", lb.id), (targets, old),
@@ -202,26 +219,31 @@ class OvnWorker:
             salt += 1
         return salt
 
-    def _accept(self) -> None:
-        self._sync_tasks()
+    def _accept(self, unchanged: frozenset[str]) -> None:
+        self._sync_tasks(unchanged)
         for accept in self.on_accept:
             accept(self.desired)
 
-    def _sync_tasks(self) -> None:
+    def _sync_tasks(self, unchanged: frozenset[str]) -> None:
         """Queue the load balancers that are new, deleted or whose own inputs
-        changed; move the unchanged ones to the new generation without a pass."""
+        changed; move the unchanged ones to the new generation without a pass.
+        The fingerprints of those in `unchanged` are the last refresh's."""
         wanted = {lb.id for lb in self.desired.loadbalancers}
         for lb_id in wanted:
-            task = self.tasks.get(lb_id)
+            task, runtime = self.tasks.get(lb_id), self.runtime.get(lb_id)
+            if runtime is None or runtime.wanted is None or lb_id not in unchanged:
+                runtime = self.runtime[lb_id] = runtime or LbRuntime()
+                runtime.wanted = (self._own_fingerprint(lb_id), self._deps_fingerprint(lb_id))
+            own, deps = runtime.wanted
             if task is None:
                 task = self.tasks[lb_id] = LbTask(lb_id, self.reconcile, self._pass_done, self.resync_interval)
-                self.runtime[lb_id] = LbRuntime()
                 task.start()
                 self._requeue(lb_id)
-            elif self._own_changed(task):
+            elif task.state != "ready" or task.deleting or runtime.own != own:
+                # Changed, or with no successful pass to stand on (failed, pending, being deleted).
                 task.deleting = False
                 self._requeue(lb_id)
-            elif self.runtime[lb_id].deps == self._deps_fingerprint(lb_id):
+            elif runtime.deps == deps:
                 # Converged and nothing it uses changed: drift is the periodic resync's business.
                 task.generation = task.attempted_generation = self.generation
             # else only a dependency changed: its controller's handler calls dependency_changed.
@@ -230,13 +252,6 @@ class OvnWorker:
                 task.deleting = True
                 task.state = "deleting"
                 self._requeue(lb_id)
-
-    def _own_changed(self, task: LbTask) -> bool:
-        """Its spec or allocation differs from its last successful pass's, or it
-        has no successful pass to stand on (failed, pending, being deleted)."""
-        if task.state != "ready" or task.deleting:
-            return True
-        return self.runtime[task.lb_id].own != self._own_fingerprint(task.lb_id)
 
     # What follows is derived once per set of input objects: RefreshParser
     # reuses the models of unchanged entries, so a refresh that changes one
@@ -423,12 +438,19 @@ class OvnWorker:
     async def wait_settled(self, generation: int, timeout: float) -> bool:
         async with self._changed:
             try:
-                await asyncio.wait_for(self._changed.wait_for(lambda: self.settled(generation)), timeout)
+                async with asyncio.timeout(timeout):
+                    await self._changed.wait_for(lambda: self.settled(generation))
                 return True
-            except asyncio.TimeoutError:
+            except TimeoutError:
                 return False
 
     async def stop(self) -> None:
         await asyncio.gather(*(task.stop() for task in list(self.tasks.values())))
         if self.udp_health is not None:
             await self.udp_health.stop()
+
+
+def _same_models(before: list, now: list) -> bool:
+    """The very same objects, in the same order (the parser hands over the
+    models of unchanged entries, so an unchanged list holds the same ones)."""
+    return len(before) == len(now) and all(map(operator.is_, before, now))

@@ -330,7 +330,7 @@ async def test_new_load_balancers_whose_names_collide_get_the_next_salt(tmp_path
     monkeypatch.setattr(worker_mod, "interface_names", lambda lb_id, salt=0: SimpleNamespace(tag=f"t{salt}"))
     worker = OvnWorker(FakeHost(), FakeHaproxy(), StateStore(tmp_path), resync_interval=3600)
     body = state(1, [lb_body("a"), lb_body("b", ip="198.18.0.13"), lb_body("c", ip="198.18.0.14")])
-    allocations = await worker._allocate(parse_desired_state(body))
+    allocations = await worker._allocate(parse_desired_state(body), frozenset())
     assert sorted(a.salt for a in allocations.values()) == [0, 1, 2]
 
 
@@ -371,3 +371,36 @@ async def test_a_reused_load_balancer_still_follows_the_pods_it_selects(worker):
     assert await worker.wait_settled(2, 5)
     assert worker.allocations["web"].ports == {"bg-1/w1": 1025, "bg-1/w2": 1026}
     assert [m.key for m in worker.members(web)["bg-1"]] == ["bg-1/w1", "bg-1/w2"]
+
+
+async def test_a_refresh_looks_again_only_at_the_load_balancers_it_changed(worker, monkeypatch):
+    """The others are the very models of the last state, with the same subnets
+    and pods: their fingerprints are not computed again, and they still reach
+    the new generation without a pass. A changed subnet list turns that off."""
+    from lbagent.parsing import RefreshParser
+    parser, looked_at = RefreshParser(), []
+    own_fingerprint = OvnWorker._own_fingerprint
+    monkeypatch.setattr(OvnWorker, "_own_fingerprint",
+                        lambda self, lb_id: looked_at.append(lb_id) or own_fingerprint(self, lb_id))
+    lbs = [lb_body(f"lb-{i}", ip=f"198.18.0.{20 + i}") for i in range(5)]
+    await apply_parsed(worker, parser, state(1, lbs))
+    assert await worker.wait_settled(1, 5)
+    passes = {lb_id: task.passes for lb_id, task in worker.tasks.items()}
+    looked_at.clear()
+
+    lbs[3] = lb_body("lb-3", ip="198.18.0.23", backends=("be-1", "be-2"))
+    await apply_parsed(worker, parser, state(2, lbs))
+    assert set(looked_at) == {"lb-3"}
+    assert await worker.wait_settled(2, 5)
+    assert {lb_id: task.generation for lb_id, task in worker.tasks.items()} == dict.fromkeys(passes, 2)
+    assert [lb_id for lb_id, task in worker.tasks.items() if task.passes != passes[lb_id]] == ["lb-3"]
+
+    looked_at.clear()
+    body = state(3, lbs)
+    body["subnets"][0]["mtu"] = 1400  # every load balancer's subnet: nothing is taken as it was
+    await apply_parsed(worker, parser, body)
+    assert set(looked_at) == {f"lb-{i}" for i in range(5)}
+    for lb_id in worker.tasks:  # as the subnet controller does
+        worker.dependency_changed(lb_id)
+    assert await worker.wait_settled(3, 5)
+    assert all(task.passes == passes[lb_id] + 1 + (lb_id == "lb-3") for lb_id, task in worker.tasks.items())
