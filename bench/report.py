@@ -46,8 +46,11 @@ def evaluate(results: dict[str, Any]) -> list[dict[str, Any]]:
                          f"ready (floor {_s(floor)})")
         if agent is None:
             met = False
+        cores = entry.get("cpu_cores")
         row(f"P1 cold convergence, N={n}", measured, target, met,
-            f"all ovn-installed {_s(entry.get('ovn_installed_seconds'))}; floor OVS ports +{_s(entry.get('floor_ovs_seconds'))}")
+            f"all ovn-installed {_s(entry.get('ovn_installed_seconds'))}; floor OVS ports +{_s(entry.get('floor_ovs_seconds'))}"
+            + ("; cores busy: " + ", ".join(f"{k} {v:.2f}" for k, v in cores.items() if k != "load generator")
+               if cores else ""))
     p2 = results.get("p2")
     if p2:
         w = p2["writes"]

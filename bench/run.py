@@ -189,7 +189,10 @@ class CpuSplit:
     """Where the machine's CPU went while a load ran: cores busy per role, the load generator
     (our children, e.g. wrk), the kernel's softirq work, and what stayed idle."""
 
-    def __init__(self, roles: dict[str, list[int]]):
+    def __init__(self, roles: dict[str, list[int]], reaped: bool = False):
+        # reaped: count what a process's exited children used too (haproxy's
+        # workers replaced by reloads, the agent's `haproxy -c` checks).
+        self.reaped = reaped
         self.procs = {role: self._tree(pids) for role, pids in roles.items()}
         self.before = {role: self._cpu(procs) for role, procs in self.procs.items()}
         self.system = psutil.cpu_times()
@@ -207,12 +210,11 @@ class CpuSplit:
                 continue
         return procs
 
-    @staticmethod
-    def _cpu(procs: list[psutil.Process]) -> dict[int, float]:
+    def _cpu(self, procs: list[psutil.Process]) -> dict[int, float]:
         seconds = {}
         for proc in procs:
             try:
-                seconds[proc.pid] = sum(proc.cpu_times()[:2])
+                seconds[proc.pid] = sum(proc.cpu_times()[:4 if self.reaped else 2])
             except psutil.NoSuchProcess:
                 continue
         return seconds
@@ -426,6 +428,8 @@ class Bench:
         profile = self._profile_start(f"p1-n{n}", min(self.config.converge_timeout, 120)) \
             if n == self.config.ns[-1] else None
         cpu_before = _cpu_seconds(self.agent)
+        # Where the machine's 2 cores went until every load balancer was ready.
+        split = CpuSplit(self._p1_roles(), reaped=True)
         started = time.monotonic()
         limit = self.config.converge_timeout
         try:
@@ -441,6 +445,7 @@ class Bench:
                     pass
             if watch.ready_count() == n:
                 entry["agent_seconds"] = round(time.monotonic() - started, 3)
+                entry["cpu_cores"] = split.finish()
                 wait_for(lambda: watch.bound_at is not None, 120, f"ovn-installed on all {n} ports", interval=0.5)
                 entry["ovn_installed_seconds"] = round(watch.bound_at, 1)
             else:
@@ -464,6 +469,12 @@ class Bench:
         say(f"    agent {entry['agent_seconds']:.2f} s ({entry['agent_seconds'] / entry['floor_seconds']:.1f}× "
             f"the floor); all ports ovn-installed at {entry['ovn_installed_seconds']:.1f} s; agent CPU "
             f"{entry['cpu_seconds']:.1f} s; peak RSS {entry['peak_rss_mb']:.0f} MB")
+
+    def _p1_roles(self) -> dict[str, list[int]]:
+        daemons = {d.name: d.pid() for d in self.sandbox.daemons}
+        roles = {"agent": [self.agent.proc.pid], "haproxy": [self.agent.status()["agent"]["haproxy"]["pid"]],
+                 "ovs-vswitchd": [daemons.get("ovs-vswitchd")], "ovn-controller": [daemons.get("ovn-controller")]}
+        return {role: [pid for pid in pids if pid] for role, pids in roles.items()}
 
     def _body(self) -> bytes:
         """The next generation's complete desired state, encoded (the region controller's work)."""
