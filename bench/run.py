@@ -193,6 +193,7 @@ class CpuSplit:
         # reaped: count what a process's exited children used too (haproxy's
         # workers replaced by reloads, the agent's `haproxy -c` checks).
         self.reaped = reaped
+        self.roots = roles
         self.procs = {role: self._tree(pids) for role, pids in roles.items()}
         self.before = {role: self._cpu(procs) for role, procs in self.procs.items()}
         self.system = psutil.cpu_times()
@@ -223,8 +224,11 @@ class CpuSplit:
         wall = time.monotonic() - self.started
         cores = {}
         for role, procs in self.procs.items():
-            after = self._cpu(procs)
-            cores[role] = sum(after[pid] - self.before[role].get(pid, after[pid]) for pid in after) / wall
+            # The tree again: a process that started inside the window (the
+            # worker a reload made, a check) counts whole.
+            now = {proc.pid: proc for proc in [*procs, *self._tree(self.roots[role])]}
+            after = self._cpu(list(now.values()))
+            cores[role] = sum(after[pid] - self.before[role].get(pid, 0.0) for pid in after) / wall
         children = resource.getrusage(resource.RUSAGE_CHILDREN)
         cores["load generator"] = (children.ru_utime + children.ru_stime - self.children.ru_utime
                                    - self.children.ru_stime) / wall
