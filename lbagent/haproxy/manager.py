@@ -135,9 +135,12 @@ class HaproxyManager:
         await self.tidied()
 
     async def tidied(self) -> None:
-        """Returns once the staging directories of installed changes are gone
-        (their removal waits on the reload thread, behind what it has queued)."""
-        await self._process_work.run(_nothing)
+        """Returns once the staging directories of installed changes are gone.
+        Their removal is queued on the reload thread by the job that installed
+        them: the first turn lets a job still running there finish (and queue
+        its removal), the second waits for that removal."""
+        for _ in range(2):
+            await self._process_work.run(_nothing)
 
     async def supervise_once(self) -> bool:
         """Start the master again, on the files on disk, if it is gone. True if it had to.

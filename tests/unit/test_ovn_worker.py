@@ -127,6 +127,7 @@ async def test_unchanged_load_balancer_reaches_new_generation_without_a_pass(wor
     assert worker.tasks["b"].passes == passes["b"] + 1
     assert worker.tasks["a"].generation == 2
     assert worker.allocations["b"].ports == {"be-1": 1025, "be-2": 1026}
+    assert await worker.wait_settled(2, 0)  # settled already: no time is needed (?wait=0 answers 200)
 
 
 async def test_removed_load_balancer_is_torn_down_and_released(worker, tmp_path):
