@@ -26,6 +26,7 @@ from dataclasses import dataclass, field
 from typing import Awaitable, Callable, Generic, Iterator, TypeVar
 
 from lbagent.coalesce import resolve
+from lbagent.waits import wait_event
 
 # After a reload that took t seconds the next one waits until t * RELOAD_PACE has passed,
 # but never longer than MAX_RELOAD_PAUSE: on a busy host t swells with contention, and
@@ -106,12 +107,9 @@ class ReloadBatcher(Generic[S]):
         loop = asyncio.get_running_loop()
         while (delay := self._next_reload_at - loop.time()) > 0:
             self._activity.clear()
-            try:
-                async with asyncio.timeout(min(delay, PACE_QUIET)):
-                    await self._activity.wait()
-            except TimeoutError:
-                if not self._in_flight and delay > PACE_QUIET:
-                    return
+            quiet = not await wait_event(self._activity, min(delay, PACE_QUIET))
+            if quiet and not self._in_flight and delay > PACE_QUIET:
+                return
 
     async def _settle(self) -> None:
         """Wait for the burst to end: quiet for `debounce`, no check in flight, or `max_delay` reached."""
@@ -121,10 +119,7 @@ class ReloadBatcher(Generic[S]):
             self._activity.clear()
             # A candidate still being checked will join this batch: wait for it.
             wait = remaining if self._in_flight else min(self._debounce, remaining)
-            try:
-                async with asyncio.timeout(wait):
-                    await self._activity.wait()
-            except TimeoutError:
+            if not await wait_event(self._activity, wait):
                 return
 
     async def _commit_batch(self, batch: list[_Change[S]]) -> None:

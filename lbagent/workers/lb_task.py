@@ -17,6 +17,7 @@ from datetime import datetime, timezone
 from typing import Awaitable, Callable
 
 from lbagent.counters import CURRENT_LB, RECONCILE_ERRORS, RECONCILE_SECONDS
+from lbagent.waits import wait_event
 
 log = logging.getLogger(__name__)
 
@@ -78,13 +79,7 @@ class LbTask:
 
     async def _loop(self) -> None:
         while True:
-            try:
-                # Not asyncio.wait_for: in Python 3.11 it swallows a cancel that
-                # arrives together with the kick, and stop() then waits forever.
-                async with asyncio.timeout(self._next_delay()):
-                    await self._wake.wait()
-            except TimeoutError:
-                pass
+            await wait_event(self._wake, self._next_delay())  # a kick, or time for a resync
             self._wake.clear()
             if await self._pass() == DONE:
                 return

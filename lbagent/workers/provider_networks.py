@@ -22,6 +22,7 @@ from typing import Protocol
 
 from lbagent.model import ProviderNetwork
 from lbagent.ovnhost.bridges import BridgeReport, bridge_name
+from lbagent.waits import wait_event
 from lbagent.workers.dispatch import PROVIDER_NETWORK, key
 from lbagent.workers.lb_task import JITTER
 from lbagent.workers.queue import WorkQueue
@@ -101,11 +102,7 @@ class ProviderNetworkController:
     async def _resync_loop(self) -> None:
         while True:
             delay = self._resync_interval * random.uniform(1 - JITTER, 1 + JITTER)
-            try:
-                async with asyncio.timeout(delay):
-                    await self._resync_now.wait()
-            except TimeoutError:
-                pass
+            await wait_event(self._resync_now, delay)
             self._resync_now.clear()
             await self.resync()
 

@@ -27,6 +27,7 @@ from collections import deque
 from typing import Awaitable, Callable, Generic, Hashable, Iterable, TypeVar
 
 from lbagent.counters import count_queue_retry
+from lbagent.waits import wait_event
 from lbagent.workers.lb_task import BACKOFF_MAX, BACKOFF_START, backoff_delay
 
 log = logging.getLogger(__name__)
@@ -216,12 +217,7 @@ class WorkQueue(Generic[K]):
         delay = self._bucket.reserve()
         if delay <= 0:
             return True
-        try:
-            async with asyncio.timeout(delay):
-                await self._stopping.wait()
-        except TimeoutError:
-            return True
-        return False
+        return not await wait_event(self._stopping, delay)
 
     async def _work(self, handler: Callable[[K], Awaitable[object]]) -> None:
         while (key := await self._next()) is not None:
