@@ -433,7 +433,7 @@ class Bench:
             if n == self.config.ns[-1] else None
         cpu_before = _cpu_seconds(self.agent)
         # Where the machine's 2 cores went until every load balancer was ready.
-        split = CpuSplit(self._p1_roles(), reaped=True)
+        split = CpuSplit(self._processes(), reaped=True)
         started = time.monotonic()
         limit = self.config.converge_timeout
         try:
@@ -473,12 +473,6 @@ class Bench:
         say(f"    agent {entry['agent_seconds']:.2f} s ({entry['agent_seconds'] / entry['floor_seconds']:.1f}× "
             f"the floor); all ports ovn-installed at {entry['ovn_installed_seconds']:.1f} s; agent CPU "
             f"{entry['cpu_seconds']:.1f} s; peak RSS {entry['peak_rss_mb']:.0f} MB")
-
-    def _p1_roles(self) -> dict[str, list[int]]:
-        daemons = {d.name: d.pid() for d in self.sandbox.daemons}
-        roles = {"agent": [self.agent.proc.pid], "haproxy": [self.agent.status()["agent"]["haproxy"]["pid"]],
-                 "ovs-vswitchd": [daemons.get("ovs-vswitchd")], "ovn-controller": [daemons.get("ovn-controller")]}
-        return {role: [pid for pid in pids if pid] for role, pids in roles.items()}
 
     def _body(self) -> bytes:
         """The next generation's complete desired state, encoded (the region controller's work)."""
@@ -613,8 +607,9 @@ class Bench:
                 + ", ".join(f"{k} {v:.2f}" for k, v in self.results["p4"][leg]["cpu_cores"].items()))
 
     def _processes(self) -> dict[str, list[int]]:
-        """The processes that carry P4's traffic, by role (their children, e.g. workers, included)."""
+        """The processes that do P1's and P4's work, by role (their children, e.g. workers, included)."""
         by_role = {"ovs-vswitchd": [self._vswitchd().pid()],
+                   "ovn-controller": [next(d for d in self.sandbox.daemons if d.name == "ovn-controller").pid()],
                    "nginx": [proc.pid for proc in self.backends.processes()],
                    "agent": [self.agent.proc.pid] if self.agent else []}
         if self.agent is not None:
