@@ -285,3 +285,20 @@ def test_udp_health_check_on_tcp_listener_is_refused():
 
 def test_templates_are_found():
     assert {"base.cfg.j2", "loadbalancer.cfg.j2", "macros.j2"} <= {p.name for p in template_dir().iterdir()}
+
+
+def test_preload_compiles_every_template_so_renders_never_read_them_again(monkeypatch):
+    from lbagent.haproxy import templates
+
+    templates.environment.cache_clear()
+    try:
+        templates.preload()
+        reads = []
+        loader = templates.environment().loader
+        original = loader.get_source
+        monkeypatch.setattr(loader, "get_source", lambda env, name: reads.append(name) or original(env, name))
+        text = render_sample()
+        assert "frontend" in text
+        assert reads == []  # loadbalancer.cfg.j2 and the macros it imports were compiled at preload
+    finally:
+        templates.environment.cache_clear()
