@@ -34,6 +34,7 @@ import re
 import resource
 import secrets
 import shutil
+import signal
 import statistics
 import subprocess
 import sys
@@ -68,7 +69,7 @@ LISTENER_PORTS = (80, 81)
 PROFILE_DIR = Path("/var/tmp/lbagent-bench-profiles")
 P3_CHANGE_LIMIT = 60.0  # seconds one change may take to reach the client before it counts as missed
 P3_GIVE_UP = 3  # changes missed before P3 stops trying
-P3_POLL_SAMPLE = 1.0  # seconds of polling before the changes, to time one request on the data path
+P3_POLL_SAMPLE = 1.0  # seconds of polling before the changes, to time one round of requests on the data path
 P5_RELOAD_LIMIT = 60.0
 RETIRE_BY_AGENT = 200  # above this many load balancers the teardown does not wait for the agent  # seconds one change may take to show up as a reload
 
@@ -239,38 +240,55 @@ class CpuSplit:
 
 
 class Poller:
-    """Requests to one VIP from the client namespace, over and over; notes when an expected answer shows up."""
+    """Clients in the client namespace asking one VIP over and over, each on a new
+    connection; notes when the first of them gets an expected answer.
 
-    def __init__(self, pool: NetnsPool, ip: str, port: int):
-        self.ip, self.port = ip, port
+    There are as many clients as the load balancer has backends: round robin
+    hands any four connections in a row to every backend, so a new backend is
+    seen within one round trip of the data path once haproxy has it (a single
+    client needed up to four, and at a thousand ports one takes ~20 ms). Each
+    client starts a request at most every `interval` seconds, so that where
+    the data path is fast the poller does not load the machine more than a
+    single client did (about a thousand requests a second)."""
+
+    def __init__(self, pool: NetnsPool, ip: str, port: int, clients: int = 4, interval: float = 0.004):
+        self.ip, self.port, self.clients, self.interval = ip, port, clients, interval
         self.expect: str | None = None
         self.seen_at: float | None = None
         self.seen = threading.Event()
         self.requests = self.failures = 0
+        self._lock = threading.Lock()
         self._stop = threading.Event()
-        self._future = pool.submit(self._run)
+        self._futures = [pool.submit(self._run) for _ in range(clients)]
 
     def _run(self) -> None:
         while not self._stop.is_set():
+            started = time.monotonic()
             try:
                 text = http_text(self.ip, self.port, timeout=1.0)
             except OSError:
-                self.failures += 1
+                with self._lock:
+                    self.failures += 1
                 self._stop.wait(0.01)
                 continue
-            self.requests += 1
-            if self.expect is not None and text == self.expect and not self.seen.is_set():
-                self.seen_at = time.monotonic()
-                self.seen.set()
+            answered = time.monotonic()
+            with self._lock:
+                self.requests += 1
+                if self.expect is not None and text == self.expect and not self.seen.is_set():
+                    self.seen_at = answered
+                    self.seen.set()
+            self._stop.wait(max(0.0, started + self.interval - answered))
 
     def watch_for(self, text: str) -> None:
-        self.seen.clear()
-        self.seen_at = None
-        self.expect = text
+        with self._lock:
+            self.seen.clear()
+            self.seen_at = None
+            self.expect = text
 
     def close(self) -> None:
         self._stop.set()
-        self._future.result(timeout=10)
+        for future in self._futures:
+            future.result(timeout=10)
 
 
 # --------------------------------------------------------------------------
@@ -450,6 +468,8 @@ class Bench:
             if watch.ready_count() == n:
                 entry["agent_seconds"] = round(time.monotonic() - started, 3)
                 entry["cpu_cores"] = split.finish()
+                if profile is not None:  # the convergence only, not the resyncs after it
+                    entry["profile"], profile = self._profile_finish(profile, stop=True), None
                 wait_for(lambda: watch.bound_at is not None, 120, f"ovn-installed on all {n} ports", interval=0.5)
                 entry["ovn_installed_seconds"] = round(watch.bound_at, 1)
             else:
@@ -462,7 +482,7 @@ class Bench:
             entry["peak_rss_mb"] = watch.peak_rss_mb
             entry["timeline"] = watch.samples
             if profile is not None:
-                entry["profile"] = self._profile_finish(profile)
+                entry["profile"] = self._profile_finish(profile, stop=True)
         if entry["agent_seconds"] is None:
             say(f"    NOT converged within {limit:.0f} s: {entry['ready_at_timeout']} of {n} ready; agent CPU "
                 f"{entry['cpu_seconds']:.1f} s; peak RSS {entry['peak_rss_mb']:.0f} MB")
@@ -536,11 +556,12 @@ class Bench:
         vip = self.lbs[0]["network"]["ip"]
         wait_for(lambda: self.pool.call(http_text, vip, 80) in BACKEND_HOSTS, 30, f"{vip}:80 answering")
         poller = Poller(self.pool, vip, 80)
-        # How long one request takes on the data path alone at this N: the
-        # resolution of every latency below, and part of each.
+        # How long one round of requests (one per client) takes on the data path
+        # alone at this N: the resolution of every latency below, and part of each.
         requests_before, poll_started = poller.requests, time.monotonic()
         threading.Event().wait(P3_POLL_SAMPLE)
-        poll_ms = (time.monotonic() - poll_started) / max(1, poller.requests - requests_before) * 1000
+        rounds = max(1, poller.requests - requests_before) / poller.clients
+        poll_ms = (time.monotonic() - poll_started) / rounds * 1000
         latencies, posts, missed, posted_at = [], [], 0, []
         # Profiled at the largest N only: that is where the POST and the reload grow.
         profile = self._profile_start(f"p3-n{n}", changes * 1.5) if n == self.config.ns[-1] else None
@@ -575,7 +596,8 @@ class Bench:
                  "p99": round(report.percentile(latencies, 0.99), 4) if latencies else None,
                  "max": round(max(latencies), 4) if latencies else None,
                  "post_p50": round(statistics.median(posts), 4), "latencies": [round(x, 4) for x in latencies],
-                 "poll_requests": poller.requests, "poll_failures": poller.failures, "poll_ms": round(poll_ms, 1)}
+                 "poll_requests": poller.requests, "poll_failures": poller.failures, "poll_ms": round(poll_ms, 1),
+                 "poll_clients": poller.clients}
         # When the agent had each change in haproxy, from its own log: what the
         # rest of each latency is (the data path, and the poller catching up).
         applied = _applied_after(self.agent.log_path, self.lbs[0]["id"], posted_at)
@@ -759,8 +781,12 @@ class Bench:
                                  "--output", str(out)], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
         return proc, out, seconds
 
-    def _profile_finish(self, profile) -> dict:
+    def _profile_finish(self, profile, stop: bool = False) -> dict:
+        """The summary of a profile; `stop`: end the recording now rather than
+        at its duration (P1's ends when all are ready, before the resyncs)."""
         proc, out, seconds = profile
+        if stop and proc.poll() is None:
+            proc.send_signal(signal.SIGINT)  # py-spy writes what it has and exits
         try:
             proc.wait(timeout=seconds + 60)
         except subprocess.TimeoutExpired:
