@@ -75,7 +75,7 @@ def evaluate(results: dict[str, Any]) -> list[dict[str, Any]]:
             f"{entry['changes']} changes; POST answered 202 in {_ms(entry['post_p50'])} p50"
             + (f"; in haproxy after {_ms(entry['agent_p50'])} p50, {_ms(entry['agent_p99'])} p99"
                if "agent_p50" in entry else "")
-            + (f"; one round of the poller's {entry.get('poll_clients', 1)} requests on the data path "
+            + (f"; the poller's resolution (a round of its {entry.get('poll_clients', 1)} requests) "
                f"{entry['poll_ms']:.0f} ms" if "poll_ms" in entry else "")
             + (f", {entry['missed']} never seen" if entry["missed"] else ""))
     p4 = results.get("p4")
