@@ -1,9 +1,10 @@
 """`Coalescer`: calls that arrive while one is running go together in the next.
 
 For work whose fixed cost dwarfs its cost per item: one `haproxy -c` for many
-candidates, one OVSDB transaction for many ports. Nothing waits on purpose:
-the first call runs at once, and whatever arrives meanwhile forms the next
-batch (at most `max_batch` items). If a batch fails with `split_on`, its items
+candidates, one OVSDB transaction for many ports. The first call runs at
+once, and whatever arrives meanwhile forms the next batch (at most
+`max_batch` items); only a `gather` hook, if given, may hold a batch back a
+little while more items are on their way. If a batch fails with `split_on`, its items
 are run one by one, so only the culprits fail and each hears its own error;
 any other failure reaches every item of the batch. A caller that stops
 waiting (cancelled) is skipped. The batches run in a context of their own,
@@ -24,13 +25,15 @@ R = TypeVar("R")
 class Coalescer(Generic[I, R]):
     def __init__(self, name: str, run_batch: Callable[[list[I]], Awaitable[list[R]]],
                  run_one: Callable[[I], Awaitable[R]], split_on: type[Exception], max_batch: int,
-                 slots: asyncio.Semaphore | None = None):
+                 slots: asyncio.Semaphore | None = None,
+                 gather: Callable[[list[I]], Awaitable[None]] | None = None):
         self._name = name
         self._run_batch = run_batch  # returns one result per item, in order
         self._run_one = run_one
         self._split_on = split_on
         self._max_batch = max_batch
         self._slots = slots  # shared with other work of the same kind, if given
+        self._gather = gather  # awaited with the waiting items before each batch is taken
         self._waiting: list[tuple[I, asyncio.Future]] = []
         self._runner: asyncio.Task | None = None
 
@@ -46,6 +49,8 @@ class Coalescer(Generic[I, R]):
         batch: list[tuple[I, asyncio.Future]] = []
         try:
             while self._waiting:
+                if self._gather is not None:
+                    await self._gather([item for item, _ in self._waiting])
                 async with self._slots or nullcontext():  # items keep arriving while this waits: the batch grows
                     batch = [(item, done) for item, done in self._waiting[:self._max_batch] if not done.done()]
                     del self._waiting[:self._max_batch]

@@ -7,6 +7,13 @@ of a core. The ports of passes that arrive while the OVSDB thread is busy go
 together in its next turn (`Coalescer`): one look at each, one transaction
 for all that differ. If a shared turn fails, its ports are done one by one,
 so a bad port fails only its own load balancer.
+
+A turn that adds new ports also waits, at most `GATHER_LIMIT`, while other
+passes are still building the links whose ports will follow (`building`):
+with a thousand load balancers, ports turned over as fast as OVSDB answered
+made a few hundred transactions, each a reconfiguration of a bridge growing
+to a thousand ports, and ovs-vswitchd took the CPU the passes needed. The
+last ports of a burst, or a port on its own, go at once.
 """
 
 from __future__ import annotations
@@ -15,20 +22,27 @@ from lbagent.blocking import BlockingPool
 from lbagent.coalesce import Coalescer
 from lbagent.ovnhost.errors import OvsdbError
 from lbagent.ovnhost.ovs import OvsClient, PortState, PortWant
+from lbagent.waits import InFlight
 
 MAX_PORTS = 200  # ports in one turn: an error in a shared transaction stays readable
+GATHER_LIMIT = 0.25  # seconds a turn with new ports waits for the passes still building theirs
 
 
 class BridgePorts:
-    def __init__(self, ovs: OvsClient, pool: BlockingPool):
+    def __init__(self, ovs: OvsClient, pool: BlockingPool, building: InFlight | None = None):
         self._ovs = ovs
         self._pool = pool  # the OVSDB thread
+        self._building = building  # passes whose ports are still to come
         self._turns = Coalescer("ovsdb-ports", self._converge_together, self._converge_alone, OvsdbError,
-                                MAX_PORTS)
+                                MAX_PORTS, gather=self._gather)
 
     async def converge(self, name: str, external_ids: dict[str, str], reattach: bool = False) -> PortState | None:
         """`OvsClient.converge_ports` for one port, in a turn shared with others."""
         return await self._turns.submit(PortWant(name, external_ids, reattach))
+
+    async def _gather(self, wants: list[PortWant]) -> None:
+        if self._building is not None and any(want.reattach for want in wants):
+            await self._building.none_within(GATHER_LIMIT)
 
     async def _converge_together(self, wants: list[PortWant]) -> list[PortState | None]:
         return await self._pool.run(self._ovs.converge_ports, wants)

@@ -25,6 +25,7 @@ from lbagent.ovnhost.iplib import Netlink
 from lbagent.ovnhost.nat import NatRule
 from lbagent.ovnhost.netns import NamespaceExecutor, list_netns, netns_exists, netns_path
 from lbagent.ovnhost.ovs import LB_KEY, OvsClient
+from lbagent.waits import InFlight
 
 log = logging.getLogger(__name__)
 
@@ -53,7 +54,8 @@ class OvnHost:
         # One thread: the IDL connection serialises transactions anyway, and
         # OVSDB work must not queue behind other kinds of blocking work.
         self.ovsdb = BlockingPool("ovsdb", 1)
-        self._ports = BridgePorts(ovs, self.ovsdb)
+        self._building = InFlight()  # passes before their port: new ports wait a little for theirs
+        self._ports = BridgePorts(ovs, self.ovsdb, self._building)
         self._nat_states: dict[str, str] = {}  # lb id -> what its last pass left in its nat table
         self._reattach: set[str] = set()  # lb ids whose OVN-side veth is newer than their OVS port
         self._host_fd = os.open("/proc/self/ns/net", os.O_RDONLY | os.O_CLOEXEC)
@@ -65,6 +67,17 @@ class OvnHost:
         return await self.ovsdb.run(self._ovs.datapath_type) == NETDEV
 
     async def converge(self, spec: HostSpec) -> HostObservation:
+        with self._building.entered():
+            await self._converge_links_and_nat(spec)
+        port = spec.links.names.ovn_host
+        wanted_ids = {"iface-id": iface_id(spec.lb_id), LB_KEY: spec.lb_id}
+        # A re-created veth has a new ifindex; the userspace datapath keeps its
+        # socket on the old one until the port itself is re-added.
+        observed = await self._ports.converge(port, wanted_ids, reattach=spec.lb_id in self._reattach)
+        self._reattach.discard(spec.lb_id)
+        return HostObservation(port, bool(observed and observed.ovn_installed))
+
+    async def _converge_links_and_nat(self, spec: HostSpec) -> None:
         built = None
         if not netns_exists(spec.netns):
             # New veths (the old ones went with their namespace): the port must
@@ -80,13 +93,6 @@ class OvnHost:
                 raise outcome
         if spec.links.names.ovn_ns in links:
             self._reattach.add(spec.lb_id)
-        port = spec.links.names.ovn_host
-        wanted_ids = {"iface-id": iface_id(spec.lb_id), LB_KEY: spec.lb_id}
-        # A re-created veth has a new ifindex; the userspace datapath keeps its
-        # socket on the old one until the port itself is re-added.
-        observed = await self._ports.converge(port, wanted_ids, reattach=spec.lb_id in self._reattach)
-        self._reattach.discard(spec.lb_id)
-        return HostObservation(port, bool(observed and observed.ovn_installed))
 
     async def _make_namespace(self, spec: HostSpec) -> set[str] | None:
         """Make the namespace and, on the same thread, its veths, addresses and

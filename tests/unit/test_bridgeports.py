@@ -1,5 +1,6 @@
 """BridgePorts over a fake OVSDB client: an OVSDB that does not answer fails a
-shared turn once for all, without retrying each port on its own."""
+shared turn once for all, without retrying each port on its own; new ports
+wait, bounded, for the passes still building theirs."""
 
 import asyncio
 
@@ -7,9 +8,11 @@ import pytest
 from ovsdbapp.exceptions import TimeoutException
 
 from lbagent.blocking import BlockingPool
+from lbagent.ovnhost import bridgeports
 from lbagent.ovnhost.bridgeports import BridgePorts
 from lbagent.ovnhost.errors import OvsdbError, OvsdbUnavailable
 from lbagent.ovnhost.ovs import OvsClient, PortState
+from lbagent.waits import InFlight
 
 
 class FakeOvs:
@@ -80,3 +83,29 @@ def test_an_ovsdb_timeout_is_unavailability_not_a_refusal():
 
     with pytest.raises(OvsdbUnavailable):
         client._execute(Command())
+
+
+async def test_new_ports_wait_for_the_passes_still_building_theirs(pool):
+    ovs, building = FakeOvs(), InFlight()
+    ports = BridgePorts(ovs, pool, building)
+    later = building.entered()
+    later.__enter__()  # a pass whose port is still to come
+    first = asyncio.ensure_future(ports.converge("a", {"iface-id": "a"}, reattach=True))
+    await asyncio.sleep(0.05)
+    second = asyncio.ensure_future(ports.converge("b", {"iface-id": "b"}, reattach=True))
+    await asyncio.sleep(0.05)
+    assert ovs.turns == []  # held back while the other pass builds
+    later.__exit__(None, None, None)
+    await asyncio.gather(first, second)
+    assert ovs.turns == [["a", "b"]]
+
+
+async def test_a_known_port_or_a_long_build_does_not_hold_a_turn(pool, monkeypatch):
+    ovs, building = FakeOvs(), InFlight()
+    ports = BridgePorts(ovs, pool, building)
+    with building.entered():  # a pass that never gets to its port
+        await ports.converge("known", {"iface-id": "known"})  # not new: goes at once
+        assert ovs.turns == [["known"]]
+        monkeypatch.setattr(bridgeports, "GATHER_LIMIT", 0.01)
+        await asyncio.wait_for(ports.converge("new", {"iface-id": "new"}, reattach=True), 5)
+    assert ovs.turns == [["known"], ["new"]]

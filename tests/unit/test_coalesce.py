@@ -102,3 +102,21 @@ async def test_a_batch_that_answers_for_fewer_items_fails_them_all():
     runs = Coalescer("t-short", short, short, Refused, 10)
     outcomes = await asyncio.gather(runs.submit(1), runs.submit(2), return_exceptions=True)
     assert all(isinstance(o, RuntimeError) and "1 results for 2 items" in str(o) for o in outcomes)
+
+
+async def test_a_gather_hook_holds_the_batch_while_more_items_arrive():
+    work, seen, more = Work(), [], asyncio.Event()
+
+    async def gather(waiting):
+        seen.append(list(waiting))
+        await more.wait()
+
+    runs = Coalescer("t-work", work.together, work.alone, Refused, 10, gather=gather)
+    first = asyncio.ensure_future(runs.submit(1))
+    await asyncio.sleep(0)
+    later = [asyncio.ensure_future(runs.submit(i)) for i in (2, 3)]
+    await asyncio.sleep(0)
+    assert work.batches == [] and seen == [[1]]  # the first call waited for the hook
+    more.set()
+    assert await first == 2 and await asyncio.gather(*later) == [4, 6]
+    assert work.batches == [[1, 2, 3]]

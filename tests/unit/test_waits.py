@@ -1,10 +1,11 @@
-"""wait_event: woken, timed out, and cancelled even when the event is set in the same step."""
+"""wait_event: woken, timed out, and cancelled even when the event is set in the same step;
+InFlight: a bounded wait for some work to be under way no more."""
 
 import asyncio
 
 import pytest
 
-from lbagent.waits import wait_event
+from lbagent.waits import InFlight, wait_event
 
 
 async def test_set_event_wakes_and_time_limit_ends_the_wait():
@@ -23,3 +24,26 @@ async def test_a_cancel_that_meets_the_event_is_not_swallowed():
     waiter.cancel()
     with pytest.raises(asyncio.CancelledError):
         await waiter
+
+
+async def test_in_flight_wait_ends_when_the_last_leaves_or_at_the_limit():
+    work = InFlight()
+    assert await work.none_within(0) is True  # nothing under way: no wait at all
+    first, second = work.entered(), work.entered()
+    first.__enter__()
+    second.__enter__()
+    waiter = asyncio.ensure_future(work.none_within(5))
+    assert await work.none_within(0.01) is False and work.count == 2
+    first.__exit__(None, None, None)
+    await asyncio.sleep(0)
+    assert not waiter.done()  # one is still under way
+    second.__exit__(None, None, None)
+    assert await waiter is True and work.count == 0
+
+
+async def test_in_flight_work_that_fails_is_no_longer_under_way():
+    work = InFlight()
+    with pytest.raises(RuntimeError):
+        with work.entered():
+            raise RuntimeError("the pass failed")
+    assert work.count == 0 and await work.none_within(0) is True
