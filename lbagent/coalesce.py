@@ -49,8 +49,8 @@ class Coalescer(Generic[I, R]):
         batch: list[tuple[I, asyncio.Future]] = []
         try:
             while self._waiting:
-                if self._gather is not None:
-                    await self._gather([item for item, _ in self._waiting])
+                if self._gather is not None and len(self._waiting) < self._max_batch:
+                    await self._gather([item for item, done in self._waiting if not done.done()])
                 async with self._slots or nullcontext():  # items keep arriving while this waits: the batch grows
                     batch = [(item, done) for item, done in self._waiting[:self._max_batch] if not done.done()]
                     del self._waiting[:self._max_batch]

@@ -9,7 +9,7 @@ for all that differ. If a shared turn fails, its ports are done one by one,
 so a bad port fails only its own load balancer.
 
 A turn that adds new ports also waits, at most `GATHER_LIMIT`, while other
-passes are still building the links whose ports will follow (`building`):
+passes that will add a port are still building its links (`building`):
 with a thousand load balancers, ports turned over as fast as OVSDB answered
 made a few hundred transactions, each a reconfiguration of a bridge growing
 to a thousand ports, and ovs-vswitchd took the CPU the passes needed. The

@@ -12,6 +12,7 @@ import asyncio
 import logging
 import os
 import socket
+from contextlib import nullcontext
 from dataclasses import dataclass
 
 from lbagent.blocking import BlockingPool
@@ -54,7 +55,7 @@ class OvnHost:
         # One thread: the IDL connection serialises transactions anyway, and
         # OVSDB work must not queue behind other kinds of blocking work.
         self.ovsdb = BlockingPool("ovsdb", 1)
-        self._building = InFlight()  # passes before their port: new ports wait a little for theirs
+        self._building = InFlight()  # passes about to add their port: new ports wait a little for theirs
         self._ports = BridgePorts(ovs, self.ovsdb, self._building)
         self._nat_states: dict[str, str] = {}  # lb id -> what its last pass left in its nat table
         self._reattach: set[str] = set()  # lb ids whose OVN-side veth is newer than their OVS port
@@ -67,7 +68,9 @@ class OvnHost:
         return await self.ovsdb.run(self._ovs.datapath_type) == NETDEV
 
     async def converge(self, spec: HostSpec) -> HostObservation:
-        with self._building.entered():
+        # Only a pass that is about to add its port is worth a new port's wait.
+        may_add_port = spec.lb_id in self._reattach or not netns_exists(spec.netns)
+        with self._building.entered() if may_add_port else nullcontext():
             await self._converge_links_and_nat(spec)
         port = spec.links.names.ovn_host
         wanted_ids = {"iface-id": iface_id(spec.lb_id), LB_KEY: spec.lb_id}

@@ -85,7 +85,8 @@ def test_an_ovsdb_timeout_is_unavailability_not_a_refusal():
         client._execute(Command())
 
 
-async def test_new_ports_wait_for_the_passes_still_building_theirs(pool):
+async def test_new_ports_wait_for_the_passes_still_building_theirs(pool, monkeypatch):
+    monkeypatch.setattr(bridgeports, "GATHER_LIMIT", 30)  # only the building pass ends this wait
     ovs, building = FakeOvs(), InFlight()
     ports = BridgePorts(ovs, pool, building)
     later = building.entered()
@@ -103,8 +104,9 @@ async def test_new_ports_wait_for_the_passes_still_building_theirs(pool):
 async def test_a_known_port_or_a_long_build_does_not_hold_a_turn(pool, monkeypatch):
     ovs, building = FakeOvs(), InFlight()
     ports = BridgePorts(ovs, pool, building)
+    monkeypatch.setattr(bridgeports, "GATHER_LIMIT", 30)
     with building.entered():  # a pass that never gets to its port
-        await ports.converge("known", {"iface-id": "known"})  # not new: goes at once
+        await asyncio.wait_for(ports.converge("known", {"iface-id": "known"}), 1)  # not new: goes at once
         assert ovs.turns == [["known"]]
         monkeypatch.setattr(bridgeports, "GATHER_LIMIT", 0.01)
         await asyncio.wait_for(ports.converge("new", {"iface-id": "new"}, reattach=True), 5)

@@ -120,3 +120,16 @@ async def test_a_gather_hook_holds_the_batch_while_more_items_arrive():
     more.set()
     assert await first == 2 and await asyncio.gather(*later) == [4, 6]
     assert work.batches == [[1, 2, 3]]
+
+
+async def test_a_full_batch_does_not_wait_for_the_gather_hook():
+    work, hooked = Work(), []
+
+    async def gather(waiting):
+        hooked.append(list(waiting))
+        await asyncio.sleep(3600)  # would hold the batch for ever
+
+    runs = Coalescer("t-work", work.together, work.alone, Refused, 2, gather=gather)
+    both = [asyncio.ensure_future(runs.submit(i)) for i in (1, 2)]
+    assert await asyncio.wait_for(asyncio.gather(*both), 5) == [2, 4]
+    assert work.batches == [[1, 2]] and hooked == []

@@ -293,6 +293,7 @@ def test_preload_compiles_every_template_so_renders_never_read_them_again(monkey
     templates.environment.cache_clear()
     try:
         templates.preload()
+        assert templates.environment().auto_reload is False  # no stat() of the files on every render
         reads = []
         loader = templates.environment().loader
         original = loader.get_source
