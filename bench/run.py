@@ -244,9 +244,11 @@ class Poller:
     connection; notes when the first of them gets an expected answer.
 
     There are as many clients as the load balancer has backends: round robin
-    hands any four connections in a row to every backend, so a new backend is
-    seen within one round trip of the data path once haproxy has it (a single
-    client needed up to four, and at a thousand ports one takes ~20 ms). Each
+    hands four connections in a row to four backends, so a new backend is
+    seen within a round or two of the clients' requests once haproxy has it
+    (a request already on its way finishes first; for a moment the old and
+    the new backend are both in rotation). A single client needed up to four
+    requests in a row, and at a thousand ports one takes ~20 ms. Each
     client starts a request at most every `interval` seconds, so that where
     the data path is fast the poller does not load the machine more than a
     single client did (about a thousand requests a second)."""
@@ -560,7 +562,7 @@ class Bench:
         # alone at this N: the resolution of every latency below, and part of each.
         requests_before, poll_started = poller.requests, time.monotonic()
         threading.Event().wait(P3_POLL_SAMPLE)
-        rounds = max(1, poller.requests - requests_before) / poller.clients
+        rounds = max(1.0, (poller.requests - requests_before) / poller.clients)
         poll_ms = (time.monotonic() - poll_started) / rounds * 1000
         latencies, posts, missed, posted_at = [], [], 0, []
         # Profiled at the largest N only: that is where the POST and the reload grow.
