@@ -4,10 +4,10 @@ For work whose fixed cost dwarfs its cost per item: one `haproxy -c` for many
 candidates, one OVSDB transaction for many ports. The first call runs at
 once, and whatever arrives meanwhile forms the next batch (at most
 `max_batch` items); only a `gather` hook, if given, may hold a batch back a
-little while more items are on their way. If a batch fails with `split_on`, its items
-are run one by one, so only the culprits fail and each hears its own error;
-any other failure reaches every item of the batch. A caller that stops
-waiting (cancelled) is skipped. The batches run in a context of their own,
+little while more items are on their way. If a batch fails with `split_on`,
+its items are run one by one, so only the culprits fail and each hears its
+own error; any other failure reaches every item of the batch. A caller that
+stops waiting (cancelled) is skipped. The batches run in a context of their own,
 not the first caller's: whose item it is must be read from the item.
 """
 

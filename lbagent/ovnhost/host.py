@@ -68,10 +68,14 @@ class OvnHost:
         return await self.ovsdb.run(self._ovs.datapath_type) == NETDEV
 
     async def converge(self, spec: HostSpec) -> HostObservation:
+        fresh = not netns_exists(spec.netns)
+        if fresh:
+            # New veths (the old ones went with their namespace): the port must
+            # be added anew, even if this pass fails before it gets that far.
+            self._reattach.add(spec.lb_id)
         # Only a pass that is about to add its port is worth a new port's wait.
-        may_add_port = spec.lb_id in self._reattach or not netns_exists(spec.netns)
-        with self._building.entered() if may_add_port else nullcontext():
-            await self._converge_links_and_nat(spec)
+        with self._building.entered() if spec.lb_id in self._reattach else nullcontext():
+            await self._converge_links_and_nat(spec, fresh)
         port = spec.links.names.ovn_host
         wanted_ids = {"iface-id": iface_id(spec.lb_id), LB_KEY: spec.lb_id}
         # A re-created veth has a new ifindex; the userspace datapath keeps its
@@ -80,13 +84,9 @@ class OvnHost:
         self._reattach.discard(spec.lb_id)
         return HostObservation(port, bool(observed and observed.ovn_installed))
 
-    async def _converge_links_and_nat(self, spec: HostSpec) -> None:
-        built = None
-        if not netns_exists(spec.netns):
-            # New veths (the old ones went with their namespace): the port must
-            # be added anew, even if this pass fails before it gets that far.
-            self._reattach.add(spec.lb_id)
-            built = await self._make_namespace(spec)
+    async def _converge_links_and_nat(self, spec: HostSpec, fresh: bool) -> None:
+        """`fresh`: the namespace does not exist yet."""
+        built = await self._make_namespace(spec) if fresh else None
         # The NAT rules need only the namespace (they name links, not indexes):
         # they go in on the iptables thread while the links are finished.
         links, nat = await asyncio.gather(self._finish_links(spec, built), self._converge_nat(spec),
