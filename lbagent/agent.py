@@ -75,6 +75,7 @@ class Agent:
         persisted, desired = self._load_state()
         await asyncio.to_thread(self.ovs.start)
         await self.haproxy.start()
+        self.heap.freeze_start()  # before any pass: what they make stays young
         self._start_queue()
         await self.worker.resume(persisted, desired)  # which also feeds the controllers
         await self.provider_networks.start()

@@ -34,6 +34,15 @@ def test_a_quiet_tick_collects_and_freezes_the_survivors():
     assert keeper.collections == {"young": 1, "full": 0}
 
 
+def test_what_the_start_made_is_frozen_busy_or_not():
+    gc.unfreeze()
+    keeper = HeapKeeper(lambda: False, clock=Clock())
+    made_at_start = [object() for _ in range(100)]
+    keeper.freeze_start()
+    assert gc.get_freeze_count() >= len(made_at_start)
+    assert keeper.collections == {"young": 0, "full": 0}  # no tick: the interval's full collection stays due
+
+
 def test_a_busy_agent_is_left_alone():
     gc.unfreeze()
     keeper = HeapKeeper(lambda: False, clock=Clock())
