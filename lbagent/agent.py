@@ -29,7 +29,7 @@ from lbagent.state import PersistedState, StateFileError, StateStore
 from lbagent.status import health_by_loadbalancer, loadbalancer_status
 from lbagent.ovnhost.bridges import ProviderBridges
 from lbagent.workers.controllers import requeue_loadbalancers, wire
-from lbagent.workers.dispatch import kind_of
+from lbagent.workers.dispatch import LOADBALANCER, kind_of
 from lbagent.workers.gc import GarbageCollector
 from lbagent.workers.provider_networks import ProviderNetworkController
 from lbagent.workers.udp_health import UdpHealthChecker
@@ -64,6 +64,8 @@ class Agent:
             ProviderBridges(self.ovs), self.namespaces, config.agent.host, config.agent.resync_interval,
             queue=self.queue)
         self.controllers = wire(self.queue, self.worker, self.provider_networks)
+        self.haproxy.expect_changes_while(
+            lambda: self.worker.haproxy_changes_coming() or self.queue.depth_of(LOADBALANCER) > 0)
         self.gc = GarbageCollector(self.host, self.haproxy, config.agent.gc_max_deletions_per_pass)
         self.gc_stats = {"passes": 0, "skipped": 0, "deleted": 0}
         self.state_error: str | None = None

@@ -16,6 +16,10 @@
   change after another, each waiting for the last, is no burst.
 - A candidate still being checked (`checking`) will join the next batch: the
   batcher waits for it rather than reload without it.
+- `coming` says whether more changes are on their way (passes that have not
+  yet handed theirs over). When none are, neither the debounce nor the pacing
+  has anything to wait for: the batch goes at once. Without it, the last
+  changes of a cold start waited out both (0.15 s).
 """
 
 from __future__ import annotations
@@ -46,11 +50,12 @@ class _Change(Generic[S]):
 
 class ReloadBatcher(Generic[S]):
     def __init__(self, commit: Callable[[list[S]], Awaitable[float]], debounce: float, max_delay: float,
-                 reload_pace: float = RELOAD_PACE):
+                 reload_pace: float = RELOAD_PACE, coming: Callable[[], bool] = lambda: True):
         self._commit = commit  # installs and reloads a batch; returns the seconds the reload took
         self._debounce = debounce
         self._max_delay = max_delay  # a steady trickle of changes must not postpone every reload forever
         self.reload_pace = reload_pace
+        self.coming = coming  # more changes may follow soon (unknown: assume so)
         self._pending: list[_Change[S]] = []
         self._in_flight = 0  # candidates between "differs from disk" and "queued or refused"
         self._next_reload_at = 0.0  # loop time before which no batch is committed (pacing)
@@ -105,7 +110,7 @@ class ReloadBatcher(Generic[S]):
         `PACE_QUIET` seconds the burst is over and waiting longer would only
         delay its last changes: the batch goes at once."""
         loop = asyncio.get_running_loop()
-        while (delay := self._next_reload_at - loop.time()) > 0:
+        while (delay := self._next_reload_at - loop.time()) > 0 and not self._last_of_burst():
             self._activity.clear()
             quiet = not await wait_event(self._activity, min(delay, PACE_QUIET))
             if quiet and not self._in_flight and delay > PACE_QUIET:
@@ -115,12 +120,16 @@ class ReloadBatcher(Generic[S]):
         """Wait for the burst to end: quiet for `debounce`, no check in flight, or `max_delay` reached."""
         loop = asyncio.get_running_loop()
         deadline = loop.time() + self._max_delay
-        while (remaining := deadline - loop.time()) > 0:
+        while (remaining := deadline - loop.time()) > 0 and not self._last_of_burst():
             self._activity.clear()
             # A candidate still being checked will join this batch: wait for it.
             wait = remaining if self._in_flight else min(self._debounce, remaining)
             if not await wait_event(self._activity, wait):
                 return
+
+    def _last_of_burst(self) -> bool:
+        """Nothing is being checked and no other change is on its way."""
+        return not self._in_flight and not self.coming()
 
     async def _commit_batch(self, batch: list[_Change[S]]) -> None:
         try:

@@ -30,6 +30,7 @@ from __future__ import annotations
 import asyncio
 import logging
 from collections.abc import Mapping
+from dataclasses import dataclass
 from datetime import datetime, timezone
 from pathlib import Path
 
@@ -54,6 +55,14 @@ MAX_PARALLEL_CHECKS = 4
 PENDING_MARKER = "reload-pending"
 READD_PATIENCE = 0.5  # seconds a server added back waits for its draining namesake (then: a reload)
 RELOAD_RETRY = 5.0  # seconds between reloads the supervisor retries after a live edit left one due
+
+
+@dataclass(frozen=True, eq=False)
+class PreparedChange:
+    """A load balancer's change, staged and checked, not yet live (see `HaproxyManager.prepare`)."""
+
+    staged: StagedChange
+    edits: list[ServerEdit] | None  # the running worker takes it as these server edits; None: a reload
 
 
 class HaproxyManager:
@@ -87,6 +96,10 @@ class HaproxyManager:
         self._process_work = BlockingPool("haproxy-process", 1)
         self._lb_work = BlockingPool("haproxy-files", MAX_PARALLEL_CHECKS)
         self._stats_work = BlockingPool("haproxy-stats", 1)
+
+    def expect_changes_while(self, coming) -> None:
+        """`coming()`: whether changes are on their way (see `ReloadBatcher`)."""
+        self._batches.coming = coming
 
     @property
     def reload_pace(self) -> float:
@@ -249,6 +262,15 @@ class HaproxyManager:
         """`apply` up to the point where the change is checked and queued: None if
         the disk already holds it, else the future of its reload (see `apply`).
         The load balancer's next change waits until this one's reload is over."""
+        prepared = await self.prepare(lb_id, text, files)
+        return None if prepared is None else self.queue(prepared)
+
+    async def prepare(self, lb_id: str, text: str | None,
+                      files: Mapping[str, bytes] | None = None) -> PreparedChange | None:
+        """The first half of `submit`: the change staged and accepted by `haproxy -c`
+        (HaproxyCheckError if refused), or None if the disk already holds it.
+        Nothing live changes until it is `queue`d; the load balancer's next
+        change waits until it is queued and reloaded, or dropped."""
         self._ensure_loop_objects()
         files = dict(files or {})
         self.paths.lb_file(lb_id)  # refuses an id that is no file name, before any I/O
@@ -263,15 +285,27 @@ class HaproxyManager:
                 edits = plan_server_edits(previous_text, text)
             with self._batches.checking():
                 staged = await self._checked_candidate(lb_id, text, files, previous_text)
-                if edits is None:
-                    done = self._batches.add(staged)
         except BaseException:
             self._unlock_lb(lb_id)
             raise
-        if edits is not None:
-            done = asyncio.ensure_future(self._apply_live(staged, edits))
-        done.add_done_callback(lambda _: self._unlock_lb(lb_id))
+        return PreparedChange(staged, edits)
+
+    def queue(self, prepared: PreparedChange) -> asyncio.Future:
+        """Hand a prepared change on: a server-only change to the running worker,
+        any other to the next reload batch. The future resolves as `apply` says."""
+        if prepared.edits is not None:
+            done = asyncio.ensure_future(self._apply_live(prepared.staged, prepared.edits))
+        else:
+            done = self._batches.add(prepared.staged)
+        done.add_done_callback(lambda _: self._unlock_lb(prepared.staged.lb_id))
         return done
+
+    async def drop(self, prepared: PreparedChange) -> None:
+        """Forget a prepared change that will not be queued; nothing live changed."""
+        try:
+            await self._lb_work.run(discard, prepared.staged)
+        finally:
+            self._unlock_lb(prepared.staged.lb_id)
 
     async def _checked_candidate(self, lb_id: str, text: str | None, files: dict[str, bytes],
                                  previous_text: str | None) -> StagedChange:

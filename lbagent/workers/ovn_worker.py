@@ -34,6 +34,7 @@ from lbagent.ovnhost.host import HostObservation, OvnHost
 from lbagent.state import Allocation, PersistedState, StateStore
 from lbagent.workers import plan
 from lbagent.workers.allocator import AddressPair, PairAllocator, assign_ports
+from lbagent.waits import InFlight
 from lbagent.workers.lb_task import DONE, LbTask
 
 log = logging.getLogger(__name__)
@@ -114,6 +115,9 @@ class OvnWorker:
         self._derived = IdentityMemo()  # what is derived from the models of one load balancer
         self._lock = asyncio.Lock()
         self._pass_slots = asyncio.Semaphore(PASS_SLOTS)
+        # Passes that have not yet handed their haproxy change over: while there
+        # are any, haproxy's reloads wait a little to take theirs along.
+        self._before_haproxy = InFlight()
         self._changed = asyncio.Condition()
         self.desired: DesiredState | None = None
         self._raw: dict | None = None
@@ -294,6 +298,10 @@ class OvnWorker:
             return
         task.kick()
 
+    def haproxy_changes_coming(self) -> bool:
+        """Some pass has yet to hand its haproxy change over."""
+        return self._before_haproxy.count > 0
+
     def state_of(self, lb_id: str) -> str | None:
         task = self.tasks.get(lb_id)
         return task.state if task is not None else None
@@ -335,16 +343,47 @@ class OvnWorker:
                 self.runtime[lb_id].running_deps = None
 
     async def _converge(self, lb: LoadBalancer, fingerprint: str) -> None:
-        async with self._pass_slots:
-            config = await self._converge_host(lb, fingerprint)
-        # The slots bound the host work only: haproxy checks candidates in bulk
-        # and batches their reload, and a check must not hold up the next pass.
-        reloaded = await self._haproxy.submit(lb.id, config.text, config.files)
-        if reloaded is not None and await reloaded:
+        with self._before_haproxy.entered():
+            prepared = await self._prepare_with_host(lb, fingerprint)
+        if prepared is not None and await self._haproxy.queue(prepared):
             log.info("lb=%s object=haproxy action=reload", lb.id)
 
-    async def _converge_host(self, lb: LoadBalancer, fingerprint: str) -> HaproxyConfig:
-        """The host part of a pass; returns the haproxy configuration to submit."""
+    async def _prepare_with_host(self, lb: LoadBalancer, fingerprint: str):
+        """The host part of a pass, with haproxy staging and checking the
+        candidate meanwhile (the check needs nothing of the host; in a cold
+        start it was the last step before the reload). The prepared change
+        goes live after the host part, or not at all."""
+        config = self._config(lb, fingerprint)
+        preparing = asyncio.ensure_future(self._haproxy.prepare(lb.id, config.text, config.files))
+        try:
+            # The slots bound the host work only: haproxy checks candidates in bulk
+            # and batches their reload, and a check must not hold up the next pass.
+            async with self._pass_slots:
+                await self._converge_host(lb)
+        except BaseException as exc:
+            await self._abandon(preparing, cancel=isinstance(exc, asyncio.CancelledError))
+            raise
+        return await preparing
+
+    async def _abandon(self, preparing: asyncio.Future, cancel: bool) -> None:
+        """The host part failed (or the pass was cancelled): the prepared change must not go live."""
+        if cancel:
+            preparing.cancel()
+        try:
+            prepared = await preparing
+        except BaseException:  # cancelled, or refused: the host's failure is the pass's error
+            return
+        if prepared is not None:
+            await self._haproxy.drop(prepared)
+
+    def _config(self, lb: LoadBalancer, fingerprint: str) -> HaproxyConfig:
+        runtime, allocation = self.runtime[lb.id], self.allocations[lb.id]
+        if runtime.rendered is None or runtime.rendered[0] != fingerprint:
+            runtime.rendered = (fingerprint, render_config(lb, allocation.outer, self.members(lb),
+                                                           inner=allocation.inner))
+        return runtime.rendered[1]
+
+    async def _converge_host(self, lb: LoadBalancer) -> None:
         allocation = self.allocations[lb.id]
         subnet = self.desired.subnet(lb.network.subnet_id)
         members = self.members(lb)
@@ -358,10 +397,6 @@ class OvnWorker:
             unhealthy = self.udp_health.unhealthy(lb.id)
         spec = plan.host_spec(lb, subnet, allocation, members, self._netdev, unhealthy)
         self.runtime[lb.id].observation = await self._host.converge(spec)
-        runtime = self.runtime[lb.id]
-        if runtime.rendered is None or runtime.rendered[0] != fingerprint:
-            runtime.rendered = (fingerprint, render_config(lb, allocation.outer, members, inner=allocation.inner))
-        return runtime.rendered[1]
 
     def resync_interval(self) -> float:
         """Seconds between two resync passes of one load balancer: the configured
@@ -381,7 +416,10 @@ class OvnWorker:
         allocation = self.allocations.get(lb_id)
         if self.udp_health is not None:
             self.udp_health.forget(lb_id)
-        await self._haproxy.apply(lb_id, None)
+        with self._before_haproxy.entered():
+            removed = await self._haproxy.submit(lb_id, None)
+        if removed is not None:
+            await removed
         if allocation is not None:
             async with self._pass_slots:
                 await self._host.remove(lb_id, netns_name(lb_id), interface_names(lb_id, allocation.salt),

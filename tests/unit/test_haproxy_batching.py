@@ -64,3 +64,33 @@ async def test_a_change_being_checked_joins_the_batch_it_is_waited_for():
     assert await asyncio.wait_for(asyncio.gather(first, second), 5) == [True, True]
     assert reloads.batches == [["a", "b"]]
     await batches.close()
+
+
+async def test_with_nothing_coming_the_batch_goes_without_the_debounce():
+    reloads = FakeReloads()
+    coming = [True]
+    batches = ReloadBatcher(reloads.commit, debounce=30, max_delay=60, coming=lambda: coming[0])
+    first = batches.add("a")
+    await asyncio.sleep(0.05)
+    assert reloads.batches == []  # a pass still on its way: the debounce (30 s) holds the batch
+    coming[0] = False
+    second = batches.add("b")  # the last change of the burst: nothing else to wait for
+    assert await asyncio.wait_for(asyncio.gather(first, second), 5) == [True, True]
+    assert reloads.batches == [["a", "b"]]
+    await batches.close()
+
+
+async def test_with_nothing_coming_a_change_during_a_reload_goes_right_after_it():
+    reloads = FakeReloads()
+    reloads.release.clear()
+    coming = [True]
+    batches = ReloadBatcher(reloads.commit, debounce=30, max_delay=60, reload_pace=3000, coming=lambda: coming[0])
+    coming[0] = False
+    first = batches.add("a")
+    while not reloads.batches:
+        await asyncio.sleep(0.01)
+    second = batches.add("b")  # arrives during the reload: paced (3000 x 0.01 s) and debounced (30 s) if more came
+    reloads.release.set()
+    assert await asyncio.wait_for(asyncio.gather(first, second), 5) == [True, True]
+    assert reloads.batches == [["a"], ["b"]]
+    await batches.close()

@@ -217,6 +217,29 @@ async def test_a_reload_is_answered_before_its_staging_directories_go(manager, e
     assert removed == ["lb-a"] and list(manager.paths.staging_dir.iterdir()) == []
 
 
+async def test_a_prepared_change_is_checked_but_live_only_once_queued(manager, echo_port):
+    port = free_port()
+    with pytest.raises(HaproxyCheckError, match="unknown keyword 'bogus'"):
+        await manager.prepare("lb-a", lb_text("lb-a", port, echo_port) + "    bogus directive\n")
+    assert list(manager.paths.staging_dir.iterdir()) == []
+
+    prepared = await asyncio.wait_for(manager.prepare("lb-a", lb_text("lb-a", port, echo_port)), WAIT)
+    assert not (manager.paths.conf_dir / "lb-a.cfg").exists() and manager.status()["reloads"] == 0
+    later = asyncio.ensure_future(manager.apply("lb-a", lb_text("lb-a", port, echo_port, timeouts={"client_idle": 77})))
+    await asyncio.sleep(0)
+    assert not later.done()  # the load balancer's next change waits for the prepared one
+    await manager.drop(prepared)  # its pass failed: nothing of it goes live
+    assert await asyncio.wait_for(later, WAIT) is True
+    assert manager.status()["reloads"] == 1 and "77s" in (manager.paths.conf_dir / "lb-a.cfg").read_text()
+    assert await echo_through(port)
+
+    prepared = await manager.prepare("lb-a", lb_text("lb-a", port, echo_port))
+    assert await asyncio.wait_for(manager.queue(prepared), WAIT) is True
+    assert manager.status()["reloads"] == 2 and await echo_through(port)
+    await manager.tidied()
+    assert list(manager.paths.staging_dir.iterdir()) == []
+
+
 async def test_a_stream_of_changes_is_batched_by_pacing(manager, echo_port):
     manager.reload_pace = 20.0  # each reload would be followed by a long pause while changes keep coming
     changes = []

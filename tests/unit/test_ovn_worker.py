@@ -43,16 +43,29 @@ class FakeHost:
 
 
 class FakeHaproxy:
+    """Prepares (checks) a change, and applies it only once it is queued."""
+
     def __init__(self):
         self.configs = {}
+        self.prepared = []  # lb ids, in order
+        self.dropped = []
 
     async def apply(self, lb_id, text, files=None):
         reloaded = await self.submit(lb_id, text, files)
         return False if reloaded is None else await reloaded
 
     async def submit(self, lb_id, text, files=None):
+        prepared = await self.prepare(lb_id, text, files)
+        return None if prepared is None else self.queue(prepared)
+
+    async def prepare(self, lb_id, text, files=None):
         if self.configs.get(lb_id) == text:
             return None
+        self.prepared.append(lb_id)
+        return lb_id, text
+
+    def queue(self, prepared):
+        lb_id, text = prepared
         if text is None:
             self.configs.pop(lb_id, None)
         else:
@@ -60,6 +73,9 @@ class FakeHaproxy:
         done = asyncio.get_running_loop().create_future()
         done.set_result(True)
         return done
+
+    async def drop(self, prepared):
+        self.dropped.append(prepared[0])
 
 
 def state(generation, lbs=None):
@@ -158,6 +174,52 @@ async def test_one_failing_load_balancer_does_not_stop_the_others(worker):
     bad.kick()
     await asyncio.wait_for(_until(lambda: bad.state == "ready"), 5)
     assert bad.last_error is None and bad.retries == 0
+
+
+async def test_haproxy_checks_while_the_host_converges_and_goes_live_after_it(worker):
+    gate = asyncio.Event()
+    original = worker._host.converge
+
+    async def slow(spec):
+        await gate.wait()
+        return await original(spec)
+
+    worker._host.converge = slow
+    await apply(worker, state(1, [lb_body("a")]))
+    await asyncio.wait_for(_until(lambda: worker._haproxy.prepared == ["a"]), 5)
+    assert "a" not in worker._haproxy.configs  # checked, not live: the host is not there yet
+    assert worker.haproxy_changes_coming()  # haproxy's next reload waits a little for it
+    gate.set()
+    assert await worker.wait_settled(1, 5)
+    assert "a" in worker._haproxy.configs and worker.tasks["a"].state == "ready"
+    assert not worker.haproxy_changes_coming()
+
+
+async def test_a_failed_host_drops_the_checked_change(worker):
+    worker._host.fail.add("a")
+    await apply(worker, state(1, [lb_body("a")]))
+    assert await worker.wait_settled(1, 5)
+    assert worker.tasks["a"].state == "error"
+    assert worker._haproxy.dropped == ["a"] and "a" not in worker._haproxy.configs
+
+
+async def test_a_cancelled_pass_cancels_or_drops_its_change(worker):
+    started, gate = asyncio.Event(), asyncio.Event()
+
+    async def hanging(spec):
+        started.set()
+        await gate.wait()
+
+    async def prepare_slowly(lb_id, text, files=None):
+        await gate.wait()
+        return lb_id, text
+
+    worker._host.converge = hanging
+    worker._haproxy.prepare = prepare_slowly
+    await apply(worker, state(1, [lb_body("a")]))
+    await asyncio.wait_for(started.wait(), 5)
+    await asyncio.wait_for(worker.stop(), 5)  # cancels the pass: the prepare under way is cancelled too
+    assert worker._haproxy.dropped == [] and "a" not in worker._haproxy.configs
 
 
 async def test_disabled_load_balancer_leaves_the_data_path_but_keeps_allocations(worker):
