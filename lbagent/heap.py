@@ -14,7 +14,12 @@ collection at most once per `full_interval`, again only when quiet.
 What the agent made before its first pass (modules, schemas, the OVSDB
 replica, the persisted state) is frozen at start: a cold start of 100 load
 balancers otherwise walked it in full collections of 50-100 ms, every thread
-stopped, while the passes were building.
+stopped, while the passes were building. And young collections run every
+`YOUNG_THRESHOLD` allocations rather than 700: the older generations are
+collected after a count of young collections, and a cold start of 1,000 ran
+ten full collections (0.6 s of CPU with the GIL held) where it now runs none;
+the young collections take as long in all (a pass makes cyclic garbage
+either way), a few milliseconds each instead of half of one.
 """
 
 from __future__ import annotations
@@ -28,6 +33,7 @@ log = logging.getLogger(__name__)
 
 TICK_INTERVAL = 60.0  # seconds between looks
 FULL_INTERVAL = 3600.0  # seconds between collections that include the frozen objects
+YOUNG_THRESHOLD = 10_000  # allocations (less deallocations) between young collections; Python's default: 700
 
 
 class HeapKeeper:
@@ -40,10 +46,11 @@ class HeapKeeper:
         self.collections = {"young": 0, "full": 0}
 
     def freeze_start(self) -> None:
-        """Freeze what the start made; it lives as long as the agent."""
+        """Freeze what the start made (it lives as long as the agent), and space out young collections."""
         started = time.perf_counter()
         gc.collect()
         gc.freeze()
+        gc.set_threshold(YOUNG_THRESHOLD, *gc.get_threshold()[1:])
         log.debug("object=heap action=freeze frozen=%d seconds=%.3f", gc.get_freeze_count(),
                   time.perf_counter() - started)
 

@@ -8,13 +8,15 @@ import weakref
 
 import pytest
 
-from lbagent.heap import HeapKeeper
+from lbagent.heap import YOUNG_THRESHOLD, HeapKeeper
 
 
 @pytest.fixture(autouse=True)
 def thawed():
+    thresholds = gc.get_threshold()
     yield
     gc.unfreeze()  # the test process goes on as it was
+    gc.set_threshold(*thresholds)
 
 
 class Clock:
@@ -40,6 +42,7 @@ def test_what_the_start_made_is_frozen_busy_or_not():
     made_at_start = [object() for _ in range(100)]
     keeper.freeze_start()
     assert gc.get_freeze_count() >= len(made_at_start)
+    assert gc.get_threshold()[0] == YOUNG_THRESHOLD
     assert keeper.collections == {"young": 0, "full": 0}  # no tick: the interval's full collection stays due
 
 
