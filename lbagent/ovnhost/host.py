@@ -121,8 +121,8 @@ class OvnHost:
         return await self._converge_links(spec)
 
     async def _converge_nat(self, spec: HostSpec) -> None:
-        _, self._nat_states[spec.lb_id] = await self._iptc.run(
-            spec.netns, iptables.converge_nat, list(spec.nat), self._nat_states.get(spec.lb_id))
+        _, self._nat_states[spec.lb_id] = await iptables.converge_nat(
+            self._namespaces, self._iptc, spec.netns, list(spec.nat), self._nat_states.get(spec.lb_id))
 
     async def _converge_links(self, spec: HostSpec) -> set[str]:
         try:

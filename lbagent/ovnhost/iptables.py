@@ -5,12 +5,14 @@ remembers the namespace it was opened in. So every iptc call runs on the one
 thread of an `iptc` NamespaceExecutor; a pass refreshes the handle after
 entering the namespace, stages all changes with autocommit off, commits once
 (libiptc swaps the whole table: atomic) and closes the handle before leaving.
+What only reads the kernel (the table's digest) may run on any namespace thread.
 """
 
 from __future__ import annotations
 
 import errno
 import hashlib
+from typing import TYPE_CHECKING
 
 import iptc
 
@@ -18,6 +20,9 @@ from lbagent.counters import count_write
 from lbagent.ovnhost.errors import IptablesError
 from lbagent.ovnhost.iptdigest import nat_table_digest
 from lbagent.ovnhost.nat import CHAIN_HOOKS, PRE_CHAIN, NatRule, backend_key_from_comment, comment_hash
+
+if TYPE_CHECKING:
+    from lbagent.ovnhost.netns import NamespaceExecutor
 
 COMMIT_ATTEMPTS = 3
 
@@ -47,15 +52,26 @@ def sync_nat(rules: list[NatRule]) -> int:
     raise AssertionError("unreachable")
 
 
-def converge_nat(rules: list[NatRule], last_state: str | None) -> tuple[int, str]:
-    """`sync_nat`, unless the table is byte for byte what the last pass left for
-    these same rules (`last_state`, as returned then). Returns the number of
-    rules changed and the state to hand to the next pass."""
+def nat_state(rules: list[NatRule]) -> str:
+    """These rules and this namespace's nat table as they are now, for the next
+    pass to compare (`converge_nat`): the wanted rules' hashes and the table's
+    digest. It reads the kernel through a plain socket, not python-iptables, so
+    any thread in the namespace may take it."""
     wanted = hashlib.sha256(repr(sorted((r.chain, r.hash) for r in rules)).encode()).hexdigest()
-    if last_state is not None and last_state == f"{wanted}:{nat_table_digest()}":
+    return f"{wanted}:{nat_table_digest()}"
+
+
+async def converge_nat(readers: NamespaceExecutor, writer: NamespaceExecutor, netns: str, rules: list[NatRule],
+                       last_state: str | None) -> tuple[int, str]:
+    """`sync_nat` on the iptables thread (`writer`), unless the table is byte for
+    byte what the last pass left for these same rules (`last_state`, as returned
+    then). The states are read on `readers`: the iptables thread, which every
+    load balancer's rules queue for, only writes. Returns the number of rules
+    changed and the state to hand to the next pass."""
+    if last_state is not None and await readers.run(netns, nat_state, rules) == last_state:
         return 0, last_state
-    changes = sync_nat(rules)
-    return changes, f"{wanted}:{nat_table_digest()}"
+    changes = await writer.run(netns, sync_nat, rules)
+    return changes, await readers.run(netns, nat_state, rules)
 
 
 def observed_backend_ports() -> dict[str, int]:

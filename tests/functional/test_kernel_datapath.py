@@ -154,29 +154,36 @@ async def test_passes_never_read_all_host_rules_unless_the_reply_path_is_wrong(e
     assert f"from 169.254.0.101 lookup {table}" in policy and "from 169.254.0.101 lookup main" not in policy
 
 
+class NoWrites:
+    async def run(self, *args):
+        raise AssertionError("the iptables thread was asked to write")
+
+
 async def test_nat_passes_skip_an_unchanged_table_and_repair_an_edited_one(executors, lb):
     """converge_nat reads the table as one kernel blob: traffic counters do not
     count as a change, an edited rule or a new wanted rule does."""
     lb_id, names, netns = lb
-    _, iptc_exec = executors
+    ns_exec, iptc_exec = executors
     await converge(executors, netns, names, spec(names), rules(names))
-    changes, state = await iptc_exec.run(netns, iptables.converge_nat, rules(names), None)
+    changes, state = await iptables.converge_nat(ns_exec, iptc_exec, netns, rules(names), None)
     assert changes == 0
     sh(f"ip netns exec {netns} ip link set lo up")
     sh(f"ip netns exec {netns} iptables-legacy -t nat -I OUTPUT -j ACCEPT -m comment --comment counted")
-    changes, state = await iptc_exec.run(netns, iptables.converge_nat, rules(names), None)
+    changes, state = await iptables.converge_nat(ns_exec, iptc_exec, netns, rules(names), None)
     sh(f"ip netns exec {netns} python3 -c \"import socket; socket.socket(socket.AF_INET, socket.SOCK_DGRAM)"
        ".sendto(b'x', ('127.0.0.1', 9))\"")
     assert " 1 " in sh(f"ip netns exec {netns} iptables-legacy -t nat -L OUTPUT -v -n")  # counters moved
     before = write_counts()
-    assert await iptc_exec.run(netns, iptables.converge_nat, rules(names), state) == (0, state)
+    # Unchanged: read on the namespace threads only, the iptables thread is not even asked.
+    assert await iptables.converge_nat(ns_exec, NoWrites(), netns, rules(names), state) == (0, state)
     assert write_counts() == before
 
     sh(f"ip netns exec {netns} iptables-legacy -t nat -F LBAGENT-POST")
-    changes, repaired = await iptc_exec.run(netns, iptables.converge_nat, rules(names), state)
+    changes, repaired = await iptables.converge_nat(ns_exec, iptc_exec, netns, rules(names), state)
     assert changes > 0 and repaired == state  # the table is back exactly as it was
     assert "--to-source 198.18.0.12" in sh(f"ip netns exec {netns} iptables-legacy-save -t nat")
-    changes, moved = await iptc_exec.run(netns, iptables.converge_nat, rules(names, backend="198.18.0.22"), repaired)
+    changes, moved = await iptables.converge_nat(ns_exec, iptc_exec, netns, rules(names, backend="198.18.0.22"),
+                                                  repaired)
     assert changes > 0 and moved != repaired
     assert "198.18.0.22:8000" in sh(f"ip netns exec {netns} iptables-legacy-save -t nat")
 
@@ -253,12 +260,12 @@ async def test_a_port_is_reattached_after_a_pass_that_failed_past_the_new_veths(
     """New veths need their OVS port added anew; a pass that fails after making
     them (here: its NAT rules) must not leave the next pass to forget that."""
     lb_id, names, netns = lb
-    real_nat = iptables.converge_nat
-    monkeypatch.setattr(iptables, "converge_nat", lambda *a: (_ for _ in ()).throw(
+    real_nat = iptables.sync_nat
+    monkeypatch.setattr(iptables, "sync_nat", lambda *a: (_ for _ in ()).throw(
         iptables.IptablesError("iptables nat: injected")))
     with pytest.raises(iptables.IptablesError):
         await ovn_host.converge(host_spec(lb_id, netns, names))
-    monkeypatch.setattr(iptables, "converge_nat", real_nat)
+    monkeypatch.setattr(iptables, "sync_nat", real_nat)
     await ovn_host.converge(host_spec(lb_id, netns, names))
     await ovn_host.converge(host_spec(lb_id, netns, names))
     assert [w.reattach for w in ovn_host._ovs.wants] == [True, False]
