@@ -47,8 +47,11 @@ def evaluate(results: dict[str, Any]) -> list[dict[str, Any]]:
         if agent is None:
             met = False
         cores = entry.get("cpu_cores")
+        runs = [run["ratio"] for run in entry.get("runs", [])]
+        spread = (f"median of {len(runs)} runs (" + ", ".join("-" if r is None else f"{r:.1f}×" for r in runs) + "); "
+                  if runs else "")
         row(f"P1 cold convergence, N={n}", measured, target, met,
-            f"all ovn-installed {_s(entry.get('ovn_installed_seconds'))}; floor OVS ports +{_s(entry.get('floor_ovs_seconds'))}"
+            spread + f"all ovn-installed {_s(entry.get('ovn_installed_seconds'))}; floor OVS ports +{_s(entry.get('floor_ovs_seconds'))}"
             + ("; cores busy: " + ", ".join(f"{k} {v:.2f}" for k, v in cores.items() if k != "load generator")
                if cores else ""))
     p2 = results.get("p2")

@@ -16,13 +16,15 @@ from bench.run import BenchConfig, run_benchmark
 
 def test_benchmark_runs_at_small_n_and_produces_sane_figures(sandbox, prefix, tmp_path):
     config = BenchConfig(ns=[3], p3_small=2, p2_seconds=2, changes=2, reloads=2, wrk_seconds=1, connections=4,
-                         converge_timeout=120, policy_rules=False, output=tmp_path / "results.json")
+                         converge_timeout=120, policy_rules=False, p1_runs=2, output=tmp_path / "results.json")
     # Its own short working directory under /var/tmp (haproxy's sockets live there), removed afterwards.
     results = run_benchmark(config, sandbox=sandbox, prefix=prefix)
 
     (p1,) = results["p1"]
     assert p1["n"] == 3 and p1["floor_seconds"] > 0 and p1["agent_seconds"] > 0, p1
     assert p1["ovn_installed_seconds"] is not None and p1["ratio"] > 0
+    # Two floor/agent pairs; the figure is the upper-median one, and the row says so.
+    assert len(p1["runs"]) == 2 and p1["ratio"] == max(run["ratio"] for run in p1["runs"]), p1
 
     p2 = results["p2"]
     assert p2["writes"] == {"netlink": 0, "iptables": 0, "ovsdb": 0}, p2
@@ -54,6 +56,7 @@ def test_benchmark_runs_at_small_n_and_produces_sane_figures(sandbox, prefix, tm
     assert all(not math.isnan(float(entry["p99"])) for entry in results["p3"])
     rendered = table(rows)
     assert rendered.count("\n") == len(rows) + 1 and "P5 failed requests" in rendered
+    assert "median of 2 runs" in rows[0]["note"], rows[0]
     assert (tmp_path / "results.json").exists()
     # Nothing of the run is left: its agents' load balancers, namespaces and links went with it.
-    assert results["left_after_delete"] == {"2": []}
+    assert results["left_after_delete"] == {"3": [], "2": []}
