@@ -71,9 +71,9 @@ PROFILE_DIR = Path("/var/tmp/lbagent-bench-profiles")
 P3_CHANGE_LIMIT = 60.0  # seconds one change may take to reach the client before it counts as missed
 P3_GIVE_UP = 3  # changes missed before P3 stops trying
 P3_POLL_SAMPLE = 1.0  # seconds of polling before the changes, to time one round of requests on the data path
-P5_RELOAD_LIMIT = 60.0
+P5_RELOAD_LIMIT = 60.0  # seconds one change may take to show up as a reload
 P1_REPEAT_UP_TO = 200  # N up to which P1 is measured `p1_runs` times (a run of 100 takes seconds)
-RETIRE_BY_AGENT = 200  # above this many load balancers the teardown does not wait for the agent  # seconds one change may take to show up as a reload
+RETIRE_BY_AGENT = 200  # above this many load balancers the teardown does not wait for the agent
 
 
 @dataclass
@@ -443,8 +443,10 @@ class Bench:
             run: dict[str, Any] = {"n": n}
             runs.append(run)
             self._p1_floor(n, run)
-            self._p1_agent(n, run, attempt=index, profile=index == count - 1)
+            self._p1_agent(n, run, attempt=index, profiled=index == count - 1)
         entry.update(median_run(runs))
+        if "profile" in runs[-1]:
+            entry["profile"] = runs[-1]["profile"]  # only the last run is profiled
         if count > 1:
             entry["runs"] = [{k: run.get(k) for k in ("agent_seconds", "floor_seconds", "ratio")} for run in runs]
 
@@ -465,7 +467,7 @@ class Bench:
         say(f"    floor {entry['floor_seconds']:.2f} s (+ OVS ports in one transaction "
             f"{entry['floor_ovs_seconds']:.2f} s)")
 
-    def _p1_agent(self, n: int, entry: dict, attempt: int = 0, profile: bool = True) -> None:
+    def _p1_agent(self, n: int, entry: dict, attempt: int = 0, profiled: bool = True) -> None:
         say(f"==> P1 agent, N={n}: a fresh agent, one POST of {n} load balancers")
         base = self.workdir / (f"agent-{n}-{attempt}" if attempt else f"agent-{n}")
         self.agent = AgentProcess(base, self.sandbox.ovs_db, host=f"{self.prefix}-gw{n}", env=self.sandbox.env)
@@ -473,7 +475,7 @@ class Bench:
         self.lbs = [lb_body(self.prefix, i) for i in range(n)]
         watch = AgentWatch(self.agent, self.sandbox).start(want_bound=n)
         profile = self._profile_start(f"p1-n{n}", min(self.config.converge_timeout, 120)) \
-            if profile and n == self.config.ns[-1] else None
+            if profiled and n == self.config.ns[-1] else None
         cpu_before = _cpu_seconds(self.agent)
         # Where the machine's 2 cores went until every load balancer was ready.
         split = CpuSplit(self._processes(), reaped=True)
@@ -759,7 +761,7 @@ class Bench:
                     present = set(os.listdir("/sys/class/net"))
                     left = sorted(name for i in ids for names in [interface_names(i)]
                                   for name in (names.ovn_host, names.haproxy_host) if name in present)
-                    self.results.setdefault("left_after_delete", {})[str(count)] = left
+                    self.results.setdefault("left_after_delete", {}).setdefault(str(count), []).extend(left)
         finally:
             self.lbs = []
             agent.stop()

@@ -64,8 +64,11 @@ class Agent:
             ProviderBridges(self.ovs), self.namespaces, config.agent.host, config.agent.resync_interval,
             queue=self.queue)
         self.controllers = wire(self.queue, self.worker, self.provider_networks)
+        # A pass under way, or a load balancer queued for one (retries waiting
+        # out their backoff are not coming soon; a task kicked in this very loop
+        # step is missed, and its change at worst reloads on its own).
         self.haproxy.expect_changes_while(
-            lambda: self.worker.haproxy_changes_coming() or self.queue.depth_of(LOADBALANCER) > 0)
+            lambda: self.worker.haproxy_changes_coming() or self.queue.unfinished_of(LOADBALANCER) > 0)
         self.gc = GarbageCollector(self.host, self.haproxy, config.agent.gc_max_deletions_per_pass)
         self.gc_stats = {"passes": 0, "skipped": 0, "deleted": 0}
         self.state_error: str | None = None

@@ -8,6 +8,10 @@ changes into as few reloads as possible:
   (certificates and keys, see `candidate`). Otherwise it checks the candidate
   with its files alone with the base file, so a bad load balancer is refused
   before it can disturb the others, and queues it for the next reload.
+  `prepare` and `queue` are its two halves, for a caller with other work to
+  finish before the change may go live (`drop` forgets a prepared change);
+  from `prepare` until the change's reload is over, or it is dropped, the
+  load balancer's next change waits.
 - Checked changes are queued for the reload batcher (`batching`), which
   hands them back as one batch once the burst settles, paced by the cost of
   the last reload; this module installs a batch and reloads once (a
@@ -29,7 +33,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from datetime import datetime, timezone
 from pathlib import Path
@@ -97,7 +101,7 @@ class HaproxyManager:
         self._lb_work = BlockingPool("haproxy-files", MAX_PARALLEL_CHECKS)
         self._stats_work = BlockingPool("haproxy-stats", 1)
 
-    def expect_changes_while(self, coming) -> None:
+    def expect_changes_while(self, coming: Callable[[], bool]) -> None:
         """`coming()`: whether changes are on their way (see `ReloadBatcher`)."""
         self._batches.coming = coming
 
@@ -262,15 +266,18 @@ class HaproxyManager:
         """`apply` up to the point where the change is checked and queued: None if
         the disk already holds it, else the future of its reload (see `apply`).
         The load balancer's next change waits until this one's reload is over."""
-        prepared = await self.prepare(lb_id, text, files)
-        return None if prepared is None else self.queue(prepared)
+        # The batcher waits for a change being checked: it joins the batch at once.
+        with self._batches.checking():
+            prepared = await self.prepare(lb_id, text, files)
+            return None if prepared is None else self.queue(prepared)
 
     async def prepare(self, lb_id: str, text: str | None,
                       files: Mapping[str, bytes] | None = None) -> PreparedChange | None:
         """The first half of `submit`: the change staged and accepted by `haproxy -c`
         (HaproxyCheckError if refused), or None if the disk already holds it.
-        Nothing live changes until it is `queue`d; the load balancer's next
-        change waits until it is queued and reloaded, or dropped."""
+        Nothing live changes until it is `queue`d. A prepared change must be
+        queued or dropped: until then (and until its reload is over) the load
+        balancer's next change waits."""
         self._ensure_loop_objects()
         files = dict(files or {})
         self.paths.lb_file(lb_id)  # refuses an id that is no file name, before any I/O
@@ -283,8 +290,7 @@ class HaproxyManager:
             edits = None
             if previous_text is not None and text is not None and previous_files == files:
                 edits = plan_server_edits(previous_text, text)
-            with self._batches.checking():
-                staged = await self._checked_candidate(lb_id, text, files, previous_text)
+            staged = await self._checked_candidate(lb_id, text, files, previous_text)
         except BaseException:
             self._unlock_lb(lb_id)
             raise

@@ -88,7 +88,8 @@ class OvnHost:
         """`fresh`: the namespace does not exist yet."""
         built = await self._make_namespace(spec) if fresh else None
         # The NAT rules need only the namespace (they name links, not indexes):
-        # they go in on the iptables thread while the links are finished.
+        # they go in on the iptables thread while the links are finished (a
+        # resync's check of the table shares the namespace threads with them).
         links, nat = await asyncio.gather(self._finish_links(spec, built), self._converge_nat(spec),
                                           return_exceptions=True)
         for outcome in (links, nat):

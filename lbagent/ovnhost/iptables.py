@@ -5,7 +5,8 @@ remembers the namespace it was opened in. So every iptc call runs on the one
 thread of an `iptc` NamespaceExecutor; a pass refreshes the handle after
 entering the namespace, stages all changes with autocommit off, commits once
 (libiptc swaps the whole table: atomic) and closes the handle before leaving.
-What only reads the kernel (the table's digest) may run on any namespace thread.
+What reads without libiptc (the table's digest, `nat_state`) may run on any
+namespace thread.
 """
 
 from __future__ import annotations
@@ -61,17 +62,22 @@ def nat_state(rules: list[NatRule]) -> str:
     return f"{wanted}:{nat_table_digest()}"
 
 
+def write_nat(rules: list[NatRule]) -> tuple[int, str]:
+    """`sync_nat`, and the state it left, read at once on the same thread: an
+    edit from outside a moment later must not pass for the agent's own."""
+    return sync_nat(rules), nat_state(rules)
+
+
 async def converge_nat(readers: NamespaceExecutor, writer: NamespaceExecutor, netns: str, rules: list[NatRule],
                        last_state: str | None) -> tuple[int, str]:
-    """`sync_nat` on the iptables thread (`writer`), unless the table is byte for
+    """`write_nat` on the iptables thread (`writer`), unless the table is byte for
     byte what the last pass left for these same rules (`last_state`, as returned
-    then). The states are read on `readers`: the iptables thread, which every
-    load balancer's rules queue for, only writes. Returns the number of rules
-    changed and the state to hand to the next pass."""
+    then). That check is read on `readers`: the iptables thread, which every
+    load balancer's rules queue for, is left to the writes. Returns the number
+    of rules changed and the state to hand to the next pass."""
     if last_state is not None and await readers.run(netns, nat_state, rules) == last_state:
         return 0, last_state
-    changes = await writer.run(netns, sync_nat, rules)
-    return changes, await readers.run(netns, nat_state, rules)
+    return await writer.run(netns, write_nat, rules)
 
 
 def observed_backend_ports() -> dict[str, int]:

@@ -18,6 +18,7 @@ refresh keeps waiting. The periodic resync of every task is the safety net.
 from __future__ import annotations
 
 import asyncio
+import functools
 import json
 import logging
 import operator
@@ -34,7 +35,7 @@ from lbagent.ovnhost.host import HostObservation, OvnHost
 from lbagent.state import Allocation, PersistedState, StateStore
 from lbagent.workers import plan
 from lbagent.workers.allocator import AddressPair, PairAllocator, assign_ports
-from lbagent.waits import InFlight
+from lbagent.workers.handoff import HaproxyHandoff
 from lbagent.workers.lb_task import DONE, LbTask
 
 log = logging.getLogger(__name__)
@@ -43,7 +44,8 @@ log = logging.getLogger(__name__)
 # waits on the namespace, iptables and OVSDB threads, and 32 keep those busy in
 # a cold start; more at once would only queue there, and a thousand at once
 # would finish all together at the very end instead of steadily. A slot is
-# held for the host work only: the haproxy check and reload come after it.
+# held for the host work only: haproxy checks the candidate meanwhile, even
+# while the pass waits for its slot, and reloads after it.
 PASS_SLOTS = 32
 
 
@@ -115,9 +117,7 @@ class OvnWorker:
         self._derived = IdentityMemo()  # what is derived from the models of one load balancer
         self._lock = asyncio.Lock()
         self._pass_slots = asyncio.Semaphore(PASS_SLOTS)
-        # Passes that have not yet handed their haproxy change over: while there
-        # are any, haproxy's reloads wait a little to take theirs along.
-        self._before_haproxy = InFlight()
+        self._handoff = HaproxyHandoff(haproxy)
         self._changed = asyncio.Condition()
         self.desired: DesiredState | None = None
         self._raw: dict | None = None
@@ -300,7 +300,7 @@ class OvnWorker:
 
     def haproxy_changes_coming(self) -> bool:
         """Some pass has yet to hand its haproxy change over."""
-        return self._before_haproxy.count > 0
+        return self._handoff.coming()
 
     def state_of(self, lb_id: str) -> str | None:
         task = self.tasks.get(lb_id)
@@ -343,38 +343,9 @@ class OvnWorker:
                 self.runtime[lb_id].running_deps = None
 
     async def _converge(self, lb: LoadBalancer, fingerprint: str) -> None:
-        with self._before_haproxy.entered():
-            prepared = await self._prepare_with_host(lb, fingerprint)
-        if prepared is not None and await self._haproxy.queue(prepared):
-            log.info("lb=%s object=haproxy action=reload", lb.id)
-
-    async def _prepare_with_host(self, lb: LoadBalancer, fingerprint: str):
-        """The host part of a pass, with haproxy staging and checking the
-        candidate meanwhile (the check needs nothing of the host; in a cold
-        start it was the last step before the reload). The prepared change
-        goes live after the host part, or not at all."""
         config = self._config(lb, fingerprint)
-        preparing = asyncio.ensure_future(self._haproxy.prepare(lb.id, config.text, config.files))
-        try:
-            # The slots bound the host work only: haproxy checks candidates in bulk
-            # and batches their reload, and a check must not hold up the next pass.
-            async with self._pass_slots:
-                await self._converge_host(lb)
-        except BaseException as exc:
-            await self._abandon(preparing, cancel=isinstance(exc, asyncio.CancelledError))
-            raise
-        return await preparing
-
-    async def _abandon(self, preparing: asyncio.Future, cancel: bool) -> None:
-        """The host part failed (or the pass was cancelled): the prepared change must not go live."""
-        if cancel:
-            preparing.cancel()
-        try:
-            prepared = await preparing
-        except BaseException:  # cancelled, or refused: the host's failure is the pass's error
-            return
-        if prepared is not None:
-            await self._haproxy.drop(prepared)
+        if await self._handoff.converge(lb.id, config, functools.partial(self._converge_host, lb)):
+            log.info("lb=%s object=haproxy action=reload", lb.id)
 
     def _config(self, lb: LoadBalancer, fingerprint: str) -> HaproxyConfig:
         runtime, allocation = self.runtime[lb.id], self.allocations[lb.id]
@@ -384,6 +355,12 @@ class OvnWorker:
         return runtime.rendered[1]
 
     async def _converge_host(self, lb: LoadBalancer) -> None:
+        # The slots bound the host work only: haproxy checks candidates in bulk
+        # and batches their reload, and a check must not hold up the next pass.
+        async with self._pass_slots:
+            await self._converge_host_part(lb)
+
+    async def _converge_host_part(self, lb: LoadBalancer) -> None:
         allocation = self.allocations[lb.id]
         subnet = self.desired.subnet(lb.network.subnet_id)
         members = self.members(lb)
@@ -416,10 +393,7 @@ class OvnWorker:
         allocation = self.allocations.get(lb_id)
         if self.udp_health is not None:
             self.udp_health.forget(lb_id)
-        with self._before_haproxy.entered():
-            removed = await self._haproxy.submit(lb_id, None)
-        if removed is not None:
-            await removed
+        await self._handoff.remove(lb_id)
         if allocation is not None:
             async with self._pass_slots:
                 await self._host.remove(lb_id, netns_name(lb_id), interface_names(lb_id, allocation.salt),
@@ -484,6 +458,7 @@ class OvnWorker:
 
     async def stop(self) -> None:
         await asyncio.gather(*(task.stop() for task in list(self.tasks.values())))
+        await self._handoff.stop()
         if self.udp_health is not None:
             await self.udp_health.stop()
 

@@ -175,6 +175,10 @@ class WorkQueue(Generic[K]):
         """Keys of `kind` ready to be handled now."""
         return sum(1 for key in self._ready if self._kind_of(key) == kind)
 
+    def unfinished_of(self, kind: str) -> int:
+        """Keys of `kind` ready, or taken and not yet handled (waiting for a token included)."""
+        return self.depth_of(kind) + sum(1 for key in self._processing if self._kind_of(key) == kind)
+
     # --- running -----------------------------------------------------------------
 
     def start(self, handler: Callable[[K], Awaitable[object]], workers: int = 1) -> None:

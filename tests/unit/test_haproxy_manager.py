@@ -226,8 +226,8 @@ async def test_a_prepared_change_is_checked_but_live_only_once_queued(manager, e
     prepared = await asyncio.wait_for(manager.prepare("lb-a", lb_text("lb-a", port, echo_port)), WAIT)
     assert not (manager.paths.conf_dir / "lb-a.cfg").exists() and manager.status()["reloads"] == 0
     later = asyncio.ensure_future(manager.apply("lb-a", lb_text("lb-a", port, echo_port, timeouts={"client_idle": 77})))
-    await asyncio.sleep(0)
-    assert not later.done()  # the load balancer's next change waits for the prepared one
+    await asyncio.sleep(0.5)  # longer than a check: only the prepared change's lock holds it
+    assert not later.done() and manager._lb_locks["lb-a"][1] == 2  # the next change waits for the prepared one
     await manager.drop(prepared)  # its pass failed: nothing of it goes live
     assert await asyncio.wait_for(later, WAIT) is True
     assert manager.status()["reloads"] == 1 and "77s" in (manager.paths.conf_dir / "lb-a.cfg").read_text()

@@ -176,7 +176,8 @@ async def test_one_failing_load_balancer_does_not_stop_the_others(worker):
     assert bad.last_error is None and bad.retries == 0
 
 
-async def test_haproxy_checks_while_the_host_converges_and_goes_live_after_it(worker):
+def gate_host(worker) -> asyncio.Event:
+    """The host part of every pass waits until the returned event is set."""
     gate = asyncio.Event()
     original = worker._host.converge
 
@@ -185,6 +186,11 @@ async def test_haproxy_checks_while_the_host_converges_and_goes_live_after_it(wo
         return await original(spec)
 
     worker._host.converge = slow
+    return gate
+
+
+async def test_haproxy_checks_while_the_host_converges_and_goes_live_after_it(worker):
+    gate = gate_host(worker)
     await apply(worker, state(1, [lb_body("a")]))
     await asyncio.wait_for(_until(lambda: worker._haproxy.prepared == ["a"]), 5)
     assert "a" not in worker._haproxy.configs  # checked, not live: the host is not there yet
@@ -200,26 +206,65 @@ async def test_a_failed_host_drops_the_checked_change(worker):
     await apply(worker, state(1, [lb_body("a")]))
     assert await worker.wait_settled(1, 5)
     assert worker.tasks["a"].state == "error"
-    assert worker._haproxy.dropped == ["a"] and "a" not in worker._haproxy.configs
+    await asyncio.wait_for(_until(lambda: worker._haproxy.dropped == ["a"]), 5)
+    assert "a" not in worker._haproxy.configs
 
 
-async def test_a_cancelled_pass_cancels_or_drops_its_change(worker):
-    started, gate = asyncio.Event(), asyncio.Event()
+async def test_a_failed_host_does_not_wait_for_the_check_and_drops_it_when_done(worker):
+    gate = asyncio.Event()
+    worker._host.fail.add("a")
+    prepare = worker._haproxy.prepare
+
+    async def prepare_slowly(lb_id, text, files=None):
+        await gate.wait()
+        return await prepare(lb_id, text, files)
+
+    worker._haproxy.prepare = prepare_slowly
+    await apply(worker, state(1, [lb_body("a")]))
+    assert await worker.wait_settled(1, 5)  # the pass failed with the check still under way
+    assert worker.tasks["a"].state == "error" and "boom a" in worker.tasks["a"].last_error
+    await asyncio.wait_for(worker.stop(), 5)  # and a stop does not wait for it either
+    gate.set()
+    await asyncio.wait_for(_until(lambda: worker._haproxy.dropped == ["a"]), 5)
+    assert "a" not in worker._haproxy.configs
+
+
+async def test_a_cancelled_pass_cancels_its_check(worker):
+    started, gate, cancelled = asyncio.Event(), asyncio.Event(), []
 
     async def hanging(spec):
         started.set()
         await gate.wait()
 
     async def prepare_slowly(lb_id, text, files=None):
-        await gate.wait()
+        try:
+            await gate.wait()
+        except asyncio.CancelledError:
+            cancelled.append(lb_id)
+            raise
         return lb_id, text
 
     worker._host.converge = hanging
     worker._haproxy.prepare = prepare_slowly
     await apply(worker, state(1, [lb_body("a")]))
     await asyncio.wait_for(started.wait(), 5)
-    await asyncio.wait_for(worker.stop(), 5)  # cancels the pass: the prepare under way is cancelled too
-    assert worker._haproxy.dropped == [] and "a" not in worker._haproxy.configs
+    await asyncio.wait_for(worker.stop(), 5)
+    assert cancelled == ["a"] and worker._haproxy.dropped == [] and "a" not in worker._haproxy.configs
+
+
+async def test_a_pass_cancelled_after_its_check_drops_the_change(worker):
+    started, gate = asyncio.Event(), asyncio.Event()
+
+    async def hanging(spec):
+        started.set()
+        await gate.wait()
+
+    worker._host.converge = hanging
+    await apply(worker, state(1, [lb_body("a")]))
+    await asyncio.wait_for(started.wait(), 5)
+    await asyncio.wait_for(_until(lambda: worker._haproxy.prepared == ["a"]), 5)
+    await asyncio.wait_for(worker.stop(), 5)
+    assert worker._haproxy.dropped == ["a"] and "a" not in worker._haproxy.configs
 
 
 async def test_disabled_load_balancer_leaves_the_data_path_but_keeps_allocations(worker):
@@ -234,14 +279,7 @@ async def test_disabled_load_balancer_leaves_the_data_path_but_keeps_allocations
 
 
 async def test_wait_times_out_while_a_pass_is_outstanding(worker):
-    gate = asyncio.Event()
-    original = worker._host.converge
-
-    async def slow(spec):
-        await gate.wait()
-        return await original(spec)
-
-    worker._host.converge = slow
+    gate = gate_host(worker)
     await apply(worker, state(1, [lb_body("a")]))
     assert not await worker.wait_settled(1, 0.2)
     gate.set()

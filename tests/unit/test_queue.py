@@ -290,6 +290,8 @@ async def test_stats_by_kind_counts_each_kind_of_key_apart(make_queue):
         "loadbalancer": empty,
     }
     assert queue.depth_of("subnet") == 2 and queue.depth_of("pod") == 0
+    # Taken and still being handled counts as unfinished; waiting out a backoff does not.
+    assert queue.unfinished_of("pod") == 1 and queue.unfinished_of("subnet") == 2
     assert queue.is_pending("pod/p1") and queue.is_pending("subnet/s3") and not queue.is_pending("pod/p2")
     gate.set()
 
