@@ -41,12 +41,15 @@ from lbagent.workers.lb_task import DONE, LbTask
 log = logging.getLogger(__name__)
 
 # Load balancers whose host side is being converged at once. Each pass mostly
-# waits on the namespace, iptables and OVSDB threads, and 32 keep those busy in
-# a cold start; more at once would only queue there, and a thousand at once
-# would finish all together at the very end instead of steadily. A slot is
-# held for the host work only: haproxy checks the candidate meanwhile, even
-# while the pass waits for its slot, and reloads after it.
-PASS_SLOTS = 32
+# waits on the namespace, iptables and OVSDB threads. With 128, a burst of 100
+# goes as one wave whose ports, checks and reload are each one batch; with 32
+# it went as four, each with its own port transaction and reload (P1 at N=100,
+# nine interleaved pairs each: median 2.5x the floor against 2.9x; at N=1,000
+# no worse). A thousand at once would finish all together at the very end
+# instead of steadily. A slot is held for the host work only: haproxy checks
+# the candidate meanwhile, even while the pass waits for its slot, and
+# reloads after it.
+PASS_SLOTS = 128
 
 
 class IdentityMemo:
