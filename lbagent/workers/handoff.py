@@ -11,23 +11,30 @@ runs and handed to haproxy after it.
   whatever it prepared is dropped, which releases the load balancer for its
   next change.
 - `remove(lb_id)`: the load balancer's configuration goes.
-- `coming()`: some pass has yet to hand its change over. haproxy's reload
-  batcher waits its debounce for them, and only for them.
+- `coming()`: some pass has yet to hand its change over (haproxy's reload
+  batcher waits its debounce while this, or a queued load balancer, says
+  more is on its way).
+- `stop()`: cancels the checks of abandoned changes and waits until
+  everything they prepared is dropped.
 """
 
 from __future__ import annotations
 
 import asyncio
+import logging
 from typing import Awaitable, Callable
 
 from lbagent.haproxy.render import HaproxyConfig
 from lbagent.waits import InFlight
+
+log = logging.getLogger(__name__)
 
 
 class HaproxyHandoff:
     def __init__(self, haproxy):
         self._haproxy = haproxy  # HaproxyManager: prepare, queue, drop
         self._before = InFlight()  # passes between their start and the hand-over
+        self._abandoned: set[asyncio.Future] = set()  # checks whose pass gave up on them
         self._drops: set[asyncio.Task] = set()
 
     def coming(self) -> bool:
@@ -45,8 +52,14 @@ class HaproxyHandoff:
         return await self._hand_over(prepared)
 
     async def stop(self) -> None:
-        """Wait for the drops of abandoned changes (their passes have stopped)."""
-        await asyncio.gather(*self._drops, return_exceptions=True)
+        """Once the passes have stopped: cancel the checks they abandoned and
+        wait until whatever those prepared is dropped."""
+        while self._abandoned or self._drops:
+            for check in self._abandoned:
+                check.cancel()
+            # A check that ends starts its drop before this gather returns (its
+            # callbacks come first): the loop waits for that drop too.
+            await asyncio.gather(*self._abandoned, *self._drops, return_exceptions=True)
 
     async def _prepare_during(self, lb_id: str, config: HaproxyConfig, host_part: Callable[[], Awaitable[None]]):
         preparing = asyncio.ensure_future(self._haproxy.prepare(lb_id, config.text, config.files))
@@ -62,10 +75,15 @@ class HaproxyHandoff:
         if prepared is None:
             return False
         # Shielded: a pass cancelled now leaves the change to its reload, and
-        # the load balancer locked until that reload is over.
-        return await asyncio.shield(self._haproxy.queue(prepared))
+        # the load balancer locked until that reload is over; its outcome is
+        # then read by nobody else.
+        done = self._haproxy.queue(prepared)
+        done.add_done_callback(_retrieved)
+        return await asyncio.shield(done)
 
     def _abandon(self, preparing: asyncio.Future, cancel: bool) -> None:
+        self._abandoned.add(preparing)
+        preparing.add_done_callback(self._abandoned.discard)
         preparing.add_done_callback(self._drop_result)
         if cancel:
             preparing.cancel()
@@ -75,4 +93,15 @@ class HaproxyHandoff:
             return  # nothing prepared, or prepare cleaned up after itself
         task = asyncio.ensure_future(self._haproxy.drop(done.result()))
         self._drops.add(task)
-        task.add_done_callback(self._drops.discard)
+        task.add_done_callback(self._dropped)
+
+    def _dropped(self, task: asyncio.Task) -> None:
+        self._drops.discard(task)
+        if not task.cancelled() and task.exception() is not None:
+            log.warning("object=haproxy action=drop result=error error=%r", str(task.exception()))
+
+
+def _retrieved(done: asyncio.Future) -> None:
+    """Marks an outcome as read: whoever awaits it reads it again."""
+    if not done.cancelled():
+        done.exception()
