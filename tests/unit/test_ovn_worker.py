@@ -210,9 +210,9 @@ async def test_a_failed_host_drops_the_checked_change(worker):
     assert "a" not in worker._haproxy.configs
 
 
-async def test_a_failed_host_does_not_wait_for_the_check_which_stop_then_cancels(worker):
-    gate, cancelled = asyncio.Event(), []
-    worker._host.fail.add("a")
+def gate_prepare(worker, gate: asyncio.Event) -> list:
+    """haproxy's check of every pass waits for `gate`; returns the ids whose check was cancelled."""
+    cancelled = []
 
     async def prepare_slowly(lb_id, text, files=None):
         try:
@@ -223,6 +223,12 @@ async def test_a_failed_host_does_not_wait_for_the_check_which_stop_then_cancels
         return lb_id, text
 
     worker._haproxy.prepare = prepare_slowly
+    return cancelled
+
+
+async def test_a_failed_host_does_not_wait_for_the_check_which_stop_then_cancels(worker):
+    worker._host.fail.add("a")
+    cancelled = gate_prepare(worker, asyncio.Event())
     await apply(worker, state(1, [lb_body("a")]))
     assert await worker.wait_settled(1, 5)  # the pass failed with the check still under way
     assert worker.tasks["a"].state == "error" and "boom a" in worker.tasks["a"].last_error
@@ -232,22 +238,14 @@ async def test_a_failed_host_does_not_wait_for_the_check_which_stop_then_cancels
 
 
 async def test_a_cancelled_pass_cancels_its_check(worker):
-    started, gate, cancelled = asyncio.Event(), asyncio.Event(), []
+    started, gate = asyncio.Event(), asyncio.Event()
 
     async def hanging(spec):
         started.set()
         await gate.wait()
 
-    async def prepare_slowly(lb_id, text, files=None):
-        try:
-            await gate.wait()
-        except asyncio.CancelledError:
-            cancelled.append(lb_id)
-            raise
-        return lb_id, text
-
     worker._host.converge = hanging
-    worker._haproxy.prepare = prepare_slowly
+    cancelled = gate_prepare(worker, gate)
     await apply(worker, state(1, [lb_body("a")]))
     await asyncio.wait_for(started.wait(), 5)
     await asyncio.wait_for(worker.stop(), 5)
