@@ -237,15 +237,21 @@ async def test_a_failed_host_does_not_wait_for_the_check_which_stop_then_cancels
     assert cancelled == ["a"] and worker._haproxy.dropped == [] and "a" not in worker._haproxy.configs
 
 
-async def test_a_cancelled_pass_cancels_its_check(worker):
-    started, gate = asyncio.Event(), asyncio.Event()
+def hang_host(worker) -> asyncio.Event:
+    """The host part of every pass hangs; returns the event set once one has started."""
+    started = asyncio.Event()
 
     async def hanging(spec):
         started.set()
-        await gate.wait()
+        await asyncio.Event().wait()
 
     worker._host.converge = hanging
-    cancelled = gate_prepare(worker, gate)
+    return started
+
+
+async def test_a_cancelled_pass_cancels_its_check(worker):
+    started = hang_host(worker)
+    cancelled = gate_prepare(worker, asyncio.Event())
     await apply(worker, state(1, [lb_body("a")]))
     await asyncio.wait_for(started.wait(), 5)
     await asyncio.wait_for(worker.stop(), 5)
@@ -253,13 +259,7 @@ async def test_a_cancelled_pass_cancels_its_check(worker):
 
 
 async def test_a_pass_cancelled_after_its_check_drops_the_change(worker):
-    started, gate = asyncio.Event(), asyncio.Event()
-
-    async def hanging(spec):
-        started.set()
-        await gate.wait()
-
-    worker._host.converge = hanging
+    started = hang_host(worker)
     await apply(worker, state(1, [lb_body("a")]))
     await asyncio.wait_for(started.wait(), 5)
     await asyncio.wait_for(_until(lambda: worker._haproxy.prepared == ["a"]), 5)
