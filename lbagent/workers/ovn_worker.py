@@ -113,7 +113,6 @@ class OvnWorker:
         # same step that switches to it: the sibling controllers miss no change.
         self.on_accept: list[Callable[[DesiredState], None]] = []
         self.udp_health = udp_health  # UdpHealthChecker, or None: UDP members are then always live
-        self._haproxy = haproxy
         self._store = store
         self._resync = resync_interval
         self._resync_rate = resync_rate
@@ -346,27 +345,26 @@ class OvnWorker:
                 self.runtime[lb_id].running_deps = None
 
     async def _converge(self, lb: LoadBalancer, fingerprint: str) -> None:
-        config = self._config(lb, fingerprint)
-        if await self._handoff.converge(lb.id, config, functools.partial(self._converge_host, lb)):
+        members = self.members(lb)
+        config = self._config(lb, fingerprint, members)
+        if await self._handoff.converge(lb.id, config, functools.partial(self._converge_host, lb, members)):
             log.info("lb=%s object=haproxy action=reload", lb.id)
 
-    def _config(self, lb: LoadBalancer, fingerprint: str) -> HaproxyConfig:
+    def _config(self, lb: LoadBalancer, fingerprint: str, members: dict[str, list]) -> HaproxyConfig:
         runtime, allocation = self.runtime[lb.id], self.allocations[lb.id]
         if runtime.rendered is None or runtime.rendered[0] != fingerprint:
-            runtime.rendered = (fingerprint, render_config(lb, allocation.outer, self.members(lb),
-                                                           inner=allocation.inner))
+            runtime.rendered = (fingerprint, render_config(lb, allocation.outer, members, inner=allocation.inner))
         return runtime.rendered[1]
 
-    async def _converge_host(self, lb: LoadBalancer) -> None:
+    async def _converge_host(self, lb: LoadBalancer, members: dict[str, list]) -> None:
         # The slots bound the host work only: haproxy checks candidates in bulk
         # and batches their reload, and a check must not hold up the next pass.
         async with self._pass_slots:
-            await self._converge_host_part(lb)
+            await self._converge_host_part(lb, members)
 
-    async def _converge_host_part(self, lb: LoadBalancer) -> None:
+    async def _converge_host_part(self, lb: LoadBalancer, members: dict[str, list]) -> None:
         allocation = self.allocations[lb.id]
         subnet = self.desired.subnet(lb.network.subnet_id)
-        members = self.members(lb)
         if self._netdev is None:
             self._netdev = await self._host.bridge_is_netdev()
         unhealthy = {}

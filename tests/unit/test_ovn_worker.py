@@ -111,8 +111,10 @@ def worker(tmp_path, fake_render):
         queued.append(lb_id)
         w.kick(lb_id)
 
-    w = OvnWorker(FakeHost(), FakeHaproxy(), StateStore(tmp_path), resync_interval=3600, requeue=requeue)
+    haproxy = FakeHaproxy()
+    w = OvnWorker(FakeHost(), haproxy, StateStore(tmp_path), resync_interval=3600, requeue=requeue)
     w.queued = queued
+    w.haproxy = haproxy  # the fake, for the tests to look into
     yield w
 
 
@@ -152,7 +154,7 @@ async def test_removed_load_balancer_is_torn_down_and_released(worker, tmp_path)
     await apply(worker, state(2, [lb_body("a")]))
     assert await worker.wait_settled(2, 5)
     assert "b" not in worker.tasks and "b" not in worker.allocations
-    assert worker._host.removed == ["b"] and "b" not in worker._haproxy.configs
+    assert worker._host.removed == ["b"] and "b" not in worker.haproxy.configs
     assert set(StateStore(tmp_path).load().allocations) == {"a"}
 
 
@@ -192,12 +194,12 @@ def gate_host(worker) -> asyncio.Event:
 async def test_haproxy_checks_while_the_host_converges_and_goes_live_after_it(worker):
     gate = gate_host(worker)
     await apply(worker, state(1, [lb_body("a")]))
-    await asyncio.wait_for(_until(lambda: worker._haproxy.prepared == ["a"]), 5)
-    assert "a" not in worker._haproxy.configs  # checked, not live: the host is not there yet
+    await asyncio.wait_for(_until(lambda: worker.haproxy.prepared == ["a"]), 5)
+    assert "a" not in worker.haproxy.configs  # checked, not live: the host is not there yet
     assert worker.haproxy_changes_coming()  # haproxy's next reload waits a little for it
     gate.set()
     assert await worker.wait_settled(1, 5)
-    assert "a" in worker._haproxy.configs and worker.tasks["a"].state == "ready"
+    assert "a" in worker.haproxy.configs and worker.tasks["a"].state == "ready"
     assert not worker.haproxy_changes_coming()
 
 
@@ -206,8 +208,8 @@ async def test_a_failed_host_drops_the_checked_change(worker):
     await apply(worker, state(1, [lb_body("a")]))
     assert await worker.wait_settled(1, 5)
     assert worker.tasks["a"].state == "error"
-    await asyncio.wait_for(_until(lambda: worker._haproxy.dropped == ["a"]), 5)
-    assert "a" not in worker._haproxy.configs
+    await asyncio.wait_for(_until(lambda: worker.haproxy.dropped == ["a"]), 5)
+    assert "a" not in worker.haproxy.configs
 
 
 def gate_prepare(worker, gate: asyncio.Event) -> list:
@@ -222,7 +224,7 @@ def gate_prepare(worker, gate: asyncio.Event) -> list:
             raise
         return lb_id, text
 
-    worker._haproxy.prepare = prepare_slowly
+    worker.haproxy.prepare = prepare_slowly
     return cancelled
 
 
@@ -234,7 +236,7 @@ async def test_a_failed_host_does_not_wait_for_the_check_which_stop_then_cancels
     assert worker.tasks["a"].state == "error" and "boom a" in worker.tasks["a"].last_error
     assert cancelled == []
     await asyncio.wait_for(worker.stop(), 5)  # the abandoned check goes with the agent
-    assert cancelled == ["a"] and worker._haproxy.dropped == [] and "a" not in worker._haproxy.configs
+    assert cancelled == ["a"] and worker.haproxy.dropped == [] and "a" not in worker.haproxy.configs
 
 
 def hang_host(worker) -> asyncio.Event:
@@ -255,16 +257,16 @@ async def test_a_cancelled_pass_cancels_its_check(worker):
     await apply(worker, state(1, [lb_body("a")]))
     await asyncio.wait_for(started.wait(), 5)
     await asyncio.wait_for(worker.stop(), 5)
-    assert cancelled == ["a"] and worker._haproxy.dropped == [] and "a" not in worker._haproxy.configs
+    assert cancelled == ["a"] and worker.haproxy.dropped == [] and "a" not in worker.haproxy.configs
 
 
 async def test_a_pass_cancelled_after_its_check_drops_the_change(worker):
     started = hang_host(worker)
     await apply(worker, state(1, [lb_body("a")]))
     await asyncio.wait_for(started.wait(), 5)
-    await asyncio.wait_for(_until(lambda: worker._haproxy.prepared == ["a"]), 5)
+    await asyncio.wait_for(_until(lambda: worker.haproxy.prepared == ["a"]), 5)
     await asyncio.wait_for(worker.stop(), 5)
-    assert worker._haproxy.dropped == ["a"] and "a" not in worker._haproxy.configs
+    assert worker.haproxy.dropped == ["a"] and "a" not in worker.haproxy.configs
 
 
 async def test_disabled_load_balancer_leaves_the_data_path_but_keeps_allocations(worker):
@@ -274,7 +276,7 @@ async def test_disabled_load_balancer_leaves_the_data_path_but_keeps_allocations
     disabled["status"] = "disabled"
     await apply(worker, state(2, [disabled]))
     assert await worker.wait_settled(2, 5)
-    assert worker._host.removed == ["a"] and "a" not in worker._haproxy.configs
+    assert worker._host.removed == ["a"] and "a" not in worker.haproxy.configs
     assert "a" in worker.allocations
 
 
