@@ -31,8 +31,8 @@ from contextlib import contextmanager
 from dataclasses import dataclass, field
 from typing import Awaitable, Callable, Generic, Iterator, TypeVar
 
-from lbagent.coalesce import resolve
-from lbagent.waits import wait_event
+from lbagent.support.coalesce import resolve
+from lbagent.support.waits import wait_event
 
 # After a reload that took t seconds the next one waits until t * RELOAD_PACE has passed,
 # but never longer than MAX_RELOAD_PAUSE: on a busy host t swells with contention, and

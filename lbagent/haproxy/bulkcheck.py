@@ -15,7 +15,7 @@ import asyncio
 from pathlib import Path
 from typing import Awaitable, Callable
 
-from lbagent.coalesce import Coalescer
+from lbagent.support.coalesce import Coalescer
 from lbagent.haproxy.candidate import StagedChange
 from lbagent.haproxy.errors import HaproxyCheckError
 

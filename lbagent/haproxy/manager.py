@@ -38,7 +38,7 @@ from dataclasses import dataclass
 from datetime import datetime, timezone
 from pathlib import Path
 
-from lbagent.blocking import BlockingPool
+from lbagent.support.blocking import BlockingPool
 from lbagent.haproxy import templates
 from lbagent.haproxy.batching import RELOAD_PACE, ReloadBatcher
 from lbagent.haproxy.bulkcheck import BulkChecker

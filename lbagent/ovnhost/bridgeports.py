@@ -18,11 +18,11 @@ last ports of a burst, or a port on its own, go at once.
 
 from __future__ import annotations
 
-from lbagent.blocking import BlockingPool
-from lbagent.coalesce import Coalescer
+from lbagent.support.blocking import BlockingPool
+from lbagent.support.coalesce import Coalescer
 from lbagent.ovnhost.errors import OvsdbError
 from lbagent.ovnhost.ovs import OvsClient, PortState, PortWant
-from lbagent.waits import InFlight
+from lbagent.support.waits import InFlight
 
 MAX_PORTS = 200  # ports in one turn: an error in a shared transaction stays readable
 GATHER_LIMIT = 0.25  # seconds a turn with new ports waits for the passes still building theirs

@@ -15,7 +15,7 @@ import socket
 from contextlib import nullcontext
 from dataclasses import dataclass
 
-from lbagent.blocking import BlockingPool
+from lbagent.support.blocking import BlockingPool
 from lbagent.inventory import Inventory
 from lbagent.naming import INTERFACE_RE, NETNS_PREFIX, InterfaceNames, iface_id, names_from_interface, netns_name
 from lbagent.ovnhost import datapath, ethtool, iptables
@@ -26,7 +26,7 @@ from lbagent.ovnhost.iplib import Netlink
 from lbagent.ovnhost.nat import NatRule
 from lbagent.ovnhost.netns import NamespaceExecutor, list_netns, netns_exists, netns_path
 from lbagent.ovnhost.ovs import LB_KEY, OvsClient
-from lbagent.waits import InFlight
+from lbagent.support.waits import InFlight
 
 log = logging.getLogger(__name__)
 

@@ -18,7 +18,7 @@ from typing import Callable, TypeVar
 
 from pyroute2 import netns as pyroute_netns
 
-from lbagent.blocking import BlockingPool
+from lbagent.support.blocking import BlockingPool
 from lbagent.ovnhost.errors import NamespaceError
 
 log = logging.getLogger(__name__)

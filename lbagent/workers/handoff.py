@@ -25,7 +25,7 @@ import logging
 from typing import Awaitable, Callable
 
 from lbagent.haproxy.render import HaproxyConfig
-from lbagent.waits import InFlight
+from lbagent.support.waits import InFlight
 
 log = logging.getLogger(__name__)
 

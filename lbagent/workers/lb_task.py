@@ -17,7 +17,7 @@ from datetime import datetime, timezone
 from typing import Awaitable, Callable
 
 from lbagent.counters import CURRENT_LB, RECONCILE_ERRORS, RECONCILE_SECONDS
-from lbagent.waits import wait_event
+from lbagent.support.waits import wait_event
 
 log = logging.getLogger(__name__)
 

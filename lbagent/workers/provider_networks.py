@@ -22,7 +22,7 @@ from typing import Protocol
 
 from lbagent.model import ProviderNetwork
 from lbagent.ovnhost.bridges import BridgeReport, bridge_name
-from lbagent.waits import wait_event
+from lbagent.support.waits import wait_event
 from lbagent.workers.dispatch import PROVIDER_NETWORK, key
 from lbagent.workers.lb_task import JITTER
 from lbagent.workers.queue import WorkQueue

@@ -13,7 +13,7 @@ import logging
 
 import pytest
 
-from lbagent.blocking import BlockingPool
+from lbagent.support.blocking import BlockingPool
 from lbagent.ovnhost.errors import OvsdbError
 from lbagent.ovnhost.ovs import LB_KEY, OWNER_KEY, OvsClient
 from lbagent.ovnhost.bridgeports import BridgePorts

@@ -4,7 +4,7 @@ import asyncio
 import logging
 import threading
 
-from lbagent.blocking import BlockingPool
+from lbagent.support.blocking import BlockingPool
 
 
 async def test_submitted_work_runs_after_what_is_queued_and_its_failure_is_logged(caplog):
@@ -22,7 +22,7 @@ async def test_submitted_work_runs_after_what_is_queued_and_its_failure_is_logge
     try:
         queued = asyncio.ensure_future(pool.run(first))
         await asyncio.sleep(0)  # the task's first step hands `first` to the pool
-        with caplog.at_level(logging.WARNING, logger="lbagent.blocking"):
+        with caplog.at_level(logging.WARNING, logger="lbagent.support.blocking"):
             pool.submit(broken)
             gate.set()
             await queued

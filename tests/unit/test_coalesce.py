@@ -4,7 +4,7 @@ import asyncio
 
 import pytest
 
-from lbagent.coalesce import Coalescer
+from lbagent.support.coalesce import Coalescer
 
 
 class Refused(Exception):

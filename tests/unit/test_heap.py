@@ -8,7 +8,7 @@ import weakref
 
 import pytest
 
-from lbagent.heap import YOUNG_THRESHOLD, HeapKeeper
+from lbagent.support.heap import YOUNG_THRESHOLD, HeapKeeper
 
 
 @pytest.fixture(autouse=True)

@@ -5,7 +5,7 @@ import asyncio
 
 import pytest
 
-from lbagent.waits import InFlight, wait_event
+from lbagent.support.waits import InFlight, wait_event
 
 
 async def test_set_event_wakes_and_time_limit_ends_the_wait():
