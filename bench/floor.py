@@ -47,7 +47,7 @@ import iptc
 from pyroute2 import IPRoute
 from pyroute2 import netns as pyroute_netns
 
-from lbagent.members import Member
+from lbagent.desired.members import Member
 from lbagent.ovnhost import ethtool  # the SIOCETHTOOL ioctl, no fork: acts in the socket's namespace
 from lbagent.ovnhost import iptables
 from lbagent.ovnhost.iplib import Route

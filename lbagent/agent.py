@@ -20,7 +20,7 @@ from lbagent.errors import InvalidDesiredState
 from lbagent.haproxy.manager import HaproxyManager
 from lbagent.haproxy.render import server_name
 from lbagent.support.heap import TICK_INTERVAL, HeapKeeper
-from lbagent.model import DesiredState, parse_desired_state
+from lbagent.desired.model import DesiredState, parse_desired_state
 from lbagent.naming import interface_names, netns_name
 from lbagent.ovnhost.host import OvnHost
 from lbagent.ovnhost.netns import NamespaceExecutor

@@ -22,7 +22,7 @@ from lbagent.agentmetrics import AgentRegistry
 from lbagent.counters import API_REQUESTS
 from lbagent.errors import InvalidDesiredState, StaleGeneration
 from lbagent.openapi import document_bytes, open_paths
-from lbagent.parsing import RefreshParser, decode
+from lbagent.desired.parser import RefreshParser, decode
 
 log = logging.getLogger(__name__)
 

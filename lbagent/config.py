@@ -20,7 +20,8 @@ from typing import Annotated, Any, Literal, Optional
 from pydantic import AfterValidator, BaseModel, ConfigDict, Field, Strict, ValidationError, model_validator
 
 from lbagent.errors import ConfigError
-from lbagent.validation import Hostname, InterfaceName, check_hostname, clean_message, parse_ipv4, preview
+from lbagent.desired.details import clean_message, preview
+from lbagent.desired.fields import Hostname, InterfaceName, check_hostname, parse_ipv4
 
 DEFAULT_CONFIG_PATH = Path("/etc/lbagent/lbagent.toml")
 DEFAULT_LISTEN = "127.0.0.1:9680"

@@ -1,7 +1,7 @@
 """The OpenAPI 3.1 document of the v1 API, served at GET /v1/openapi.json.
 
 The request body's schema is the one pydantic generates from the models that
-validate it (`lbagent.model.json_schema()`); the answers' schemas come from
+validate it (`lbagent.desired.model.json_schema()`); the answers' schemas come from
 `lbagent.responses`. The paths are listed here by hand, and a unit test holds
 them equal to the routes the aiohttp application registers.
 
@@ -19,7 +19,7 @@ from typing import Any
 from pydantic.json_schema import models_json_schema
 
 from lbagent import __version__
-from lbagent.model import json_schema
+from lbagent.desired.model import json_schema
 from lbagent.responses import ANSWERS
 
 REF = "#/components/schemas/"

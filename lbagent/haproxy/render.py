@@ -26,7 +26,7 @@ from lbagent.haproxy.tls import certificate_files, tls_bind
 from lbagent.haproxy.views import (
     AclView, BackendView, CookieView, HaproxyConfig, HealthView, HttpCheckView, ListenerView, ServerView,
 )
-from lbagent.members import Member
+from lbagent.desired.members import Member
 
 # api.md timeouts a listener leaves unset (seconds), as in cloudpods.
 DEFAULT_TIMEOUTS = {"client_request": 10, "client_idle": 90, "backend_connect": 5, "backend_idle": 90, "check": 5}

@@ -11,7 +11,7 @@ from __future__ import annotations
 import hashlib
 from dataclasses import dataclass
 
-from lbagent.members import Member
+from lbagent.desired.members import Member
 
 HASH_CHARS = 12
 PRE_CHAIN = "LBAGENT-PRE"

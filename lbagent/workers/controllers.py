@@ -16,7 +16,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Callable
 
-from lbagent.model import DesiredState
+from lbagent.desired.model import DesiredState
 from lbagent.workers.dispatch import LOADBALANCER, POD, PROVIDER_NETWORK, SUBNET, Dispatcher, key
 from lbagent.workers.pods import PodController
 from lbagent.workers.queue import WorkQueue

@@ -29,7 +29,7 @@ from lbagent.config import DEFAULT_RESYNC_RATE
 from lbagent.errors import StaleGeneration
 from lbagent.haproxy.render import HaproxyConfig, render_config
 from lbagent.inventory import Inventory
-from lbagent.model import DesiredState, LoadBalancer
+from lbagent.desired.model import DesiredState, LoadBalancer
 from lbagent.naming import interface_names, lb_id_from_netns, netns_name
 from lbagent.ovnhost.host import HostObservation, OvnHost
 from lbagent.state import Allocation, PersistedState, StateStore

@@ -9,7 +9,7 @@ from __future__ import annotations
 import ipaddress
 from dataclasses import dataclass
 
-from lbagent.members import Member
+from lbagent.desired.members import Member
 from lbagent.naming import interface_names, netns_name
 from lbagent.ovnhost.datapath import LinkSpec
 from lbagent.ovnhost.host import HostSpec

@@ -20,7 +20,7 @@ from __future__ import annotations
 
 from typing import Callable
 
-from lbagent.model import LoadBalancer, Pod
+from lbagent.desired.model import LoadBalancer, Pod
 from lbagent.workers import plan
 from lbagent.workers.dispatch import POD, key
 from lbagent.workers.queue import WorkQueue

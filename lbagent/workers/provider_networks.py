@@ -20,7 +20,7 @@ import logging
 import random
 from typing import Protocol
 
-from lbagent.model import ProviderNetwork
+from lbagent.desired.model import ProviderNetwork
 from lbagent.ovnhost.bridges import BridgeReport, bridge_name
 from lbagent.support.waits import wait_event
 from lbagent.workers.dispatch import PROVIDER_NETWORK, key

@@ -20,7 +20,7 @@ from __future__ import annotations
 
 from typing import Callable
 
-from lbagent.model import LoadBalancer, Subnet
+from lbagent.desired.model import LoadBalancer, Subnet
 from lbagent.workers.dispatch import SUBNET, key
 from lbagent.workers.queue import WorkQueue
 

@@ -19,7 +19,7 @@ import socket
 from dataclasses import dataclass
 from typing import Callable
 
-from lbagent.members import Member
+from lbagent.desired.members import Member
 
 log = logging.getLogger(__name__)
 

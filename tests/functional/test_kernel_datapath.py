@@ -10,7 +10,7 @@ import subprocess
 import pytest
 
 from lbagent.counters import write_counts
-from lbagent.members import Member
+from lbagent.desired.members import Member
 from lbagent.naming import interface_names
 from lbagent.ovnhost import datapath, iplib, iptables
 from lbagent.ovnhost.datapath import LinkSpec

@@ -22,7 +22,7 @@ import pytest
 
 from devtools.sandbox import link_names, run, wait_for
 from lbagent.counters import write_counts
-from lbagent.model import ProviderNetwork
+from lbagent.desired.model import ProviderNetwork
 from lbagent.ovnhost.bridges import ProviderBridges, bridge_name
 from lbagent.ovnhost import ovs as ovs_mod
 from lbagent.ovnhost.netns import NamespaceExecutor

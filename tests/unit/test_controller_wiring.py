@@ -4,7 +4,7 @@ changes concern, and a waiting refresh waits for those woken by a dependency."""
 
 import pytest
 
-from lbagent.model import parse_desired_state
+from lbagent.desired.model import parse_desired_state
 from lbagent.state import StateStore
 from lbagent.workers.controllers import requeue_loadbalancers, wire
 from lbagent.workers.dispatch import kind_of

@@ -15,8 +15,8 @@ import pytest
 from lbagent.haproxy.live import LiveEditError, ServerEdit, apply_edits, plan_server_edits
 from lbagent.haproxy.render import render_config
 from lbagent.haproxy.sockets import parse_show_stat, send_command
-from lbagent.members import Member
-from lbagent.model import parse_desired_state
+from lbagent.desired.members import Member
+from lbagent.desired.model import parse_desired_state
 
 from test_haproxy_manager import WAIT, free_port, manager, run_dir, until  # noqa: F401  (fixtures)
 

@@ -29,8 +29,8 @@ from lbagent.haproxy.batching import MAX_RELOAD_PAUSE
 from lbagent.haproxy.manager import HaproxyManager
 from lbagent.haproxy.render import HaproxyConfig, render_config, render_loadbalancer
 from lbagent.haproxy.sockets import parse_show_proc, parse_show_stat
-from lbagent.members import Member
-from lbagent.model import parse_desired_state
+from lbagent.desired.members import Member
+from lbagent.desired.model import parse_desired_state
 
 HAPROXY = shutil.which("haproxy") or "/usr/sbin/haproxy"
 WAIT = 10.0  # seconds: the bound of every wait below

@@ -16,8 +16,8 @@ from devtools.topology import self_signed_certificate
 from lbagent.haproxy.errors import RenderError
 from lbagent.haproxy.render import HaproxyConfig, render_base, render_config, render_loadbalancer
 from lbagent.haproxy.templates import template_dir, token
-from lbagent.members import Member
-from lbagent.model import parse_desired_state
+from lbagent.desired.members import Member
+from lbagent.desired.model import parse_desired_state
 
 GOLDEN = Path(__file__).parent / "golden"
 HAPROXY = shutil.which("haproxy") or "/usr/sbin/haproxy"

@@ -13,7 +13,7 @@ from lbagent.haproxy.errors import RenderError
 from lbagent.haproxy.render import render_config, server_cookie
 from lbagent.haproxy.routing import redirect_view, rule_views
 from lbagent.haproxy.tls import STRICT_CIPHERS, TLS_POLICIES, certificate_files
-from lbagent.model import Redirect, parse_desired_state
+from lbagent.desired.model import Redirect, parse_desired_state
 
 from test_haproxy_render import assert_golden, certificate, haproxy_check, sample_members, write_checkable
 

@@ -10,7 +10,7 @@ by tests/functional/test_kernel_datapath.py.
 import iptc
 import pytest
 
-from lbagent.members import Member
+from lbagent.desired.members import Member
 from lbagent.ovnhost import iptables
 from lbagent.ovnhost.nat import NatPlan, nat_rules
 

@@ -1,4 +1,4 @@
-"""Desired-state validation (lbagent.model): the api.md example, defaults, and 400-style details."""
+"""Desired-state validation (lbagent.desired.model): the api.md example, defaults, and 400-style details."""
 
 from __future__ import annotations
 
@@ -13,8 +13,8 @@ from hypothesis import strategies as st
 from pydantic import ValidationError
 
 from lbagent.errors import InvalidDesiredState, LbAgentError
-from lbagent.model import DesiredState, json_schema, parse_desired_state
-from lbagent.validation import MAX_ECHO_LEN, MAX_LISTENERS_PER_LB
+from lbagent.desired.model import DesiredState, json_schema, parse_desired_state
+from lbagent.desired.fields import MAX_ECHO_LEN, MAX_LISTENERS_PER_LB
 
 EXAMPLE = json.loads((Path(__file__).parent / "data" / "example_state.json").read_text())
 

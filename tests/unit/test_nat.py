@@ -1,4 +1,4 @@
-from lbagent.members import Member
+from lbagent.desired.members import Member
 from lbagent.ovnhost.nat import NatPlan, NatRule, comment_hash, nat_rules
 
 

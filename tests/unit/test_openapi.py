@@ -9,7 +9,7 @@ from openapi_spec_validator import validate
 
 from lbagent import api
 from lbagent.api import create_app
-from lbagent.model import parse_desired_state
+from lbagent.desired.model import parse_desired_state
 from lbagent.openapi import document, open_paths
 from lbagent.workers.dispatch import kind_of
 from lbagent.workers.pods import PodController

@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 
 from lbagent.haproxy.render import HaproxyConfig
-from lbagent.model import parse_desired_state
+from lbagent.desired.model import parse_desired_state
 from lbagent.ovnhost.host import HostObservation
 from lbagent.state import StateStore
 from lbagent.workers import ovn_worker as worker_mod
@@ -443,7 +443,7 @@ async def apply_parsed(worker, parser, body):
 
 
 async def test_a_refresh_changing_one_of_many_derives_only_its_members_again(worker, monkeypatch):
-    from lbagent.parsing import RefreshParser
+    from lbagent.desired.parser import RefreshParser
     from lbagent.workers import plan
     parser, derived = RefreshParser(), []
     group_targets = plan.group_targets
@@ -460,7 +460,7 @@ async def test_a_refresh_changing_one_of_many_derives_only_its_members_again(wor
 
 
 async def test_a_reused_load_balancer_still_follows_the_pods_it_selects(worker):
-    from lbagent.parsing import RefreshParser
+    from lbagent.desired.parser import RefreshParser
     parser = RefreshParser()
     body = state(1, [selecting_lb("web", "198.18.0.12", "web"), lb_body("plain", ip="198.18.0.13")])
     body["pods"] = [pod_body("w1", "198.18.0.21")]
@@ -480,7 +480,7 @@ async def test_a_refresh_looks_again_only_at_the_load_balancers_it_changed(worke
     """The others are the very models of the last state, with the same subnets
     and pods: their fingerprints are not computed again, and they still reach
     the new generation without a pass. A changed subnet list turns that off."""
-    from lbagent.parsing import RefreshParser
+    from lbagent.desired.parser import RefreshParser
     parser, looked_at = RefreshParser(), []
     own_fingerprint = OvnWorker._own_fingerprint
     monkeypatch.setattr(OvnWorker, "_own_fingerprint",

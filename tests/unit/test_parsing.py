@@ -10,8 +10,8 @@ from pathlib import Path
 import pytest
 
 from lbagent.errors import InvalidDesiredState
-from lbagent.model import parse_desired_state
-from lbagent.parsing import RefreshParser, decode
+from lbagent.desired.model import parse_desired_state
+from lbagent.desired.parser import RefreshParser, decode
 
 EXAMPLE = json.loads((Path(__file__).parent / "data" / "example_state.json").read_text())
 

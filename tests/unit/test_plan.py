@@ -1,4 +1,4 @@
-from lbagent.model import Pod, PodSelector
+from lbagent.desired.model import Pod, PodSelector
 from lbagent.workers.plan import Target, selected_pods
 
 

@@ -4,7 +4,7 @@ nothing else; what status says about pods."""
 
 import pytest
 
-from lbagent.model import LoadBalancer, Pod
+from lbagent.desired.model import LoadBalancer, Pod
 from kickharness import KickHarness
 from lbagent.workers.dispatch import POD, key, kind_of
 from lbagent.workers.pods import PodController, selections

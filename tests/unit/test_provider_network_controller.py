@@ -9,7 +9,7 @@ import dataclasses
 
 import pytest
 
-from lbagent.model import ProviderNetwork
+from lbagent.desired.model import ProviderNetwork
 from lbagent.ovnhost import bridges as bridges_mod
 from lbagent.ovnhost.bridges import (
     INTERFACE_KEY, MOVED_ADDRESSES_KEY, NETWORK_KEY, BridgeReport, Moved, ProviderBridgeError, ProviderBridges,

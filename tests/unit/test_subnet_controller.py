@@ -5,7 +5,7 @@ import asyncio
 
 import pytest
 
-from lbagent.model import LoadBalancer, Subnet
+from lbagent.desired.model import LoadBalancer, Subnet
 from kickharness import KickHarness
 from lbagent.workers.dispatch import SUBNET, Dispatcher, key, kind_of
 from lbagent.workers.queue import WorkQueue

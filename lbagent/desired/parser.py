@@ -30,7 +30,7 @@ import math
 import orjson
 from pydantic import BaseModel
 
-from lbagent.model import DesiredState, parse_desired_state
+from lbagent.desired.model import DesiredState, parse_desired_state
 
 # The lists whose entries are reused, each keyed by its entries' "id".
 REUSED_LISTS = ("loadbalancers", "subnets", "pods")

@@ -4,7 +4,7 @@ Owns the pydantic models of the POST /v1/refresh body and the cross-field
 rules that span several objects (references, uniqueness, what each listener
 type may carry), and reports every problem as an api.md error detail
 {"path": JSON pointer, "message": text}. Rules about a single value, all
-limits, and the wording of per-field errors live in lbagent.validation.
+limits, and the wording of per-field errors live in lbagent.desired.fields.
 
 parse_desired_state() is the entry point. Validating a DesiredState any other
 way (model_validate, model_validate_json) applies the same rules but lets the
@@ -22,18 +22,18 @@ from typing import Any, Literal, Optional
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
 
 from lbagent.errors import InvalidDesiredState
-from lbagent.validation import (
+from lbagent.desired.fields import (
     DEFAULT_MTU, DEFAULT_WEIGHT, MAX_ACL_CIDRS, MAX_BACKEND_GROUPS_PER_LB, MAX_BACKENDS_PER_GROUP,
     MAX_CERTIFICATES_PER_LISTENER, MAX_CUSTOM_INTERFACES, MAX_HOSTS_PER_LIST, MAX_LISTENERS_PER_LB,
     MAX_LOADBALANCERS, MAX_PODS, MAX_PORTS_PER_POD, MAX_PROVIDER_NETWORKS, MAX_ROUTES_PER_SUBNET,
     MAX_RULES_PER_LISTENER, MAX_SUBNETS,
 )
-from lbagent.validation import (
+from lbagent.desired.fields import (
     BridgeSuffix, CheckSeconds, Cidr, Cookie, CookieTimeout, DomainPatternOrEmpty, Generation, HostIPv4, Hostname,
     HostnameOrEmpty, HttpCodes, Id, InterfaceName, Labels, Mac, Mtu, Name, Namespace, PemCertificate, PemPrivateKey,
     Port, PortName, PortOrName, ProbePayload, Rate, RiseFall, TimeoutSeconds, UriPath, Weight,
 )
-from lbagent.validation import Location, error_details, json_pointer
+from lbagent.desired.details import Location, error_details, json_pointer
 
 Status = Literal["enabled", "disabled"]
 ListenerType = Literal["tcp", "udp", "http", "https"]
@@ -274,7 +274,7 @@ class LoadBalancer(_Model):
     @cached_property
     def _own_problems(self) -> list[Problem]:
         # Once per validated instance: a refresh that reuses the instance of an
-        # unchanged load balancer (see lbagent.parsing) does not check it again.
+        # unchanged load balancer (see lbagent.desired.parser) does not check it again.
         return own_problems(self)
 
     @cached_property
