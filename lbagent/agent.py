@@ -26,7 +26,7 @@ from lbagent.ovnhost.host import OvnHost
 from lbagent.ovnhost.netns import NamespaceExecutor
 from lbagent.ovnhost.ovs import OvsClient
 from lbagent.state import PersistedState, StateFileError, StateStore
-from lbagent.status import health_by_loadbalancer, loadbalancer_status
+from lbagent.api.status import health_by_loadbalancer, loadbalancer_status
 from lbagent.ovnhost.bridges import ProviderBridges
 from lbagent.workers.controllers import requeue_loadbalancers, wire
 from lbagent.workers.dispatch import LOADBALANCER, kind_of

@@ -39,7 +39,7 @@ def main() -> None:
 def run(config_path: Path | None) -> None:
     """Run the agent in the foreground (what the systemd unit starts)."""
     from lbagent.logs import setup_logging
-    from lbagent.server import serve
+    from lbagent.api.server import serve
 
     config = _load(config_path)
     # The token is redacted from every log line, whichever module writes it.

@@ -11,7 +11,7 @@ from openapi_schema_validator import OAS31Validator
 
 from agentproc import wait_until
 from helpers import MAC, VIP, answers, wait_bound, web_lb
-from lbagent.openapi import document
+from lbagent.api.openapi import document
 from lbstate import SUBNET, desired, loadbalancer, tcp_listener
 
 URL = f"http://{VIP}:80/"

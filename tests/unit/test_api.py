@@ -6,7 +6,7 @@ from pathlib import Path
 import pytest
 from aiohttp.test_utils import TestClient, TestServer
 
-from lbagent.api import _utf8_text, create_app
+from lbagent.api.app import _utf8_text, create_app
 from lbagent.errors import StaleGeneration
 
 EXAMPLE = json.loads((Path(__file__).parent / "data" / "example_state.json").read_text())
@@ -179,7 +179,7 @@ async def test_bad_wait_names_the_parameter(client, wait):
 
 
 async def test_openapi_needs_no_token(client):
-    from lbagent.openapi import document
+    from lbagent.api.openapi import document
 
     resp = await client.get("/v1/openapi.json")
     assert resp.status == 200 and resp.content_type == "application/json"

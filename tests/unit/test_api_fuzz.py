@@ -16,7 +16,7 @@ from aiohttp.test_utils import TestClient, TestServer
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from lbagent.api import create_app
+from lbagent.api.app import create_app
 from lbagent.state import StateStore
 from lbagent.workers.ovn_worker import OvnWorker
 from test_api import AUTH, EXAMPLE, TOKEN, FakeAgent

@@ -7,10 +7,10 @@ import pytest
 from openapi_schema_validator import OAS31Validator
 from openapi_spec_validator import validate
 
-from lbagent import api
-from lbagent.api import create_app
+from lbagent.api import app as api
+from lbagent.api.app import create_app
 from lbagent.desired.model import parse_desired_state
-from lbagent.openapi import document, open_paths
+from lbagent.api.openapi import document, open_paths
 from lbagent.workers.dispatch import kind_of
 from lbagent.workers.pods import PodController
 from lbagent.workers.queue import WorkQueue

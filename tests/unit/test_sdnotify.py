@@ -8,8 +8,8 @@ import socket
 
 import pytest
 
-from lbagent import sdnotify
-from lbagent.sdnotify import Notifier, SystemdLink, watchdog_interval
+from lbagent.api import sdnotify
+from lbagent.api.sdnotify import Notifier, SystemdLink, watchdog_interval
 
 
 @pytest.fixture(params=["path", "abstract"])

@@ -8,7 +8,7 @@ import stat
 import pytest
 
 from lbagent.errors import ConfigError
-from lbagent.server import bind_unix_socket
+from lbagent.api.server import bind_unix_socket
 
 
 def test_bound_with_mode_0600_before_listening(tmp_path):

@@ -1,7 +1,7 @@
 """Running the agent in the foreground: `lbagent run`.
 
 Starts the agent and the API listener, tells systemd about its lifecycle
-(`lbagent.sdnotify`), then waits for SIGTERM/SIGINT, which stop the agent
+(`lbagent.api.sdnotify`), then waits for SIGTERM/SIGINT, which stop the agent
 (not the data path: namespaces, rules and haproxy keep serving).
 
 A unix-socket listener is bound, made mode 0600 and only then listened on,
@@ -22,10 +22,10 @@ from pathlib import Path
 from aiohttp import web
 
 from lbagent.agent import Agent
-from lbagent.api import create_app
+from lbagent.api.app import create_app
 from lbagent.config import Config
 from lbagent.errors import ConfigError
-from lbagent.sdnotify import Notifier, SystemdLink
+from lbagent.api.sdnotify import Notifier, SystemdLink
 
 log = logging.getLogger(__name__)
 

@@ -21,7 +21,7 @@ from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 from lbagent.agentmetrics import AgentRegistry
 from lbagent.counters import API_REQUESTS
 from lbagent.errors import InvalidDesiredState, StaleGeneration
-from lbagent.openapi import document_bytes, open_paths
+from lbagent.api.openapi import document_bytes, open_paths
 from lbagent.desired.parser import RefreshParser, decode
 
 log = logging.getLogger(__name__)

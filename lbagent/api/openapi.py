@@ -2,7 +2,7 @@
 
 The request body's schema is the one pydantic generates from the models that
 validate it (`lbagent.desired.model.json_schema()`); the answers' schemas come from
-`lbagent.responses`. The paths are listed here by hand, and a unit test holds
+`lbagent.api.responses`. The paths are listed here by hand, and a unit test holds
 them equal to the routes the aiohttp application registers.
 
 The document is served without a token: it carries no secret, only the
@@ -20,7 +20,7 @@ from pydantic.json_schema import models_json_schema
 
 from lbagent import __version__
 from lbagent.desired.model import json_schema
-from lbagent.responses import ANSWERS
+from lbagent.api.responses import ANSWERS
 
 REF = "#/components/schemas/"
 OPEN = []  # `security` of an operation that needs no token
