@@ -2,7 +2,7 @@
 haproxy's exporter) or started the way systemd would, for the operator tests.
 
 `ConfiguredAgent` is an `AgentProcess` whose configuration file is edited
-before start, that talks to the agent through `lbagent.client` (so unix
+before start, that talks to the agent through `lbagent.cli.client` (so unix
 sockets and TLS work, exactly as the CLI reaches it), and that can be started
 with any command line. The `configured_agent` fixture removes every agent it
 started, pass or fail, like `agent_factory`.
@@ -20,7 +20,7 @@ import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
 from agentproc import LBAGENT, AgentProcess, _decode, wait_until
-from lbagent.client import connection
+from lbagent.cli.client import connection
 from lbagent.config import load_config
 
 

@@ -60,7 +60,7 @@ def status(config_path: Path | None, as_json: bool, lb_id: str | None) -> None:
     With ID: that load balancer's listeners, backends (mapped ports, health)
     and the packet counters of its NAT rules, read from its namespace.
     """
-    from lbagent.statusview import collect_status, render_status
+    from lbagent.cli.statusview import collect_status, render_status
 
     config = _load(config_path)
     document, source = collect_status(config, lb_id)
@@ -77,7 +77,7 @@ def status(config_path: Path | None, as_json: bool, lb_id: str | None) -> None:
 @click.option("--yes", is_flag=True, help="do not ask for confirmation")
 def cleanup(config_path: Path | None, yes: bool) -> None:
     """Remove everything the agent created on this host (and only that)."""
-    from lbagent.cleanup import cleanup_host
+    from lbagent.cli.cleanup import cleanup_host
 
     config = _load(config_path)
     if not yes and sys.stdin.isatty():

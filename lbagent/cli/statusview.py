@@ -3,7 +3,7 @@
 When the agent is down the document is rebuilt from the state directory and
 the host (which namespaces exist), and says so. `lbagent status ID` adds the
 packet counters of the load balancer's NAT rules, read from its namespace by
-the CLI itself (`lbagent.natcounters`), whether the agent runs or not.
+the CLI itself (`lbagent.cli.natcounters`), whether the agent runs or not.
 """
 
 from __future__ import annotations
@@ -13,10 +13,10 @@ from urllib.parse import quote
 
 import click
 
-from lbagent.client import AgentUnreachable, get_json
+from lbagent.cli.client import AgentUnreachable, get_json
 from lbagent.config import Config
 from lbagent.naming import netns_name
-from lbagent.natcounters import read_counters
+from lbagent.cli.natcounters import read_counters
 from lbagent.ovnhost.netns import netns_exists
 from lbagent.state import StateFileError, StateStore
 
