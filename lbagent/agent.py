@@ -15,7 +15,7 @@ from datetime import datetime, timezone
 
 from lbagent import __version__
 from lbagent.config import Config
-from lbagent.counters import set_lb_states, track_queue, write_counts
+from lbagent.metrics import set_lb_states, track_queue, write_counts
 from lbagent.errors import InvalidDesiredState
 from lbagent.haproxy.manager import HaproxyManager
 from lbagent.haproxy.render import server_name

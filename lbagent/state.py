@@ -15,7 +15,7 @@ from dataclasses import dataclass, field
 from functools import cached_property
 from pathlib import Path
 
-from lbagent.counters import STATE_WRITES
+from lbagent.metrics import STATE_WRITES
 
 FORMAT = "lbagent-state"
 VERSION = 1

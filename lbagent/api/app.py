@@ -18,8 +18,8 @@ import math
 from aiohttp import web
 from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 
-from lbagent.agentmetrics import AgentRegistry
-from lbagent.counters import API_REQUESTS
+from lbagent.metrics import AgentRegistry
+from lbagent.metrics import API_REQUESTS
 from lbagent.errors import InvalidDesiredState, StaleGeneration
 from lbagent.api.openapi import document_bytes, open_paths
 from lbagent.desired.parser import RefreshParser, decode

@@ -20,7 +20,7 @@ import threading
 from contextlib import closing
 from dataclasses import dataclass
 
-from lbagent.counters import count_write
+from lbagent.metrics import count_write
 from lbagent.naming import INTERFACE_RE, InterfaceNames
 from lbagent.ovnhost import ethtool
 from lbagent.ovnhost.errors import LinkNotFound

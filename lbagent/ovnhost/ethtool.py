@@ -14,7 +14,7 @@ import fcntl
 import socket
 import struct
 
-from lbagent.counters import count_write
+from lbagent.metrics import count_write
 from lbagent.ovnhost.errors import NetlinkError
 
 SIOCETHTOOL = 0x8946

@@ -19,7 +19,7 @@ from pyroute2.netlink.rtnl import RTM_GETADDR, RTM_GETROUTE
 from pyroute2.netlink.rtnl.ifaddrmsg import ifaddrmsg
 from pyroute2.netlink.rtnl.rtmsg import rtmsg
 
-from lbagent.counters import count_write
+from lbagent.metrics import count_write
 from lbagent.ovnhost.errors import AlreadyExists, NetlinkError, translate_netlink
 
 IFA_F_NOPREFIXROUTE = 0x200

@@ -17,7 +17,7 @@ from typing import TYPE_CHECKING
 
 import iptc
 
-from lbagent.counters import count_write
+from lbagent.metrics import count_write
 from lbagent.ovnhost.errors import IptablesError
 from lbagent.ovnhost.iptdigest import nat_table_digest
 from lbagent.ovnhost.nat import CHAIN_HOOKS, PRE_CHAIN, NatRule, backend_key_from_comment, comment_hash

@@ -18,7 +18,7 @@ from ovsdbapp import exceptions as ovsdbapp_exceptions
 from ovsdbapp.backend.ovs_idl import command, connection, idlutils, transaction
 from ovsdbapp.schema.open_vswitch import impl_idl
 
-from lbagent.counters import CURRENT_LB, count_write, note_ovsdb_session
+from lbagent.metrics import CURRENT_LB, count_write, note_ovsdb_session
 from lbagent.ovnhost.errors import OvsdbError, OvsdbUnavailable
 
 log = logging.getLogger(__name__)

@@ -27,7 +27,7 @@ from pyroute2.netlink.rtnl.ifaddrmsg import ifaddrmsg
 from pyroute2.netlink.rtnl.ifinfmsg import ifinfmsg
 from pyroute2.netlink.rtnl.rtmsg import rtmsg
 
-from lbagent.counters import count_write
+from lbagent.metrics import count_write
 from lbagent.ovnhost.errors import NetlinkError, netlink_error
 from lbagent.ovnhost.iplib import (
     FIB_RULE_INVERT, IFA_F_NOPREFIXROUTE, IFF_UP, MAIN_TABLE, RT_SCOPE_LINK, RT_TABLE_COMPAT, RTN_UNICAST, Route,

@@ -16,7 +16,7 @@ import time
 from datetime import datetime, timezone
 from typing import Awaitable, Callable
 
-from lbagent.counters import CURRENT_LB, RECONCILE_ERRORS, RECONCILE_SECONDS
+from lbagent.metrics import CURRENT_LB, RECONCILE_ERRORS, RECONCILE_SECONDS
 from lbagent.support.waits import wait_event
 
 log = logging.getLogger(__name__)

@@ -26,7 +26,7 @@ import time
 from collections import deque
 from typing import Awaitable, Callable, Generic, Hashable, Iterable, TypeVar
 
-from lbagent.counters import count_queue_retry
+from lbagent.metrics import count_queue_retry
 from lbagent.support.waits import wait_event
 from lbagent.workers.lb_task import BACKOFF_MAX, BACKOFF_START, backoff_delay
 

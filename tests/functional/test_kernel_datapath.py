@@ -9,7 +9,7 @@ import subprocess
 
 import pytest
 
-from lbagent.counters import write_counts
+from lbagent.metrics import write_counts
 from lbagent.desired.members import Member
 from lbagent.naming import interface_names
 from lbagent.ovnhost import datapath, iplib, iptables

@@ -21,7 +21,7 @@ from dataclasses import dataclass
 import pytest
 
 from devtools.sandbox import link_names, run, wait_for
-from lbagent.counters import write_counts
+from lbagent.metrics import write_counts
 from lbagent.desired.model import ProviderNetwork
 from lbagent.ovnhost.bridges import ProviderBridges, bridge_name
 from lbagent.ovnhost import ovs as ovs_mod

@@ -1,8 +1,8 @@
-"""/metrics: the process counters plus what is read from the agent at scrape time."""
+"""/metrics: the process metrics plus what is read from the agent at scrape time."""
 
 from prometheus_client.parser import text_string_to_metric_families
 
-from lbagent import counters
+from lbagent import metrics
 from test_api import AUTH, EXAMPLE, client  # noqa: F401  (client is a fixture)
 
 
@@ -53,15 +53,15 @@ async def test_agent_figures_are_exported(client):
 
 async def test_registered_queues_are_read_at_scrape_time(client):
     depth = [4]
-    counters.track_queue("test-queue", lambda: depth[0])
-    counters.track_queue("gone", lambda: 1 // 0)  # a broken depth function costs its own line only
+    metrics.track_queue("test-queue", lambda: depth[0])
+    metrics.track_queue("gone", lambda: 1 // 0)  # a broken depth function costs its own line only
     assert (await scrape(client))[("lbagent_queue_depth", (("queue", "test-queue"),))] == 4
     depth[0] = 0
     found = await scrape(client)
     assert found[("lbagent_queue_depth", (("queue", "test-queue"),))] == 0
     assert ("lbagent_queue_depth", (("queue", "gone"),)) not in found
-    counters.count_queue_retry("test-queue")
-    counters.count_queue_retry("test-queue")
+    metrics.count_queue_retry("test-queue")
+    metrics.count_queue_retry("test-queue")
     assert (await scrape(client))[("lbagent_queue_retries_total", (("queue", "test-queue"),))] == 2
 
 
@@ -80,12 +80,12 @@ async def test_api_requests_are_counted_by_route_template(client):
 
 
 def test_ovsdb_sessions_count_reconnects(monkeypatch):
-    monkeypatch.setattr(counters, "_ovsdb_sessions", 0)
-    connects = counters.OVSDB_CONNECTIONS._value.get()
-    reconnects = counters.OVSDB_RECONNECTS._value.get()
-    counters.note_ovsdb_session()
-    assert counters.OVSDB_RECONNECTS._value.get() == reconnects
-    counters.note_ovsdb_session()
-    counters.note_ovsdb_session()
-    assert counters.OVSDB_CONNECTIONS._value.get() == connects + 3
-    assert counters.OVSDB_RECONNECTS._value.get() == reconnects + 2
+    monkeypatch.setattr(metrics, "_ovsdb_sessions", 0)
+    connects = metrics.OVSDB_CONNECTIONS._value.get()
+    reconnects = metrics.OVSDB_RECONNECTS._value.get()
+    metrics.note_ovsdb_session()
+    assert metrics.OVSDB_RECONNECTS._value.get() == reconnects
+    metrics.note_ovsdb_session()
+    metrics.note_ovsdb_session()
+    assert metrics.OVSDB_CONNECTIONS._value.get() == connects + 3
+    assert metrics.OVSDB_RECONNECTS._value.get() == reconnects + 2

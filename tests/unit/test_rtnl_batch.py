@@ -7,7 +7,7 @@ import pytest
 from pyroute2 import IPBatch
 from pyroute2.netlink.rtnl.rtmsg import rtmsg
 
-from lbagent.counters import write_counts
+from lbagent.metrics import write_counts
 from lbagent.ovnhost.errors import AlreadyExists, LinkNotFound, NetlinkError
 from lbagent.ovnhost.iplib import Route
 from lbagent.ovnhost.rtnl_batch import RtnlBatch, route_via
