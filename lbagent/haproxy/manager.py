@@ -39,7 +39,7 @@ from datetime import datetime, timezone
 from pathlib import Path
 
 from lbagent.support.blocking import BlockingPool
-from lbagent.haproxy import templates
+from lbagent.haproxy import templating
 from lbagent.haproxy.batching import RELOAD_PACE, ReloadBatcher
 from lbagent.haproxy.bulkcheck import BulkChecker
 from lbagent.haproxy.candidate import StagedChange, current, discard, install_change, roll_back, stage
@@ -123,7 +123,7 @@ class HaproxyManager:
         # Changes a previous agent staged but never installed: not live, and no longer wanted.
         await self._process_work.run(empty_dir, self.paths.staging_dir)
         base_changed = await self._process_work.run(self._write_base)
-        await self._lb_work.run(templates.preload)
+        await self._lb_work.run(templating.preload)
         async with self._process_lock:
             outcome = await self._process_work.run(self._adopt_or_start)
             self._record_start(outcome)

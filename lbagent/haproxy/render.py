@@ -21,7 +21,7 @@ from pathlib import Path
 from lbagent.haproxy.errors import RenderError
 from lbagent.haproxy.files import HaproxyPaths
 from lbagent.haproxy.routing import RULE_VARIABLE, redirect_view, rule_views
-from lbagent.haproxy.templates import environment
+from lbagent.haproxy.templating import environment
 from lbagent.haproxy.tls import certificate_files, tls_bind
 from lbagent.haproxy.views import (
     AclView, BackendView, CookieView, HaproxyConfig, HealthView, HttpCheckView, ListenerView, ServerView,

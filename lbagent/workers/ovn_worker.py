@@ -35,7 +35,7 @@ from lbagent.ovnhost.host import HostObservation, OvnHost
 from lbagent.state import Allocation, PersistedState, StateStore
 from lbagent.workers import plan
 from lbagent.workers.allocator import AddressPair, PairAllocator, assign_ports
-from lbagent.workers.handoff import HaproxyHandoff
+from lbagent.haproxy.handoff import HaproxyHandoff
 from lbagent.workers.lb_task import DONE, LbTask
 
 log = logging.getLogger(__name__)

@@ -8,7 +8,7 @@ import gc
 import pytest
 
 from lbagent.haproxy.render import HaproxyConfig
-from lbagent.workers.handoff import HaproxyHandoff
+from lbagent.haproxy.handoff import HaproxyHandoff
 
 CONFIG = HaproxyConfig("text")
 

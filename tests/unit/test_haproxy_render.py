@@ -15,7 +15,7 @@ import pytest
 from devtools.topology import self_signed_certificate
 from lbagent.haproxy.errors import RenderError
 from lbagent.haproxy.render import HaproxyConfig, render_base, render_config, render_loadbalancer
-from lbagent.haproxy.templates import template_dir, token
+from lbagent.haproxy.templating import template_dir, token
 from lbagent.desired.members import Member
 from lbagent.desired.model import parse_desired_state
 
@@ -288,7 +288,7 @@ def test_templates_are_found():
 
 
 def test_preload_compiles_every_template_so_renders_never_read_them_again(monkeypatch):
-    from lbagent.haproxy import templates
+    from lbagent.haproxy import templating as templates
 
     templates.environment.cache_clear()
     try:

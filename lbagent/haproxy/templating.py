@@ -1,9 +1,10 @@
 """Where the haproxy templates live and the jinja2 environment that renders them.
 
-A wheel ships the repository's top-level `templates/` as `lbagent/templates`
-(hatch force-include); an editable install reads them from the repository,
-next to the package. The environment refuses undefined names and has one
-filter, `token`, through which every interpolated value goes. Templates are
+The templates are package data beside this module
+(`lbagent/haproxy/templates/`, which the repository's top-level `templates`
+names too), so a wheel and a checkout find them in the same place. The
+environment refuses undefined names and has one filter, `token`, through
+which every interpolated value goes. Templates are
 compiled once (`preload`, at start) and never looked at again: they change
 only with the agent itself.
 """
@@ -11,7 +12,6 @@ only with the agent itself.
 from __future__ import annotations
 
 import functools
-import importlib.resources
 import re
 from pathlib import Path
 
@@ -26,10 +26,7 @@ _TOKEN_RE = re.compile(r"[!$-&(-\[\]-~]+")
 
 
 def template_dir() -> Path:
-    packaged = importlib.resources.files("lbagent") / "templates" / "haproxy"
-    if packaged.is_dir():
-        return Path(str(packaged))
-    return Path(__file__).resolve().parents[2] / "templates" / "haproxy"
+    return Path(__file__).resolve().parent / "templates"
 
 
 def token(value: object) -> str:
