@@ -1,7 +1,7 @@
 """The floor of P1: what building N load balancers' kernel objects costs at the least.
 
 One minimal in-process client makes, for every load balancer, what the agent
-makes in the kernel (see ../shared/design.md and lbagent/ovnhost/datapath.py):
+makes in the kernel (see ../shared/design.md and lbagent/ovnhost/links.py):
 
 - a named network namespace;
 - two veth pairs, created with their final MAC, MTU and state and the

@@ -14,7 +14,7 @@ import os
 from lbagent.config import Config
 from lbagent.haproxy.manager import HaproxyManager
 from lbagent.naming import InterfaceNames, interface_names, names_from_interface, netns_name
-from lbagent.ovnhost import datapath
+from lbagent.ovnhost import links
 from lbagent.ovnhost.bridges import ProviderBridges, bridge_name
 from lbagent.ovnhost.netns import delete_netns, netns_path
 from lbagent.ovnhost.ovs import OvsClient
@@ -55,13 +55,13 @@ async def cleanup_host(config: Config) -> list[str]:
         await asyncio.to_thread(ovs.stop)
 
     for lb_id, names in sorted(owned.items()):
-        report += [f"removed link {n}" for n in await asyncio.to_thread(datapath.delete_host_links, names)]
+        report += [f"removed link {n}" for n in await asyncio.to_thread(links.delete_host_links, names)]
         netns = netns_name(lb_id)
         if os.path.exists(netns_path(netns)):
             await asyncio.to_thread(delete_netns, netns)
             report.append(f"removed namespace {netns}")
     outers = {a.outer for a in allocations.values()}
-    report += [f"removed policy rule from {o}" for o in await asyncio.to_thread(datapath.delete_reply_rules, outers)]
+    report += [f"removed policy rule from {o}" for o in await asyncio.to_thread(links.delete_reply_rules, outers)]
     if store.path.exists():
         store.path.unlink()
         report.append(f"removed state file {store.path}")

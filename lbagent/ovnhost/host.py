@@ -16,11 +16,11 @@ from contextlib import nullcontext
 from dataclasses import dataclass
 
 from lbagent.support.blocking import BlockingPool
-from lbagent.inventory import Inventory
+from lbagent.ovnhost.inventory import Inventory
 from lbagent.naming import INTERFACE_RE, NETNS_PREFIX, InterfaceNames, iface_id, names_from_interface, netns_name
-from lbagent.ovnhost import datapath, ethtool, iptables
+from lbagent.ovnhost import ethtool, iptables, links
 from lbagent.ovnhost.bridgeports import BridgePorts
-from lbagent.ovnhost.datapath import LinkSpec
+from lbagent.ovnhost.links import LinkSpec
 from lbagent.ovnhost.errors import AlreadyExists, NetlinkError
 from lbagent.ovnhost.iplib import Netlink
 from lbagent.ovnhost.nat import NatRule
@@ -90,12 +90,12 @@ class OvnHost:
         # The NAT rules need only the namespace (they name links, not indexes):
         # they go in on the iptables thread while the links are finished (a
         # resync's check of the table shares the namespace threads with them).
-        links, nat = await asyncio.gather(self._finish_links(spec, built), self._converge_nat(spec),
-                                          return_exceptions=True)
-        for outcome in (links, nat):
+        created, nat = await asyncio.gather(self._finish_links(spec, built), self._converge_nat(spec),
+                                            return_exceptions=True)
+        for outcome in (created, nat):
             if isinstance(outcome, BaseException):
                 raise outcome
-        if spec.links.names.ovn_ns in links:
+        if spec.links.names.ovn_ns in created:
             self._reattach.add(spec.lb_id)
 
     async def _make_namespace(self, spec: HostSpec) -> set[str] | None:
@@ -104,7 +104,7 @@ class OvnHost:
         the namespace ends made; None if the build stopped part-way."""
         log.info("action=create object=netns lb=%s netns=%s", spec.lb_id, spec.netns)
         try:
-            return await self._namespaces.create(spec.netns, datapath.build_namespace, spec.links, self._host_fd)
+            return await self._namespaces.create(spec.netns, links.build_namespace, spec.links, self._host_fd)
         except NetlinkError as exc:
             log.info("action=build object=links lb=%s result=partial error=%r", spec.lb_id, str(exc))
             return None
@@ -115,7 +115,7 @@ class OvnHost:
         step-by-step converge, which finds what is there and finishes it."""
         if built is not None:
             try:
-                await self._namespaces.run(None, datapath.build_host, spec.links)
+                await self._namespaces.run(None, links.build_host, spec.links)
                 return built
             except NetlinkError as exc:
                 log.info("action=build object=links lb=%s result=partial error=%r", spec.lb_id, str(exc))
@@ -127,13 +127,13 @@ class OvnHost:
 
     async def _converge_links(self, spec: HostSpec) -> set[str]:
         try:
-            created = await self._namespaces.run(spec.netns, datapath.converge_namespace, spec.links, self._host_fd)
+            created = await self._namespaces.run(spec.netns, links.converge_namespace, spec.links, self._host_fd)
         except AlreadyExists:
             # A host end left over from an earlier life of this namespace
             # blocks the new pair: remove it and build the pair again.
-            await self._namespaces.run(None, datapath.delete_host_links, spec.links.names)
-            created = await self._namespaces.run(spec.netns, datapath.converge_namespace, spec.links, self._host_fd)
-        await self._namespaces.run(None, datapath.converge_host, spec.links)
+            await self._namespaces.run(None, links.delete_host_links, spec.links.names)
+            created = await self._namespaces.run(spec.netns, links.converge_namespace, spec.links, self._host_fd)
+        await self._namespaces.run(None, links.converge_host, spec.links)
         return created
 
     async def read_allocation(self, lb_id: str) -> tuple[str, str, str, dict[str, int]] | None:
@@ -143,7 +143,7 @@ class OvnHost:
         netns = netns_name(lb_id)
         if not netns_exists(netns):
             return None
-        inside = await self._namespaces.run(netns, datapath.read_namespace_links)
+        inside = await self._namespaces.run(netns, links.read_namespace_links)
         haproxy_ns = next((n for n in inside if n.startswith("h") and n.endswith("0")), None)
         if haproxy_ns is None or not inside[haproxy_ns]:
             return None
@@ -156,10 +156,10 @@ class OvnHost:
 
     async def inventory(self) -> Inventory:
         """Everything on this host that carries our marks."""
-        links = await self._namespaces.run(None, _read_marked_links)
-        rules = await self._namespaces.run(None, datapath.reply_rule_sources)
+        marked = await self._namespaces.run(None, _read_marked_links)
+        rules = await self._namespaces.run(None, links.reply_rule_sources)
         ports = await self.ovsdb.run(self._ovs.owned_ports)
-        return Inventory(frozenset(list_netns(NETNS_PREFIX)), frozenset(links), frozenset(ports),
+        return Inventory(frozenset(list_netns(NETNS_PREFIX)), frozenset(marked), frozenset(ports),
                          reply_rules=frozenset(rules))
 
     async def delete_orphan(self, kind: str, name: str) -> None:
@@ -170,7 +170,7 @@ class OvnHost:
         elif kind == "ovs_ports":
             await self.ovsdb.run(self._ovs.delete_port, name)
         elif kind == "reply_rules":
-            await self._namespaces.run(None, datapath.delete_reply_rules, {name})
+            await self._namespaces.run(None, links.delete_reply_rules, {name})
         else:
             raise ValueError(f"unknown kind of object {kind!r}")
 
@@ -179,9 +179,9 @@ class OvnHost:
         (Each counted write logs its own line; the namespace is not counted.)"""
         self._nat_states.pop(lb_id, None)
         self._reattach.discard(lb_id)
-        await self._namespaces.run(None, datapath.delete_reply_rules, {outer})
+        await self._namespaces.run(None, links.delete_reply_rules, {outer})
         await self.ovsdb.run(self._ovs.delete_port, names.ovn_host)
-        await self._namespaces.run(None, datapath.delete_host_links, names)
+        await self._namespaces.run(None, links.delete_host_links, names)
         if os.path.exists(netns_path(netns)):  # mounted or a stale file: both go
             await self._namespaces.delete(netns)
             log.info("action=delete object=netns lb=%s netns=%s", lb_id, netns)

@@ -14,7 +14,7 @@ import logging
 from dataclasses import dataclass, field, replace
 from typing import Callable
 
-from lbagent.inventory import Inventory
+from lbagent.ovnhost.inventory import Inventory
 
 log = logging.getLogger(__name__)
 

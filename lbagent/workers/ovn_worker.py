@@ -28,7 +28,7 @@ from typing import Callable
 from lbagent.config import DEFAULT_RESYNC_RATE
 from lbagent.errors import StaleGeneration
 from lbagent.haproxy.render import HaproxyConfig, render_config
-from lbagent.inventory import Inventory
+from lbagent.ovnhost.inventory import Inventory
 from lbagent.desired.model import DesiredState, LoadBalancer
 from lbagent.naming import interface_names, lb_id_from_netns, netns_name
 from lbagent.ovnhost.host import HostObservation, OvnHost

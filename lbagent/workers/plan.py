@@ -11,7 +11,7 @@ from dataclasses import dataclass
 
 from lbagent.desired.members import Member
 from lbagent.naming import interface_names, netns_name
-from lbagent.ovnhost.datapath import LinkSpec
+from lbagent.ovnhost.links import LinkSpec
 from lbagent.ovnhost.host import HostSpec
 from lbagent.ovnhost.nat import NatPlan, nat_rules
 from lbagent.state import Allocation

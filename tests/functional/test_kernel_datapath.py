@@ -12,8 +12,8 @@ import pytest
 from lbagent.metrics import write_counts
 from lbagent.desired.members import Member
 from lbagent.naming import interface_names
-from lbagent.ovnhost import datapath, iplib, iptables
-from lbagent.ovnhost.datapath import LinkSpec
+from lbagent.ovnhost import iplib, iptables, links
+from lbagent.ovnhost.links import LinkSpec
 from lbagent.ovnhost.host import HostSpec, OvnHost
 from lbagent.ovnhost.nat import NatPlan, nat_rules
 from lbagent.ovnhost.netns import NamespaceExecutor, delete_netns, netns_exists
@@ -42,7 +42,7 @@ def lb():
     yield lb_id, names, netns
     for name in (names.ovn_host, names.haproxy_host):
         subprocess.run(["ip", "link", "del", name], capture_output=True)
-    datapath.delete_reply_rules({"169.254.0.101"})
+    links.delete_reply_rules({"169.254.0.101"})
     if os.path.exists(f"/run/netns/{netns}"):
         delete_netns(netns)
 
@@ -64,8 +64,8 @@ async def converge(executors, netns, names, link_spec, nat):
     try:
         if not netns_exists(netns):
             await ns_exec.create(netns)
-        await ns_exec.run(netns, datapath.converge_namespace, link_spec, host_fd)
-        await ns_exec.run(None, datapath.converge_host, link_spec)
+        await ns_exec.run(netns, links.converge_namespace, link_spec, host_fd)
+        await ns_exec.run(None, links.converge_host, link_spec)
         return await iptc_exec.run(netns, iptables.sync_nat, nat)
     finally:
         os.close(host_fd)
@@ -92,7 +92,7 @@ def assert_data_path(netns, names):
     assert "169.254.0.101/16" in host_addr and "noprefixroute" in host_addr
     assert f"169.254.0.100 dev {names.haproxy_host}" in sh("ip route")
     # haproxy's replies to real client addresses go back through this load balancer.
-    table = datapath.reply_table("169.254.0.101")
+    table = links.reply_table("169.254.0.101")
     policy = sh("ip rule")
     assert f"from 169.254.0.101 lookup {table}" in policy
     assert "30999:\tnot from 169.254.0.0/16 goto 31999" in policy and "31999:\tfrom all nop" in policy
@@ -145,11 +145,11 @@ async def test_passes_never_read_all_host_rules_unless_the_reply_path_is_wrong(e
     await converge(executors, netns, names, spec(names), rules(names))
     assert dumps == []
 
-    table = datapath.reply_table("169.254.0.101")
+    table = links.reply_table("169.254.0.101")
     sh(f"ip rule del priority 31000 from 169.254.0.101 lookup {table}")
     sh("ip rule add priority 31000 from 169.254.0.101 lookup main")
     await converge(executors, netns, names, spec(names), rules(names))
-    assert dumps == [datapath.RULE_PRIORITY]
+    assert dumps == [links.RULE_PRIORITY]
     policy = sh("ip rule")
     assert f"from 169.254.0.101 lookup {table}" in policy and "from 169.254.0.101 lookup main" not in policy
 
@@ -252,7 +252,7 @@ async def test_a_build_puts_its_reply_rule_before_a_stale_one(ovn_host, lb):
     sh("ip rule add priority 31000 from 169.254.0.101 lookup main")  # left by an earlier life
     await ovn_host.converge(host_spec(lb_id, netns, names))
     policy = sh("ip rule")
-    assert f"from 169.254.0.101 lookup {datapath.reply_table('169.254.0.101')}" in policy
+    assert f"from 169.254.0.101 lookup {links.reply_table('169.254.0.101')}" in policy
     assert "from 169.254.0.101 lookup main" not in policy
 
 
@@ -275,9 +275,9 @@ async def test_a_build_finished_step_by_step_still_reattaches_the_port(ovn_host,
     lb_id, names, netns = lb
 
     def host_fails(spec):
-        raise datapath.LinkNotFound("find link", 19, spec.names.haproxy_host)
+        raise links.LinkNotFound("find link", 19, spec.names.haproxy_host)
 
-    monkeypatch.setattr(datapath, "build_host", host_fails)
+    monkeypatch.setattr(links, "build_host", host_fails)
     await ovn_host.converge(host_spec(lb_id, netns, names))
     assert_data_path(netns, names)
     assert [w.reattach for w in ovn_host._ovs.wants] == [True]

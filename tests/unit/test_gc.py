@@ -1,4 +1,4 @@
-from lbagent.inventory import Inventory
+from lbagent.ovnhost.inventory import Inventory
 from lbagent.workers.gc import GarbageCollector
 
 
