@@ -3,7 +3,7 @@
 from prometheus_client.parser import text_string_to_metric_families
 
 from lbagent import metrics
-from test_api import AUTH, EXAMPLE, client  # noqa: F401  (client is a fixture)
+from tests.unit.samples import AUTH
 
 
 class Task:

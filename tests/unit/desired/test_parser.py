@@ -5,15 +5,14 @@ from __future__ import annotations
 
 import copy
 import json
-from pathlib import Path
 
 import pytest
 
 from lbagent.errors import InvalidDesiredState
 from lbagent.desired.model import parse_desired_state
 from lbagent.desired.parser import RefreshParser, decode
+from tests.unit.samples import EXAMPLE
 
-EXAMPLE = json.loads((Path(__file__).parent / "data" / "example_state.json").read_text())
 
 
 def lb(index: int, **network) -> dict:

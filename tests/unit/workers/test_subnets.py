@@ -6,10 +6,10 @@ import asyncio
 import pytest
 
 from lbagent.desired.model import LoadBalancer, Subnet
-from kickharness import KickHarness
 from lbagent.workers.dispatch import SUBNET, Dispatcher, key, kind_of
 from lbagent.workers.queue import WorkQueue
 from lbagent.workers.subnets import SubnetController
+from tests.unit.fakes import KickHarness
 
 NET1 = {"id": "net-1", "cidr": "198.18.0.0/24", "gateway": "198.18.0.1", "mtu": 1442,
         "routes": [{"cidr": "198.19.0.0/16", "nexthop": "198.18.0.254"}]}

@@ -8,13 +8,11 @@ Every test stops the haproxy it started, by pid, even when it fails.
 import asyncio
 import functools
 import os
-import shutil
 import signal
 import socket
 import ssl
 import stat
 import threading
-import time
 from pathlib import Path
 
 import psutil
@@ -27,19 +25,14 @@ from devtools.topology import self_signed_certificate
 from lbagent.haproxy.errors import HaproxyCheckError, HaproxyError, HaproxyReloadError
 from lbagent.haproxy.batching import MAX_RELOAD_PAUSE
 from lbagent.haproxy.manager import HaproxyManager
-from lbagent.haproxy.render import HaproxyConfig, render_config, render_loadbalancer
+from lbagent.haproxy.render import HaproxyConfig, render_config
 from lbagent.haproxy.sockets import parse_show_proc, parse_show_stat
 from lbagent.desired.members import Member
 from lbagent.desired.model import parse_desired_state
-
-HAPROXY = shutil.which("haproxy") or "/usr/sbin/haproxy"
-WAIT = 10.0  # seconds: the bound of every wait below
+from tests.unit.samples import HAPROXY, WAIT, free_port, until
 
 
-def free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return sock.getsockname()[1]
+
 
 
 def lb_config(lb_id: str, listeners: list[dict], backend_port: int) -> HaproxyConfig:
@@ -96,18 +89,6 @@ async def served_name(port: int, sni: str | None = None) -> str:
     return x509.load_der_x509_certificate(der).subject.get_attributes_for_oid(NameOID.COMMON_NAME)[0].value
 
 
-async def until(condition, what: str, timeout: float = WAIT):
-    """Poll an async or plain condition until it holds; fail the test after `timeout`."""
-    deadline = time.monotonic() + timeout
-    while True:
-        value = condition()
-        if asyncio.iscoroutine(value):
-            value = await value
-        if value:
-            return value
-        if time.monotonic() > deadline:
-            pytest.fail(f"timed out after {timeout}s waiting for {what}")
-        await asyncio.sleep(0.02)
 
 
 async def echo_through(port: int, payload: bytes = b"ping\n") -> bool:
@@ -126,14 +107,6 @@ async def echo_through(port: int, payload: bytes = b"ping\n") -> bool:
         writer.close()
 
 
-def haproxy_pids_for(run_dir: Path) -> list[int]:
-    """Processes whose command line loads this test's haproxy.cfg (its unique temporary path)."""
-    marker = str(run_dir / "haproxy" / "haproxy.cfg")
-    pids = []
-    for proc in psutil.process_iter(["pid", "cmdline", "status"]):
-        if proc.info["status"] != psutil.STATUS_ZOMBIE and marker in (proc.info["cmdline"] or []):
-            pids.append(proc.info["pid"])
-    return pids
 
 
 @pytest.fixture
@@ -154,23 +127,8 @@ async def echo_port():
     await server.wait_closed()
 
 
-@pytest.fixture
-async def run_dir(tmp_path):
-    if not Path(HAPROXY).exists():
-        pytest.skip("haproxy is not installed (make deps installs it)")
-    path = tmp_path / "run"
-    yield path
-    # Whatever a test left running on its run_dir goes, by pid.
-    for pid in haproxy_pids_for(path):
-        os.kill(pid, signal.SIGKILL)
 
 
-@pytest.fixture
-async def manager(run_dir):
-    mgr = HaproxyManager(HAPROXY, run_dir)
-    await mgr.start()
-    yield mgr
-    await mgr.stop()
 
 
 # --- applying --------------------------------------------------------------------------

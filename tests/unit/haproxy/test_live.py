@@ -18,7 +18,7 @@ from lbagent.haproxy.sockets import parse_show_stat, send_command
 from lbagent.desired.members import Member
 from lbagent.desired.model import parse_desired_state
 
-from test_haproxy_manager import WAIT, free_port, manager, run_dir, until  # noqa: F401  (fixtures)
+from tests.unit.samples import WAIT, free_port, until
 
 BACKEND = "be:lb-1:l"
 

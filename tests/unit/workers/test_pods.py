@@ -5,10 +5,10 @@ nothing else; what status says about pods."""
 import pytest
 
 from lbagent.desired.model import LoadBalancer, Pod
-from kickharness import KickHarness
 from lbagent.workers.dispatch import POD, key, kind_of
 from lbagent.workers.pods import PodController, selections
 from lbagent.workers.queue import WorkQueue
+from tests.unit.fakes import KickHarness
 
 
 def pod(pod_id: str, ip: str, app: str = "web", ready: bool = True, namespace: str = "shop",

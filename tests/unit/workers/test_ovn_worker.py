@@ -3,104 +3,27 @@ waiting, the rule that nothing unchanged is touched, and which load balancers a
 refresh queues itself and which it leaves to their dependencies' controllers."""
 
 import asyncio
-import copy
-import json
-from pathlib import Path
 
 import pytest
 
-from lbagent.haproxy.render import HaproxyConfig
 from lbagent.desired.model import parse_desired_state
-from lbagent.ovnhost.host import HostObservation
 from lbagent.state import StateStore
 from lbagent.workers import ovn_worker as worker_mod
 from lbagent.errors import StaleGeneration
 from lbagent.workers.ovn_worker import OvnWorker
-
-EXAMPLE = json.loads((Path(__file__).parent / "data" / "example_state.json").read_text())
-
-
-class FakeHost:
-    def __init__(self):
-        self.converged = []
-        self.removed = []
-        self.fail = set()
-
-    async def host_addresses(self):
-        return {"169.254.0.101"}
-
-    async def bridge_is_netdev(self):
-        return True
-
-    async def converge(self, spec):
-        if spec.lb_id in self.fail:
-            raise RuntimeError(f"boom {spec.lb_id}")
-        self.converged.append(spec)
-        return HostObservation(spec.links.names.ovn_host, True)
-
-    async def remove(self, lb_id, netns, names, outer):
-        self.removed.append(lb_id)
+from tests.unit.fakes import FakeHaproxy, FakeHost
+from tests.unit.samples import lb_body, on_net2, pod_body, selecting_lb, state, two_subnets
 
 
-class FakeHaproxy:
-    """Prepares (checks) a change, and applies it only once it is queued."""
-
-    def __init__(self):
-        self.configs = {}
-        self.prepared = []  # lb ids, in order
-        self.dropped = []
-
-    async def apply(self, lb_id, text, files=None):
-        reloaded = await self.submit(lb_id, text, files)
-        return False if reloaded is None else await reloaded
-
-    async def submit(self, lb_id, text, files=None):
-        prepared = await self.prepare(lb_id, text, files)
-        return None if prepared is None else self.queue(prepared)
-
-    async def prepare(self, lb_id, text, files=None):
-        if self.configs.get(lb_id) == text:
-            return None
-        self.prepared.append(lb_id)
-        return lb_id, text
-
-    def queue(self, prepared):
-        lb_id, text = prepared
-        if text is None:
-            self.configs.pop(lb_id, None)
-        else:
-            self.configs[lb_id] = text
-        done = asyncio.get_running_loop().create_future()
-        done.set_result(True)
-        return done
-
-    async def drop(self, prepared):
-        self.dropped.append(prepared[0])
 
 
-def state(generation, lbs=None):
-    body = copy.deepcopy(EXAMPLE)
-    body["generation"] = generation
-    if lbs is not None:
-        body["loadbalancers"] = lbs
-    return body
 
 
-def lb_body(lb_id, ip="198.18.0.12", backends=("be-1",)):
-    lb = copy.deepcopy(EXAMPLE["loadbalancers"][0])
-    lb["id"] = lb_id
-    lb["network"]["ip"] = ip
-    lb["network"]["mac"] = "00:22:0a:00:00:%02x" % int(ip.rsplit(".", 1)[1])
-    lb["listeners"] = [{"id": "lsn-1", "listener_type": "tcp", "listener_port": 80, "backend_group_id": "bg-1"}]
-    lb["backend_groups"] = [{"id": "bg-1", "backends": [
-        {"id": b, "address": "198.18.0.21", "port": 8000} for b in backends]}]
-    return lb
 
 
-@pytest.fixture
-def fake_render(monkeypatch):
-    monkeypatch.setattr(worker_mod, "render_config",
-                        lambda lb, outer, members, inner: HaproxyConfig(f"{lb.id} {outer} {inner} {members}"))
+
+
+
 
 
 @pytest.fixture
@@ -294,16 +217,8 @@ async def _until(predicate):
         await asyncio.sleep(0.01)
 
 
-def pod_body(pod_id, ip, ready=True, app="web"):
-    return {"id": pod_id, "namespace": "shop", "ip": ip, "ready": ready, "labels": {"app": app},
-            "ports": [{"name": "http", "port": 8080, "protocol": "tcp"}]}
 
 
-def selecting_lb(lb_id, ip, app):
-    lb = lb_body(lb_id, ip=ip)
-    lb["backend_groups"] = [{"id": "bg-1", "backends": [],
-                             "pod_selector": {"namespace": "shop", "labels": {"app": app}, "port": "http"}}]
-    return lb
 
 
 async def test_a_pod_change_requeues_exactly_the_load_balancers_selecting_it(worker):
@@ -327,18 +242,8 @@ async def test_a_pod_change_requeues_exactly_the_load_balancers_selecting_it(wor
         ("bg-1/w1", "198.18.0.21", 8080, 1025), ("bg-1/w2", "198.18.0.22", 8080, 1026)]
 
 
-def two_subnets(generation, lbs, mtu2=1442, pods=()):
-    body = state(generation, lbs)
-    body["subnets"] = [EXAMPLE["subnets"][0], {"id": "net-2", "cidr": "198.18.1.0/24", "gateway": "198.18.1.1",
-                                               "mtu": mtu2}]
-    body["pods"] = list(pods)
-    return body
 
 
-def on_net2(lb):
-    lb["network"]["subnet_id"] = "net-2"
-    lb["network"]["ip"] = lb["network"]["ip"].replace("198.18.0.", "198.18.1.")
-    return lb
 
 
 async def test_a_refresh_queues_only_new_deleted_and_own_changed_load_balancers(worker):

@@ -14,8 +14,8 @@ from lbagent.haproxy.render import render_config, server_cookie
 from lbagent.haproxy.routing import redirect_view, rule_views
 from lbagent.haproxy.tls import STRICT_CIPHERS, TLS_POLICIES, certificate_files
 from lbagent.desired.model import Redirect, parse_desired_state
+from tests.unit.samples import assert_golden, certificate, haproxy_check, sample_members, write_checkable
 
-from test_haproxy_render import assert_golden, certificate, haproxy_check, sample_members, write_checkable
 
 GROUPS = [
     {"id": "bg-web", "backends": [

@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import copy
 import json
-from pathlib import Path
 from typing import Any
 
 import pytest
@@ -15,8 +14,8 @@ from pydantic import ValidationError
 from lbagent.errors import InvalidDesiredState, LbAgentError
 from lbagent.desired.model import DesiredState, json_schema, parse_desired_state
 from lbagent.desired.fields import MAX_ECHO_LEN, MAX_LISTENERS_PER_LB
+from tests.unit.samples import EXAMPLE
 
-EXAMPLE = json.loads((Path(__file__).parent / "data" / "example_state.json").read_text())
 
 CERT = "-----BEGIN CERTIFICATE-----\nMIIBszCCAVmgAwIBAgIUfake0=\n-----END CERTIFICATE-----\n"
 KEY = "-----BEGIN PRIVATE KEY-----\nMIGHAgEAMBMGByqGSM49fakeSECRETSECRET\n-----END PRIVATE KEY-----\n"

@@ -15,7 +15,8 @@ from lbagent.workers.dispatch import kind_of
 from lbagent.workers.pods import PodController
 from lbagent.workers.queue import WorkQueue
 from lbagent.workers.subnets import SubnetController
-from test_api import AUTH, EXAMPLE, FakeAgent, client  # noqa: F401  (client is a fixture)
+from tests.unit.fakes import FakeAgent
+from tests.unit.samples import AUTH, EXAMPLE
 
 METHODS = {"get", "put", "post", "delete", "patch", "head", "options", "trace"}
 

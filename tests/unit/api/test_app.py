@@ -1,77 +1,20 @@
 """The HTTP layer alone, with a fake agent: status codes, error bodies, auth, metrics."""
 
 import json
-from pathlib import Path
 
 import pytest
-from aiohttp.test_utils import TestClient, TestServer
 
-from lbagent.api.app import _utf8_text, create_app
-from lbagent.errors import StaleGeneration
-
-EXAMPLE = json.loads((Path(__file__).parent / "data" / "example_state.json").read_text())
-TOKEN = "s3cret"
-AUTH = {"Authorization": f"Bearer {TOKEN}"}
+from lbagent.api.app import _utf8_text
+from tests.unit.samples import AUTH, EXAMPLE, TOKEN
 
 
-class FakeWorker:
-    def __init__(self):
-        self.settle = True
-        self.tasks = {}
-        self.generation = None
-
-    async def wait_settled(self, generation, timeout):
-        return self.settle
 
 
-class FakeHaproxy:
-    def __init__(self):
-        self.counts = {"reloads": 0, "failed_reloads": 0, "starts": 1, "running": True}
-
-    def status(self):
-        return dict(self.counts)
 
 
-class FakeAgent:
-    def __init__(self):
-        self.accepted = []
-        self.texts = []  # the body text each accepted refresh would persist verbatim (None: re-encoded)
-        self.worker = FakeWorker()
-        self.haproxy = FakeHaproxy()
-        self.ready_reason = "no complete desired state yet"
-        self.gauges_updated = 0
-
-    async def refresh(self, desired, raw, raw_text=None):
-        if self.accepted and desired.generation < self.accepted[-1]:
-            raise StaleGeneration(desired.generation, self.accepted[-1])
-        self.accepted.append(desired.generation)
-        self.texts.append(raw_text)
-        return desired.generation
-
-    def results(self, generation):
-        return {"generation": generation, "loadbalancers": []}
-
-    async def status(self):
-        return {"agent": {"generation": self.accepted[-1] if self.accepted else None}, "loadbalancers": []}
-
-    async def loadbalancer_status(self, lb_id):
-        return {"id": lb_id} if lb_id == "known" else None
-
-    def not_ready_reason(self):
-        return self.ready_reason
-
-    def update_gauges(self):
-        self.gauges_updated += 1
 
 
-@pytest.fixture
-async def client():
-    agent = FakeAgent()
-    client = TestClient(TestServer(create_app(agent, TOKEN, max_body_bytes=64 * 1024)))
-    await client.start_server()
-    client.agent = agent
-    yield client
-    await client.close()
+
 
 
 async def test_refresh_accepts_and_returns_generation(client):

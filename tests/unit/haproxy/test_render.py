@@ -4,32 +4,20 @@ Regenerate the golden files after an intended change with
 LBAGENT_UPDATE_GOLDEN=1 and review the diff.
 """
 
-import functools
-import os
-import shutil
-import subprocess
 from pathlib import Path
 
 import pytest
 
-from devtools.topology import self_signed_certificate
 from lbagent.haproxy.errors import RenderError
-from lbagent.haproxy.render import HaproxyConfig, render_base, render_config, render_loadbalancer
+from lbagent.haproxy.render import render_base, render_config, render_loadbalancer
 from lbagent.haproxy.templating import template_dir, token
 from lbagent.desired.members import Member
 from lbagent.desired.model import parse_desired_state
+from tests.unit.samples import assert_golden, certificate, haproxy_check, sample_members, write_checkable
 
-GOLDEN = Path(__file__).parent / "golden"
-HAPROXY = shutil.which("haproxy") or "/usr/sbin/haproxy"
 INNER, OUTER = "169.254.0.100", "169.254.0.101"
-PORTS = {"be-1": 1025, "be-2": 1026, "be-3": 1027}
 
 
-@functools.cache
-def certificate(common_name: str) -> dict[str, str]:
-    """A real self-signed certificate and key (haproxy -c loads them), made once per name."""
-    cert, key = self_signed_certificate(common_name)
-    return {"certificate": cert, "private_key": key}
 
 
 def tcp(listener_id, port, scheduler, **fields):
@@ -79,14 +67,6 @@ def sample_lb(**overrides):
     return state.loadbalancers[0]
 
 
-def sample_members(lb):
-    members = {
-        group.id: [Member(b.id, b.address, b.port, b.weight, b.send_proxy, b.ssl, PORTS[b.id]) for b in group.backends]
-        for group in lb.backend_groups
-    }
-    # A pod-selected member: its key carries a '/'.
-    members["bg-web"].append(Member("bg-web/pod-9", "198.18.0.31", 8080, 2, "off", False, 1028))
-    return members
 
 
 def render_sample(lb=None, outer=OUTER, inner=INNER, members=None):
@@ -94,34 +74,10 @@ def render_sample(lb=None, outer=OUTER, inner=INNER, members=None):
     return render_loadbalancer(lb, outer, members if members is not None else sample_members(lb), inner=inner)
 
 
-def write_checkable(directory: Path, config: HaproxyConfig, lb_id: str, prometheus_listen: str = "") -> list[Path]:
-    """Base file (crt-base under `directory`), the load balancer's file and its files: what haproxy -c reads."""
-    certs = directory / "certs"
-    for name, content in config.files.items():
-        path = certs / lb_id / name
-        path.parent.mkdir(parents=True, exist_ok=True)
-        path.write_bytes(content)
-    base = directory / "haproxy.cfg"
-    base.write_text(render_base(directory, prometheus_listen=prometheus_listen, crt_base=certs))
-    lb_file = directory / "lb.cfg"
-    lb_file.write_text(config.text)
-    return [base, lb_file]
 
 
-def assert_golden(name: str, text: str) -> None:
-    path = GOLDEN / name
-    if os.environ.get("LBAGENT_UPDATE_GOLDEN"):
-        path.write_text(text)
-    assert text == path.read_text()
 
 
-def haproxy_check(*paths: Path) -> subprocess.CompletedProcess:
-    if not Path(HAPROXY).exists():
-        pytest.skip("haproxy is not installed (make deps installs it)")
-    command = [HAPROXY, "-c"]
-    for path in paths:
-        command += ["-f", str(path)]
-    return subprocess.run(command, capture_output=True, text=True, timeout=60, check=False)
 
 
 # --- golden files ----------------------------------------------------------------

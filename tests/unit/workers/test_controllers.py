@@ -10,9 +10,8 @@ from lbagent.workers.controllers import requeue_loadbalancers, wire
 from lbagent.workers.dispatch import kind_of
 from lbagent.workers.ovn_worker import OvnWorker
 from lbagent.workers.queue import WorkQueue
-from test_ovn_worker import (  # noqa: F401  (fake_render is a fixture)
-    FakeHaproxy, FakeHost, fake_render, lb_body, on_net2, pod_body, selecting_lb, two_subnets,
-)
+from tests.unit.fakes import FakeHaproxy, FakeHost
+from tests.unit.samples import lb_body, on_net2, pod_body, selecting_lb, two_subnets
 
 
 class FakeProviderNetworks:

@@ -14,6 +14,7 @@ from prometheus_client import REGISTRY
 
 from lbagent.workers.dispatch import Dispatcher, key, kind_of
 from lbagent.workers.queue import TokenBucket, WorkQueue
+from tests.unit.fakes import drained
 
 WAIT = 5.0  # seconds: generous bound for things that must happen
 
@@ -42,13 +43,6 @@ class Recorder:
             await asyncio.wait_for(self._cond.wait_for(lambda: len(self.calls) >= count), timeout)
 
 
-async def drained(queue: WorkQueue) -> None:
-    """Until nothing is waiting, delayed or running."""
-    for _ in range(1000):
-        if not any(queue.stats()[k] for k in ("depth", "delayed", "processing")):
-            return
-        await asyncio.sleep(0)  # a yield, not a timed sleep
-    raise AssertionError(f"queue not drained: {queue.stats()}")
 
 
 @pytest.fixture

@@ -19,8 +19,8 @@ from hypothesis import strategies as st
 from lbagent.api.app import create_app
 from lbagent.state import StateStore
 from lbagent.workers.ovn_worker import OvnWorker
-from test_api import AUTH, EXAMPLE, TOKEN, FakeAgent
-from test_ovn_worker import FakeHaproxy, FakeHost
+from tests.unit.fakes import FakeAgent, FakeHaproxy, FakeHost
+from tests.unit.samples import AUTH, EXAMPLE, TOKEN
 
 EXAMPLES = 300
 # database=None: no example database left in the work tree.

@@ -1,0 +1,50 @@
+"""Fixtures of the unit tests: an API client over a fake agent, a fake renderer, a real haproxy manager in a temporary run_dir."""
+
+import os
+import signal
+from pathlib import Path
+
+import pytest
+from aiohttp.test_utils import TestClient, TestServer
+
+from lbagent.api.app import create_app
+from lbagent.haproxy.manager import HaproxyManager
+from lbagent.haproxy.render import HaproxyConfig
+from lbagent.workers import ovn_worker as worker_mod
+from tests.unit.fakes import FakeAgent
+from tests.unit.samples import HAPROXY, TOKEN, haproxy_pids_for
+
+
+@pytest.fixture
+async def client():
+    agent = FakeAgent()
+    client = TestClient(TestServer(create_app(agent, TOKEN, max_body_bytes=64 * 1024)))
+    await client.start_server()
+    client.agent = agent
+    yield client
+    await client.close()
+
+
+@pytest.fixture
+def fake_render(monkeypatch):
+    monkeypatch.setattr(worker_mod, "render_config",
+                        lambda lb, outer, members, inner: HaproxyConfig(f"{lb.id} {outer} {inner} {members}"))
+
+
+@pytest.fixture
+async def run_dir(tmp_path):
+    if not Path(HAPROXY).exists():
+        pytest.skip("haproxy is not installed (make deps installs it)")
+    path = tmp_path / "run"
+    yield path
+    # Whatever a test left running on its run_dir goes, by pid.
+    for pid in haproxy_pids_for(path):
+        os.kill(pid, signal.SIGKILL)
+
+
+@pytest.fixture
+async def manager(run_dir):
+    mgr = HaproxyManager(HAPROXY, run_dir)
+    await mgr.start()
+    yield mgr
+    await mgr.stop()

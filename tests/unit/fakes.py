@@ -1,0 +1,142 @@
+"""The fakes unit tests share: a host, an haproxy manager, an agent and its worker, a controller harness."""
+
+from __future__ import annotations
+
+import asyncio
+
+from lbagent.errors import StaleGeneration
+from lbagent.ovnhost.host import HostObservation
+from lbagent.workers.dispatch import Dispatcher, kind_of
+from lbagent.workers.queue import WorkQueue
+
+
+class FakeWorker:
+    def __init__(self):
+        self.settle = True
+        self.tasks = {}
+        self.generation = None
+
+    async def wait_settled(self, generation, timeout):
+        return self.settle
+
+
+class FakeAgent:
+    def __init__(self):
+        self.accepted = []
+        self.texts = []  # the body text each accepted refresh would persist verbatim (None: re-encoded)
+        self.worker = FakeWorker()
+        self.haproxy = FakeHaproxy()
+        self.ready_reason = "no complete desired state yet"
+        self.gauges_updated = 0
+
+    async def refresh(self, desired, raw, raw_text=None):
+        if self.accepted and desired.generation < self.accepted[-1]:
+            raise StaleGeneration(desired.generation, self.accepted[-1])
+        self.accepted.append(desired.generation)
+        self.texts.append(raw_text)
+        return desired.generation
+
+    def results(self, generation):
+        return {"generation": generation, "loadbalancers": []}
+
+    async def status(self):
+        return {"agent": {"generation": self.accepted[-1] if self.accepted else None}, "loadbalancers": []}
+
+    async def loadbalancer_status(self, lb_id):
+        return {"id": lb_id} if lb_id == "known" else None
+
+    def not_ready_reason(self):
+        return self.ready_reason
+
+    def update_gauges(self):
+        self.gauges_updated += 1
+
+
+class FakeHost:
+    def __init__(self):
+        self.converged = []
+        self.removed = []
+        self.fail = set()
+
+    async def host_addresses(self):
+        return {"169.254.0.101"}
+
+    async def bridge_is_netdev(self):
+        return True
+
+    async def converge(self, spec):
+        if spec.lb_id in self.fail:
+            raise RuntimeError(f"boom {spec.lb_id}")
+        self.converged.append(spec)
+        return HostObservation(spec.links.names.ovn_host, True)
+
+    async def remove(self, lb_id, netns, names, outer):
+        self.removed.append(lb_id)
+
+
+class FakeHaproxy:
+    """Prepares (checks) a change, and applies it only once it is queued; reports counts like the manager."""
+
+    def __init__(self):
+        self.configs = {}
+        self.prepared = []  # lb ids, in order
+        self.dropped = []
+        self.counts = {"reloads": 0, "failed_reloads": 0, "starts": 1, "running": True}
+
+    def status(self):
+        return dict(self.counts)
+
+    async def apply(self, lb_id, text, files=None):
+        reloaded = await self.submit(lb_id, text, files)
+        return False if reloaded is None else await reloaded
+
+    async def submit(self, lb_id, text, files=None):
+        prepared = await self.prepare(lb_id, text, files)
+        return None if prepared is None else self.queue(prepared)
+
+    async def prepare(self, lb_id, text, files=None):
+        if self.configs.get(lb_id) == text:
+            return None
+        self.prepared.append(lb_id)
+        return lb_id, text
+
+    def queue(self, prepared):
+        lb_id, text = prepared
+        if text is None:
+            self.configs.pop(lb_id, None)
+        else:
+            self.configs[lb_id] = text
+        done = asyncio.get_running_loop().create_future()
+        done.set_result(True)
+        return done
+
+    async def drop(self, prepared):
+        self.dropped.append(prepared[0])
+
+
+class KickHarness:
+    def __init__(self, kind: str, make):
+        """`make(queue, kick)` builds the controller; its `reconcile` handles the keys of `kind`."""
+        self.kicks: list[str] = []
+        self.queue = WorkQueue(f"t-{kind}", backoff_start=0.01, backoff_max=0.02, kind_of=kind_of)
+        self.ctl = make(self.queue, self.kicks.append)
+        self.queue.start(Dispatcher({kind: self.ctl.reconcile}))
+
+    async def refresh(self, *desired) -> list[str]:
+        """`ctl.update(*desired)`, then the queue handles what it queued; the load balancers kicked, sorted."""
+        self.kicks.clear()
+        self.ctl.update(*desired)
+        await drained(self.queue)
+        return sorted(self.kicks)
+
+    async def stop(self) -> None:
+        await self.queue.shutdown(timeout=5)
+
+
+async def drained(queue: WorkQueue) -> None:
+    """Until nothing is waiting, delayed or running."""
+    for _ in range(1000):
+        if not any(queue.stats()[k] for k in ("depth", "delayed", "processing")):
+            return
+        await asyncio.sleep(0)  # a yield, not a timed sleep
+    raise AssertionError(f"queue not drained: {queue.stats()}")
