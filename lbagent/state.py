@@ -16,13 +16,14 @@ from functools import cached_property
 from pathlib import Path
 
 from lbagent.metrics import STATE_WRITES
+from lbagent.errors import LbAgentError
 
 FORMAT = "lbagent-state"
 VERSION = 1
 
 
-class StateFileError(Exception):
-    pass
+class StateFileError(LbAgentError):
+    """The state file does not parse, is not ours, or cannot be written."""
 
 
 @dataclass(frozen=True)

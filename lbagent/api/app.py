@@ -20,7 +20,7 @@ from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 
 from lbagent.metrics import AgentRegistry
 from lbagent.metrics import API_REQUESTS
-from lbagent.errors import InvalidDesiredState, StaleGeneration
+from lbagent.errors import InvalidDesiredState, LbAgentError, StaleGeneration
 from lbagent.api.openapi import document_bytes, open_paths
 from lbagent.desired.parser import RefreshParser, decode
 
@@ -117,7 +117,9 @@ def _wait_seconds(request: web.Request) -> float | None:
     return min(value, MAX_WAIT)
 
 
-class InvalidParameter(Exception):
+class InvalidParameter(LbAgentError):
+    """A query parameter that is not what the API allows (400 `invalid_parameter`)."""
+
     def __init__(self, name: str, message: str):
         super().__init__(message)
         self.name = name

@@ -12,10 +12,11 @@ import socket
 import ssl
 
 from lbagent.config import Config
+from lbagent.errors import LbAgentError
 
 
-class AgentUnreachable(Exception):
-    pass
+class AgentUnreachable(LbAgentError):
+    """The agent's API did not answer (not running, or listening elsewhere)."""
 
 
 class _UnixConnection(http.client.HTTPConnection):

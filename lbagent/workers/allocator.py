@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import ipaddress
 from dataclasses import dataclass
+from lbagent.errors import LbAgentError
 
 LINK_LOCAL = ipaddress.IPv4Network("169.254.0.0/16")
 FIRST = int(ipaddress.IPv4Address("169.254.0.100"))
@@ -19,8 +20,8 @@ METADATA = ipaddress.IPv4Address("169.254.169.254")
 PORT_MIN, PORT_MAX = 1025, 65535
 
 
-class ExhaustedError(Exception):
-    pass
+class ExhaustedError(LbAgentError):
+    """No free address pair, port or name is left to allocate."""
 
 
 @dataclass(frozen=True)

@@ -26,7 +26,7 @@ from dataclasses import dataclass
 from typing import Callable
 
 from lbagent.config import DEFAULT_RESYNC_RATE
-from lbagent.errors import StaleGeneration
+from lbagent.errors import LbAgentError, StaleGeneration
 from lbagent.haproxy.render import HaproxyConfig, render_config
 from lbagent.ovnhost.inventory import Inventory
 from lbagent.desired.model import DesiredState, LoadBalancer
@@ -78,7 +78,7 @@ class IdentityMemo:
         self._values.pop(name, None)
 
 
-class ReconcileError(Exception):
+class ReconcileError(LbAgentError):
     """A failed pass, remembering which generation it was for."""
 
     def __init__(self, generation: int, cause: BaseException):
