@@ -6,7 +6,9 @@ thousand load balancers being built, one transaction per port cost OVS most
 of a core. The ports of passes that arrive while the OVSDB thread is busy go
 together in its next turn (`Coalescer`): one look at each, one transaction
 for all that differ. If a shared turn fails, its ports are done one by one,
-so a bad port fails only its own load balancer.
+so a bad port fails only its own load balancer. An OVSDB that does not
+answer (`OvsdbUnavailable`) fails the whole turn at once: no port caused it,
+and a turn per port would only wait out the timeout once per port.
 
 A turn that adds new ports also waits, at most `GATHER_LIMIT`, while other
 passes that will add a port are still building its links (`building`):
@@ -18,14 +20,25 @@ last ports of a burst, or a port on its own, go at once.
 
 from __future__ import annotations
 
+from lbagent.errors import LbAgentError
 from lbagent.support.blocking import BlockingPool
 from lbagent.support.coalesce import Coalescer
-from lbagent.ovnhost.errors import OvsdbError
+from lbagent.ovnhost.errors import OvsdbError, OvsdbUnavailable
 from lbagent.ovnhost.ovs import OvsClient, PortState, PortWant
 from lbagent.support.waits import InFlight
 
 MAX_PORTS = 200  # ports in one turn: an error in a shared transaction stays readable
 GATHER_LIMIT = 0.25  # seconds a turn with new ports waits for the passes still building theirs
+
+
+class _Unanswered(LbAgentError):
+    """An OvsdbUnavailable on its way out of a turn. The Coalescer splits a
+    turn that fails with an OvsdbError, and unavailability is one; wrapped in
+    this, which is not, it reaches every port of the turn as it is."""
+
+    def __init__(self, error: OvsdbUnavailable):
+        super().__init__(str(error))
+        self.error = error
 
 
 class BridgePorts:
@@ -38,14 +51,20 @@ class BridgePorts:
 
     async def converge(self, name: str, external_ids: dict[str, str], reattach: bool = False) -> PortState | None:
         """`OvsClient.converge_ports` for one port, in a turn shared with others."""
-        return await self._turns.submit(PortWant(name, external_ids, reattach))
+        try:
+            return await self._turns.submit(PortWant(name, external_ids, reattach))
+        except _Unanswered as unanswered:
+            raise unanswered.error from unanswered.error.__cause__
 
     async def _gather(self, wants: list[PortWant]) -> None:
         if self._building is not None and any(want.reattach for want in wants):
             await self._building.none_within(GATHER_LIMIT)
 
     async def _converge_together(self, wants: list[PortWant]) -> list[PortState | None]:
-        return await self._pool.run(self._ovs.converge_ports, wants)
+        try:
+            return await self._pool.run(self._ovs.converge_ports, wants)
+        except OvsdbUnavailable as exc:
+            raise _Unanswered(exc) from None
 
     async def _converge_alone(self, want: PortWant) -> PortState | None:
         return (await self._converge_together([want]))[0]

@@ -1,4 +1,9 @@
-"""Typed errors raised at the edges of the host: netlink, namespaces, iptables, OVSDB.
+"""Typed errors raised at the edges of the host: the kernel's (netlink,
+namespaces, iptables: `HostError`) and OVSDB's (`OvsdbError`).
+
+Two families, both `LbAgentError`s: the kernel answers every request at once
+and for itself, while OVSDB is a server that may not answer at all
+(`OvsdbUnavailable`) and whose refusals name a transaction, not a device.
 
 Reconcile logic catches these per load balancer, records `str(error)` as the
 readable `last_error` and retries with backoff; nothing here is fatal to the
@@ -10,9 +15,11 @@ from __future__ import annotations
 import errno as errno_mod
 import os
 
+from lbagent.errors import LbAgentError
 
-class HostError(Exception):
-    """A kernel or OVS operation for one load balancer failed."""
+
+class HostError(LbAgentError):
+    """A kernel operation for one load balancer failed."""
 
 
 class NetlinkError(HostError):
@@ -41,11 +48,11 @@ class IptablesError(HostError):
     pass
 
 
-class OvsdbError(HostError):
-    pass
+class OvsdbError(LbAgentError):
+    """An OVSDB request failed: refused, or (`OvsdbUnavailable`) not answered."""
 
 
-class OvsdbUnavailable(HostError):
+class OvsdbUnavailable(OvsdbError):
     """OVSDB did not answer (not connected, or a timeout): nothing any one
     request did, so a batch of requests is not retried one by one."""
 
