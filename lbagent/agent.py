@@ -2,8 +2,9 @@
 
 It owns the start-up order (state first, then OVS, then haproxy, then the
 shared work queue, then the load balancer tasks and the sibling controllers),
-the status document of api.md, and shutdown, which stops the agent's own
-tasks and threads but leaves the data path serving.
+shutdown, which stops the agent's own tasks and threads but leaves the data
+path serving, and the few facts the API and the metrics read (the status
+documents are assembled from them by `lbagent.api.status`).
 """
 
 from __future__ import annotations
@@ -13,28 +14,28 @@ import logging
 import random
 from datetime import datetime, timezone
 
-from lbagent import __version__
+from lbagent.api.status import LoadBalancerView, StatusReporter
 from lbagent.config import Config
-from lbagent.metrics import set_lb_states, track_queue, write_counts
+from lbagent.desired.model import DesiredState, parse_desired_state
 from lbagent.errors import InvalidDesiredState
 from lbagent.haproxy.manager import HaproxyManager
 from lbagent.haproxy.render import server_name
-from lbagent.support.heap import TICK_INTERVAL, HeapKeeper
-from lbagent.desired.model import DesiredState, parse_desired_state
+from lbagent.metrics import set_lb_states, track_queue
 from lbagent.naming import interface_names, netns_name
+from lbagent.ovnhost.bridges import ProviderBridges
 from lbagent.ovnhost.host import OvnHost
 from lbagent.ovnhost.netns import NamespaceExecutor
 from lbagent.ovnhost.ovs import OvsClient
 from lbagent.state import PersistedState, StateFileError, StateStore
-from lbagent.api.status import health_by_loadbalancer, loadbalancer_status
-from lbagent.ovnhost.bridges import ProviderBridges
+from lbagent.support.heap import TICK_INTERVAL, HeapKeeper
 from lbagent.workers.controllers import requeue_loadbalancers, wire
 from lbagent.workers.dispatch import LOADBALANCER, kind_of
 from lbagent.workers.gc import GarbageCollector
-from lbagent.workers.provider_networks import ProviderNetworkController
-from lbagent.workers.udp_health import UdpHealthChecker
+from lbagent.workers.lb_task import LbTask
 from lbagent.workers.ovn_worker import OvnWorker
+from lbagent.workers.provider_networks import ProviderNetworkController
 from lbagent.workers.queue import WorkQueue
+from lbagent.workers.udp_health import UdpHealthChecker
 
 log = logging.getLogger(__name__)
 
@@ -47,6 +48,7 @@ QUEUE_STOP_TIMEOUT = 30.0  # seconds a running handler may take to finish on sto
 class Agent:
     def __init__(self, config: Config):
         self.config = config
+        self.host_name = config.agent.host
         self.started_at = datetime.now(timezone.utc).isoformat(timespec="seconds")
         self.store = StateStore(config.agent.state_dir)
         self.ovs = OvsClient(config.ovs.db, config.ovs.integration_bridge, config.agent.host)
@@ -74,6 +76,7 @@ class Agent:
         self.state_error: str | None = None
         self.heap = HeapKeeper(self._quiet)
         self._background: list[asyncio.Task] = []
+        self.reporter = StatusReporter(self)
 
     async def start(self) -> None:
         self.config.agent.run_dir.mkdir(parents=True, exist_ok=True, mode=0o700)
@@ -171,74 +174,75 @@ class Agent:
             return "first reconcile pass not finished"
         return None
 
-    def results(self, generation: int) -> dict:
-        return {
-            "generation": generation,
-            "loadbalancers": [
-                {"id": t.lb_id, "state": t.state, "generation": t.generation, "last_error": t.last_error}
-                for t in sorted(self.worker.tasks.values(), key=lambda t: t.lb_id)
-            ],
-        }
+    async def wait_settled(self, generation: int, timeout: float) -> bool:
+        """Until every load balancer reached `generation` or failed at it; False when `timeout` ran out."""
+        return await self.worker.wait_settled(generation, timeout)
 
-    async def status(self) -> dict:
-        health = await self._server_health()
-        installed = await self._installed_ports()
-        lbs = [self._lb_status(lb_id, health, installed) for lb_id in sorted(self.worker.tasks)]
-        return {
-            "agent": {
-                "version": __version__,
-                "host": self.config.agent.host,
-                "synced": self.worker.desired is not None and self.worker.settled(self.worker.generation),
-                "generation": self.worker.generation,
-                "started_at": self.started_at,
-                "ready": self.not_ready_reason() is None,
-                "state_error": self.state_error,
-                "haproxy": self.haproxy.status(),
-                "writes": write_counts(),
-                "gc": dict(self.gc_stats),
-                "resync_interval": round(self.worker.resync_interval(), 1),
-                "queues": self.queue.stats_by_kind(self.controllers.dispatcher.kinds),
-            },
-            "loadbalancers": lbs,
-            "subnets": self.controllers.subnets.status(),
-            "provider_networks": self.provider_networks.status(),
-            "pods": self.controllers.pods.status(),
-        }
+    # What the status documents (lbagent.api.status) and the metrics collector read.
 
-    async def loadbalancer_status(self, lb_id: str) -> dict | None:
-        if lb_id not in self.worker.tasks:
-            return None
-        return self._lb_status(lb_id, await self._server_health(), await self._installed_ports())
+    @property
+    def generation(self) -> int | None:
+        return self.worker.generation
 
-    async def _server_health(self) -> dict[str, dict[str, str]]:
-        try:
-            return health_by_loadbalancer(await self.haproxy.server_states())
-        except Exception as exc:  # health is best effort; the data path is what matters
-            log.debug("object=haproxy action=stats result=error error=%r", str(exc))
-            return {}
+    def synced(self) -> bool:
+        return self.worker.desired is not None and self.worker.settled(self.worker.generation)
 
-    async def _installed_ports(self) -> set[str] | None:
-        try:
-            return await self.host.ovsdb.run(self.ovs.installed_ports)
-        except Exception as exc:  # OVSDB may be reconnecting; say "unknown", not "no"
-            log.debug("object=ovs action=observe result=error error=%r", str(exc))
-            return None
+    def haproxy_status(self) -> dict:
+        return self.haproxy.status()
 
-    def _lb_status(self, lb_id: str, health: dict, installed: set[str] | None) -> dict:
+    def resync_interval(self) -> float:
+        return self.worker.resync_interval()
+
+    def queue_stats(self) -> dict:
+        return self.queue.stats_by_kind(self.controllers.dispatcher.kinds)
+
+    def subnet_status(self) -> list:
+        return self.controllers.subnets.status()
+
+    def provider_network_status(self) -> list:
+        return self.provider_networks.status()
+
+    def pod_status(self) -> dict:
+        return self.controllers.pods.status()
+
+    def loadbalancer_ids(self) -> list[str]:
+        return sorted(self.worker.tasks)
+
+    def loadbalancer_tasks(self) -> list[LbTask]:
+        return list(self.worker.tasks.values())
+
+    def loadbalancer_view(self, lb_id: str) -> LoadBalancerView | None:
         worker = self.worker
-        task = worker.tasks[lb_id]
+        task = worker.tasks.get(lb_id)
+        if task is None:
+            return None
         allocation = worker.allocations.get(lb_id)
         lb = worker.desired.loadbalancer(lb_id) if worker.desired and not task.deleting else None
-        names = interface_names(lb_id, allocation.salt) if allocation else None
         runtime = worker.runtime.get(lb_id)
-        members = worker.members(lb) if lb is not None and allocation is not None else {}
-        udp = {server_name(key): word for key, word in worker.udp_health.health(lb_id).items()}
-        member_health = {**health.get(lb_id, {}), **udp}
-        document = loadbalancer_status(task, lb, allocation, names, netns_name(lb_id),
-                                       runtime.observation if runtime else None, member_health, members)
-        if installed is not None and names is not None:
-            document["ovn_installed"] = names.ovn_host in installed
-        return document
+        return LoadBalancerView(
+            task=task, lb=lb, allocation=allocation,
+            names=interface_names(lb_id, allocation.salt) if allocation else None,
+            netns=netns_name(lb_id),
+            observation=runtime.observation if runtime else None,
+            members=worker.members(lb) if lb is not None and allocation is not None else {},
+            udp_health={server_name(key): word for key, word in worker.udp_health.health(lb_id).items()})
+
+    async def server_states(self) -> dict[tuple[str, str], str]:
+        return await self.haproxy.server_states()
+
+    async def installed_ports(self) -> set[str]:
+        return await self.host.ovsdb.run(self.ovs.installed_ports)
+
+    # The documents themselves.
+
+    async def status(self) -> dict:
+        return await self.reporter.status()
+
+    async def loadbalancer_status(self, lb_id: str) -> dict | None:
+        return await self.reporter.loadbalancer_status(lb_id)
+
+    def results(self, generation: int) -> dict:
+        return self.reporter.results(generation)
 
     def update_gauges(self) -> None:
         set_lb_states(t.state for t in self.worker.tasks.values())

@@ -12,11 +12,10 @@ collector runs on the event loop that owns them (cheap, nothing blocks).
 
 from __future__ import annotations
 
-import threading
-from typing import Callable
-
 import logging
+import threading
 from contextvars import ContextVar
+from typing import Callable
 
 from prometheus_client import REGISTRY, Counter, Gauge, Histogram
 from prometheus_client.metrics_core import CounterMetricFamily, GaugeMetricFamily
@@ -125,9 +124,9 @@ class AgentCollector:
 
     def collect(self):
         agent = self._agent
-        tasks = list(agent.worker.tasks.values())
-        generation = agent.worker.generation
-        haproxy = agent.haproxy.status()
+        tasks = agent.loadbalancer_tasks()
+        generation = agent.generation
+        haproxy = agent.haproxy_status()
         yield _counter("lbagent_haproxy_reloads", "haproxy reloads that succeeded", haproxy.get("reloads", 0))
         yield _counter("lbagent_haproxy_failed_reloads", "haproxy reloads refused or failed (rolled back)",
                        haproxy.get("failed_reloads", 0))

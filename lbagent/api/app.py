@@ -18,11 +18,10 @@ import math
 from aiohttp import web
 from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 
-from lbagent.metrics import AgentRegistry
-from lbagent.metrics import API_REQUESTS
-from lbagent.errors import InvalidDesiredState, LbAgentError, StaleGeneration
 from lbagent.api.openapi import document_bytes, open_paths
 from lbagent.desired.parser import RefreshParser, decode
+from lbagent.errors import InvalidDesiredState, LbAgentError, StaleGeneration
+from lbagent.metrics import API_REQUESTS, AgentRegistry
 
 log = logging.getLogger(__name__)
 
@@ -152,7 +151,7 @@ async def refresh(request: web.Request) -> web.Response:
         return error_response(409, "stale_generation", str(exc))
     if wait is None:
         return web.json_response({"generation": generation}, status=202)
-    settled = await agent.worker.wait_settled(generation, wait)
+    settled = await agent.wait_settled(generation, wait)
     results = agent.results(generation)
     return web.json_response(results, status=200 if settled else 504)
 

@@ -1,11 +1,22 @@
-"""The status document of one load balancer (api.md "Status"), built from what
-the supervisor knows and what the last pass observed. Never includes secrets:
-certificates and keys are not part of it.
+"""The status documents of api.md ("Status"): the agent's, and each load balancer's.
+
+Built from what the agent reports through `StatusSource` (what the supervisor
+knows and what the last pass observed, haproxy's server states, OVS's
+installed ports), so the HTTP layer never reaches into the supervisor.
+Never includes secrets: certificates and keys are not part of it.
 """
 
 from __future__ import annotations
 
+import logging
+from dataclasses import dataclass, field
+from typing import Any, Protocol
+
+from lbagent import __version__
 from lbagent.haproxy.render import server_name
+from lbagent.metrics import write_counts
+
+log = logging.getLogger(__name__)
 
 HEALTH_WORDS = (("UP", "up"), ("DOWN", "down"), ("NOLB", "draining"), ("MAINT", "maint"), ("no check", "unchecked"))
 
@@ -72,3 +83,114 @@ def loadbalancer_status(task, lb, allocation, names, netns: str, observation, he
         "passes": task.passes,
         "last_reconciled_at": task.last_reconciled_at,
     }
+
+
+@dataclass(frozen=True)
+class LoadBalancerView:
+    """What the agent knows of one load balancer, for its status document."""
+
+    task: Any                    # its LbTask: state, generation, errors, retries
+    lb: Any                      # its desired model (None while deleting)
+    allocation: Any              # its address pair and ports (None before allocation)
+    names: Any                   # its interface names (None before allocation)
+    netns: str
+    observation: Any             # what its last pass observed (None before one)
+    members: dict = field(default_factory=dict)
+    udp_health: dict[str, str] = field(default_factory=dict)  # server name -> health word
+
+
+class StatusSource(Protocol):
+    """What the agent offers for status: facts it keeps, never its supervisor's dicts."""
+
+    host_name: str
+    started_at: str
+    state_error: str | None
+    gc_stats: dict[str, int]
+
+    @property
+    def generation(self) -> int | None: ...
+    def synced(self) -> bool: ...
+    def not_ready_reason(self) -> str | None: ...
+    def haproxy_status(self) -> dict: ...
+    def resync_interval(self) -> float: ...
+    def queue_stats(self) -> dict: ...
+    def subnet_status(self) -> list: ...
+    def provider_network_status(self) -> list: ...
+    def pod_status(self) -> dict: ...
+    def loadbalancer_ids(self) -> list[str]: ...
+    def loadbalancer_view(self, lb_id: str) -> LoadBalancerView | None: ...
+    def loadbalancer_tasks(self) -> list: ...
+    async def server_states(self) -> dict[tuple[str, str], str]: ...
+    async def installed_ports(self) -> set[str]: ...
+
+
+class StatusReporter:
+    """Assembles GET /v1/status, GET /v1/loadbalancers/{id} and the per-load-balancer results of ?wait."""
+
+    def __init__(self, source: StatusSource):
+        self._source = source
+
+    async def status(self) -> dict:
+        source = self._source
+        health = await self._server_health()
+        installed = await self._installed_ports()
+        lbs = [self._document(view, health, installed)
+               for view in map(source.loadbalancer_view, source.loadbalancer_ids()) if view is not None]
+        return {
+            "agent": {
+                "version": __version__,
+                "host": source.host_name,
+                "synced": source.synced(),
+                "generation": source.generation,
+                "started_at": source.started_at,
+                "ready": source.not_ready_reason() is None,
+                "state_error": source.state_error,
+                "haproxy": source.haproxy_status(),
+                "writes": write_counts(),
+                "gc": dict(source.gc_stats),
+                "resync_interval": round(source.resync_interval(), 1),
+                "queues": source.queue_stats(),
+            },
+            "loadbalancers": lbs,
+            "subnets": source.subnet_status(),
+            "provider_networks": source.provider_network_status(),
+            "pods": source.pod_status(),
+        }
+
+    async def loadbalancer_status(self, lb_id: str) -> dict | None:
+        view = self._source.loadbalancer_view(lb_id)
+        if view is None:
+            return None
+        return self._document(view, await self._server_health(), await self._installed_ports())
+
+    def results(self, generation: int) -> dict:
+        return {
+            "generation": generation,
+            "loadbalancers": [
+                {"id": t.lb_id, "state": t.state, "generation": t.generation, "last_error": t.last_error}
+                for t in sorted(self._source.loadbalancer_tasks(), key=lambda t: t.lb_id)
+            ],
+        }
+
+    async def _server_health(self) -> dict[str, dict[str, str]]:
+        try:
+            return health_by_loadbalancer(await self._source.server_states())
+        except Exception as exc:  # health is best effort; the data path is what matters
+            log.debug("object=haproxy action=stats result=error error=%r", str(exc))
+            return {}
+
+    async def _installed_ports(self) -> set[str] | None:
+        try:
+            return await self._source.installed_ports()
+        except Exception as exc:  # OVSDB may be reconnecting; say "unknown", not "no"
+            log.debug("object=ovs action=observe result=error error=%r", str(exc))
+            return None
+
+    @staticmethod
+    def _document(view: LoadBalancerView, health: dict, installed: set[str] | None) -> dict:
+        member_health = {**health.get(view.task.lb_id, {}), **view.udp_health}
+        document = loadbalancer_status(view.task, view.lb, view.allocation, view.names, view.netns,
+                                       view.observation, member_health, view.members)
+        if installed is not None and view.names is not None:
+            document["ovn_installed"] = view.names.ovn_host in installed
+        return document

@@ -29,6 +29,19 @@ class FakeAgent:
         self.ready_reason = "no complete desired state yet"
         self.gauges_updated = 0
 
+    async def wait_settled(self, generation, timeout):
+        return await self.worker.wait_settled(generation, timeout)
+
+    @property
+    def generation(self):
+        return self.worker.generation
+
+    def loadbalancer_tasks(self):
+        return list(self.worker.tasks.values())
+
+    def haproxy_status(self):
+        return self.haproxy.status()
+
     async def refresh(self, desired, raw, raw_text=None):
         if self.accepted and desired.generation < self.accepted[-1]:
             raise StaleGeneration(desired.generation, self.accepted[-1])
