@@ -106,7 +106,7 @@ class _Section(BaseModel):
 DEFAULT_RESYNC_RATE = 4.0  # resync passes per second, all load balancers together
 
 
-class AgentConfig(_Section):
+class AgentSection(_Section):
     host: Hostname = Field(default_factory=socket.gethostname)
     state_dir: AbsolutePath = Path("/var/lib/lbagent")
     run_dir: AbsolutePath = Path("/run/lbagent")
@@ -119,7 +119,7 @@ class AgentConfig(_Section):
     log_level: Literal["debug", "info", "warning", "error", "critical"] = "info"
 
 
-class ApiConfig(_Section):
+class ApiSection(_Section):
     listen: Annotated[str, Strict(), AfterValidator(_listen)] = DEFAULT_LISTEN
     token_file: AbsolutePath = Path("/etc/lbagent/token")
     max_body_bytes: Annotated[int, Strict(), Field(ge=1)] = DEFAULT_MAX_BODY_BYTES
@@ -127,7 +127,7 @@ class ApiConfig(_Section):
     tls_key_file: Optional[AbsolutePath] = None
 
     @model_validator(mode="after")
-    def check_tls_pair(self) -> ApiConfig:
+    def check_tls_pair(self) -> ApiSection:
         if (self.tls_cert_file is None) != (self.tls_key_file is None):
             raise ValueError("tls_cert_file and tls_key_file must be given together")
         return self
@@ -137,12 +137,12 @@ class ApiConfig(_Section):
         return parse_listen(self.listen)
 
 
-class OvsConfig(_Section):
+class OvsSection(_Section):
     db: Annotated[str, Strict(), AfterValidator(_ovsdb_remote)] = "unix:/var/run/openvswitch/db.sock"
     integration_bridge: InterfaceName = "br-int"
 
 
-class HaproxyConfig(_Section):
+class HaproxySection(_Section):
     binary: NonEmptyStr = "haproxy"  # a name looked up in PATH, or a path
     prometheus_listen: Annotated[str, Strict(), AfterValidator(_tcp_listen_or_empty)] = ""  # "" is off
 
@@ -152,10 +152,10 @@ class HaproxyConfig(_Section):
 
 
 class Config(_Section):
-    agent: AgentConfig = Field(default_factory=AgentConfig)
-    api: ApiConfig = Field(default_factory=ApiConfig)
-    ovs: OvsConfig = Field(default_factory=OvsConfig)
-    haproxy: HaproxyConfig = Field(default_factory=HaproxyConfig)
+    agent: AgentSection = Field(default_factory=AgentSection)
+    api: ApiSection = Field(default_factory=ApiSection)
+    ovs: OvsSection = Field(default_factory=OvsSection)
+    haproxy: HaproxySection = Field(default_factory=HaproxySection)
 
     def read_token(self) -> str | None:
         """The API bearer token, stripped; None when the token file does not exist or is empty."""
