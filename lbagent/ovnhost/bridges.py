@@ -29,7 +29,9 @@ from typing import Callable
 
 from lbagent.ovnhost.errors import HostError
 from lbagent.ovnhost.iplib import Address, Link, LinkAddress, LinkRoute, Netlink
-from lbagent.ovnhost.ovs import OWNER_KEY, BridgeState, OvsClient
+from lbagent.ovnhost.inventory import OWNER_KEY
+from lbagent.ovnhost.ovs import OvsClient
+from lbagent.ovnhost.provider_ovs import BridgeState
 
 log = logging.getLogger(__name__)
 

@@ -16,7 +16,7 @@ from contextlib import nullcontext
 from dataclasses import dataclass
 
 from lbagent.support.blocking import BlockingPool
-from lbagent.ovnhost.inventory import Inventory
+from lbagent.ovnhost.inventory import LB_KEY, Inventory
 from lbagent.naming import INTERFACE_RE, NETNS_PREFIX, InterfaceNames, iface_id, names_from_interface, netns_name
 from lbagent.ovnhost import ethtool, iptables, links
 from lbagent.ovnhost.bridgeports import BridgePorts
@@ -25,7 +25,7 @@ from lbagent.ovnhost.errors import AlreadyExists, NetlinkError
 from lbagent.ovnhost.iplib import Netlink
 from lbagent.ovnhost.nat import NatRule
 from lbagent.ovnhost.netns import NamespaceExecutor, list_netns, netns_exists, netns_path
-from lbagent.ovnhost.ovs import LB_KEY, OvsClient
+from lbagent.ovnhost.ovs import OvsClient
 from lbagent.support.waits import InFlight
 
 log = logging.getLogger(__name__)

@@ -1,4 +1,5 @@
-"""The objects on this host that carry the agent's marks, by kind.
+"""The objects on this host that carry the agent's marks, by kind, and the
+marks the agent puts on OVSDB rows.
 
 Shared vocabulary of the host (which finds them), the supervisor (which knows
 which are in use) and garbage collection (which sweeps the difference).
@@ -7,6 +8,16 @@ which are in use) and garbage collection (which sweeps the difference).
 from __future__ import annotations
 
 from dataclasses import dataclass
+
+# external_ids keys of the OVSDB rows the agent makes: load balancer ports
+# (Interface rows) and provider bridges. Here, not in ovs.py, because
+# provider_ovs.py, which ovs.py builds on, needs them too.
+OWNER_KEY = "lbagent-owner"  # value: "lbagent/<host>", so two agents never claim each other's rows
+LB_KEY = "lbagent-lb"
+
+
+def owner_value(host: str) -> str:
+    return f"lbagent/{host}"
 
 
 @dataclass(frozen=True)

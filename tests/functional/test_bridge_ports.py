@@ -15,7 +15,8 @@ import pytest
 
 from lbagent.support.blocking import BlockingPool
 from lbagent.ovnhost.errors import OvsdbError
-from lbagent.ovnhost.ovs import LB_KEY, OWNER_KEY, OvsClient
+from lbagent.ovnhost.inventory import LB_KEY, OWNER_KEY
+from lbagent.ovnhost.ovs import OvsClient
 from lbagent.ovnhost.bridgeports import BridgePorts
 
 

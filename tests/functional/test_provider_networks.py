@@ -24,7 +24,7 @@ from devtools.sandbox import link_names, run, wait_for
 from lbagent.metrics import write_counts
 from lbagent.desired.model import ProviderNetwork
 from lbagent.ovnhost.bridges import ProviderBridges, bridge_name
-from lbagent.ovnhost import ovs as ovs_mod
+from lbagent.ovnhost import provider_ovs
 from lbagent.ovnhost.netns import NamespaceExecutor
 from lbagent.ovnhost.ovs import OvsClient
 from lbagent.workers.dispatch import PROVIDER_NETWORK, Dispatcher, kind_of
@@ -268,7 +268,7 @@ async def test_a_concurrent_mapping_writer_loses_nothing(sandbox, foreign_mappin
     the verified transaction is re-run on fresh data and keeps its entry."""
     late = f"{FOREIGN},physnet-late:br-late"
 
-    class Interleaved(ovs_mod._SetBridgeMapping):
+    class Interleaved(provider_ovs._SetBridgeMapping):
         interfered = 0
 
         def run_idl(self, txn):

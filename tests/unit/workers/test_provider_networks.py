@@ -16,10 +16,10 @@ from lbagent.ovnhost.bridges import (
     in_scope_order,
 )
 from lbagent.ovnhost.iplib import Link, LinkAddress, LinkRoute
-from lbagent.ovnhost.ovs import (
-    OWNER_KEY, BridgeMappingConflict, BridgeState, OvsdbError, PortState, merge_bridge_mapping,
-    parse_bridge_mappings,
-)
+from lbagent.ovnhost.errors import OvsdbError
+from lbagent.ovnhost.inventory import OWNER_KEY
+from lbagent.ovnhost.ovs import PortState
+from lbagent.ovnhost.provider_ovs import BridgeMappingConflict, BridgeState, merge_bridge_mapping, parse_bridge_mappings
 from lbagent.workers.dispatch import PROVIDER_NETWORK, Dispatcher, kind_of
 from lbagent.workers.provider_networks import ProviderNetworkController
 from lbagent.workers.queue import WorkQueue
