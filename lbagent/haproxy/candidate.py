@@ -25,6 +25,7 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from lbagent.haproxy.errors import HaproxyError
 from lbagent.haproxy.files import (
     HaproxyPaths, check_file_name, install, read_or_none, read_tree, remove_tree, replace_text, restore_tree,
     swap_tree, write_tree,
@@ -75,7 +76,7 @@ def stage(paths: HaproxyPaths, lb_id: str, text: str | None, files: Mapping[str,
     for name in files:
         check_file_name(name)
     if text is None and files:
-        raise ValueError("files without a configuration that uses them")
+        raise HaproxyError("files without a configuration that uses them")
     paths.make_dirs()
     work = Path(tempfile.mkdtemp(dir=paths.staging_dir, prefix=".change-"))
     change = StagedChange(lb_id, paths.lb_file(lb_id), paths.lb_files_dir(lb_id), work, text, bool(files),

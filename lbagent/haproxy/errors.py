@@ -33,3 +33,8 @@ class HaproxyCheckError(HaproxyError):
 
 class HaproxyReloadError(HaproxyError):
     """The master did not start, or did not replace its workers with ones running the new files."""
+
+
+class HaproxyAnswerError(HaproxyError, OSError):
+    """haproxy's answer on a socket was unusable (too large). An OSError too, as
+    every other way `send_command` can fail is: its callers catch OSError."""

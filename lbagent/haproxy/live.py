@@ -36,6 +36,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
+from lbagent.haproxy.errors import HaproxyError
 from lbagent.haproxy.sockets import ProcTable, send_command
 
 log = logging.getLogger(__name__)
@@ -123,7 +124,7 @@ def plan_server_edits(old_text: str, new_text: str) -> list[ServerEdit] | None:
     return edits
 
 
-class LiveEditError(Exception):
+class LiveEditError(HaproxyError):
     """haproxy refused a command of a live edit: the running worker needs a reload.
     `edited`: whether commands before the refused one changed the worker."""
 

@@ -17,6 +17,8 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
+from lbagent.haproxy.errors import HaproxyAnswerError
+
 DEFAULT_TIMEOUT = 5.0
 MAX_ANSWER_BYTES = 64 * 1024 * 1024  # show stat of thousands of servers fits easily
 
@@ -39,7 +41,7 @@ def send_command(path: Path, command: str, timeout: float = DEFAULT_TIMEOUT) -> 
                 break
             size += len(chunk)
             if size > MAX_ANSWER_BYTES:
-                raise OSError(f"answer to {command!r} larger than {MAX_ANSWER_BYTES} bytes")
+                raise HaproxyAnswerError(f"answer to {command!r} larger than {MAX_ANSWER_BYTES} bytes")
             chunks.append(chunk)
     return b"".join(chunks).decode("utf-8", errors="replace")
 
