@@ -21,31 +21,70 @@ from typing import Any, Literal, Optional
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
 
-from lbagent.errors import InvalidDesiredState
-from lbagent.desired.fields import (
-    DEFAULT_MTU, DEFAULT_WEIGHT, MAX_ACL_CIDRS, MAX_BACKEND_GROUPS_PER_LB, MAX_BACKENDS_PER_GROUP,
-    MAX_CERTIFICATES_PER_LISTENER, MAX_CUSTOM_INTERFACES, MAX_HOSTS_PER_LIST, MAX_LISTENERS_PER_LB,
-    MAX_LOADBALANCERS, MAX_PODS, MAX_PORTS_PER_POD, MAX_PROVIDER_NETWORKS, MAX_ROUTES_PER_SUBNET,
-    MAX_RULES_PER_LISTENER, MAX_SUBNETS,
-)
-from lbagent.desired.fields import (
-    BridgeSuffix, CheckSeconds, Cidr, Cookie, CookieTimeout, DomainPatternOrEmpty, Generation, HostIPv4, Hostname,
-    HostnameOrEmpty, HttpCodes, Id, InterfaceName, Labels, Mac, Mtu, Name, Namespace, PemCertificate, PemPrivateKey,
-    Port, PortName, PortOrName, ProbePayload, Rate, RiseFall, TimeoutSeconds, UriPath, Weight,
-)
 from lbagent.desired.details import Location, error_details, json_pointer
+from lbagent.desired.fields import (
+    DEFAULT_MTU,
+    DEFAULT_WEIGHT,
+    MAX_ACL_CIDRS,
+    MAX_BACKEND_GROUPS_PER_LB,
+    MAX_BACKENDS_PER_GROUP,
+    MAX_CERTIFICATES_PER_LISTENER,
+    MAX_CUSTOM_INTERFACES,
+    MAX_HOSTS_PER_LIST,
+    MAX_LISTENERS_PER_LB,
+    MAX_LOADBALANCERS,
+    MAX_PODS,
+    MAX_PORTS_PER_POD,
+    MAX_PROVIDER_NETWORKS,
+    MAX_ROUTES_PER_SUBNET,
+    MAX_RULES_PER_LISTENER,
+    MAX_SUBNETS,
+    BridgeSuffix,
+    CheckSeconds,
+    Cidr,
+    Cookie,
+    CookieTimeout,
+    DomainPatternOrEmpty,
+    Generation,
+    HostIPv4,
+    Hostname,
+    HostnameOrEmpty,
+    HttpCodes,
+    Id,
+    InterfaceName,
+    Labels,
+    Mac,
+    Mtu,
+    Name,
+    Namespace,
+    PemCertificate,
+    PemPrivateKey,
+    Port,
+    PortName,
+    PortOrName,
+    ProbePayload,
+    Rate,
+    RiseFall,
+    TimeoutSeconds,
+    UriPath,
+    Weight,
+)
+from lbagent.desired.listener_types import (
+    HTTP_TYPES,
+    OPTION_TYPES,
+    ListenerKind,
+    ListenerType,
+    listener_kind,
+)
+from lbagent.errors import InvalidDesiredState
 
 Status = Literal["enabled", "disabled"]
-ListenerType = Literal["tcp", "udp", "http", "https"]
 Scheduler = Literal["rr", "wrr", "wlc", "sch", "tch"]
 SendProxy = Literal["off", "v1", "v2", "v2-ssl", "v2-ssl-cn"]
 TlsCipherPolicy = Literal[
     "tls_cipher_policy_1_0", "tls_cipher_policy_1_1", "tls_cipher_policy_1_2", "tls_cipher_policy_1_2_strict"
 ]
 
-HTTP_LISTENER_TYPES = frozenset({"http", "https"})
-# Listener ports collide per transport: http and https listen on TCP too.
-PORT_CLASS: dict[str, str] = {"tcp": "tcp", "http": "tcp", "https": "tcp", "udp": "udp"}
 
 
 def many(max_items: int) -> Any:
@@ -238,8 +277,12 @@ class Listener(_Model):
         return self.status == "enabled"
 
     @property
+    def kind(self) -> ListenerKind:
+        return listener_kind(self.listener_type)
+
+    @property
     def is_http(self) -> bool:
-        return self.listener_type in HTTP_LISTENER_TYPES
+        return self.kind.is_http
 
 
 # --- load balancers and the whole state -----------------------------------------
@@ -462,7 +505,7 @@ def own_problems(lb: LoadBalancer) -> list[Problem]:
     )
     problems.unique(
         (
-            ((PORT_CLASS[listener.listener_type], listener.listener_port), (*at, "listeners", i, "listener_port"))
+            ((listener.kind.transport, listener.listener_port), (*at, "listeners", i, "listener_port"))
             for i, listener in listeners
         ),
         lambda key: f"{key[0]} port {key[1]}",
@@ -481,15 +524,14 @@ def _check_group_reference(problems: _Problems, location: Location, group_id: st
 def _check_listener(problems: _Problems, at: Location, listener: Listener, group_ids: set[str]) -> None:
     kind = listener.listener_type
     _check_group_reference(problems, (*at, "backend_group_id"), listener.backend_group_id, group_ids)
-    if not listener.is_http:
-        for field in ("sticky_session", "redirect", "rules"):
-            if getattr(listener, field):
-                problems.add((*at, field), f"only allowed on http and https listeners, not on {kind}")
-    if listener.http2 and kind != "https":
+    for field, types in OPTION_TYPES.items():
+        if types == HTTP_TYPES and kind not in types and getattr(listener, field):
+            problems.add((*at, field), f"only allowed on http and https listeners, not on {kind}")
+    if listener.http2 and kind not in OPTION_TYPES["http2"]:
         problems.add((*at, "http2"), "needs an https listener (HTTP/2 is negotiated through TLS)")
 
     rule_certificates = [(r, rule) for r, rule in enumerate(listener.rules) if rule.certificates]
-    if kind == "https":
+    if listener.kind.terminates_tls:
         if not listener.certificates:
             problems.add((*at, "certificates"), "an https listener needs at least one certificate")
     else:

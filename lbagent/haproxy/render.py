@@ -18,15 +18,22 @@ import hashlib
 import re
 from pathlib import Path
 
+from lbagent.desired.members import Member
 from lbagent.haproxy.errors import RenderError
 from lbagent.haproxy.files import HaproxyPaths
 from lbagent.haproxy.routing import RULE_VARIABLE, redirect_view, rule_views
 from lbagent.haproxy.templating import environment
 from lbagent.haproxy.tls import certificate_files, tls_bind
 from lbagent.haproxy.views import (
-    AclView, BackendView, CookieView, HaproxyConfig, HealthView, HttpCheckView, ListenerView, ServerView,
+    AclView,
+    BackendView,
+    CookieView,
+    HaproxyConfig,
+    HealthView,
+    HttpCheckView,
+    ListenerView,
+    ServerView,
 )
-from lbagent.desired.members import Member
 
 # api.md timeouts a listener leaves unset (seconds), as in cloudpods.
 DEFAULT_TIMEOUTS = {"client_request": 10, "client_idle": 90, "backend_connect": 5, "backend_idle": 90, "check": 5}
@@ -35,8 +42,6 @@ DEFAULT_TIMEOUTS = {"client_request": 10, "client_idle": 90, "backend_connect": 
 # reloads does not leave a crowd of old workers holding memory.
 HARD_STOP_AFTER = 1800
 
-MODES = {"tcp": "tcp", "http": "http", "https": "http"}  # udp: the kernel
-SCHEMES = {"http": "http", "https": "https"}
 BALANCE = {"rr": "roundrobin", "wrr": "roundrobin", "wlc": "leastconn", "sch": "source", "tch": "source"}
 SEND_PROXY = {"off": None, "v1": "send-proxy", "v2": "send-proxy-v2",
               "v2-ssl": "send-proxy-v2-ssl", "v2-ssl-cn": "send-proxy-v2-ssl-cn"}
@@ -96,15 +101,12 @@ def render_config(lb, outer: str, members: dict[str, list[Member]], *, inner: st
     load balancer renders to its header alone (nothing bound, nothing checked).
     """
     listeners = []
-    if _value(lb.status) == "enabled":
-        listeners = [
-            listener for listener in lb.listeners
-            if _value(listener.status) == "enabled" and _value(listener.listener_type) in MODES
-        ]
+    if lb.enabled:
+        listeners = [listener for listener in lb.listeners if listener.enabled and listener.kind.through_haproxy]
     views = [_listener_view(lb.id, listener, outer, inner, members) for listener in listeners]
     files: dict[str, bytes] = {}
     for listener in listeners:
-        if _value(listener.listener_type) == "https":
+        if listener.kind.terminates_tls:
             files.update(certificate_files(listener))
     return HaproxyConfig(_render("loadbalancer.cfg.j2", lb_id=lb.id, listeners=views), files)
 
@@ -121,11 +123,6 @@ def _render(template: str, **context) -> str:
     return _BLANK_RUNS.sub("\n\n", text).strip("\n") + "\n"
 
 
-def _value(field) -> str:
-    """A model field as plain text, whether the model keeps it as a str or a str enum."""
-    return getattr(field, "value", field)
-
-
 def _lookup(table: dict, key: str, what: str):
     try:
         return table[key]
@@ -134,9 +131,9 @@ def _lookup(table: dict, key: str, what: str):
 
 
 def _listener_view(lb_id: str, listener, outer: str, inner: str, members: dict[str, list[Member]]) -> ListenerView:
-    kind = _value(listener.listener_type)
-    mode = MODES[kind]
-    http = mode == "http"
+    kind = listener.kind
+    mode = kind.haproxy_mode
+    http = kind.is_http
     frontend_timeouts, backend_timeouts = _timeouts(listener.timeouts, mode)
     health = _health(listener.health_check)
     if health is not None:
@@ -146,13 +143,13 @@ def _listener_view(lb_id: str, listener, outer: str, inner: str, members: dict[s
 
     def backend(name: str, group_id: str) -> BackendView:
         return BackendView(
-            name=name, mode=mode, balance=_lookup(BALANCE, _value(listener.scheduler), "scheduler"),
+            name=name, mode=mode, balance=_lookup(BALANCE, listener.scheduler, "scheduler"),
             timeouts=backend_timeouts, health=health, cookie=cookie,
             servers=_servers(members.get(group_id, []), inner, listener, use_ssl=http, cookies=cookie is not None),
         )
 
     default = backend(backend_name(lb_id, listener.id), listener.backend_group_id)
-    rules = rule_views(listener.rules, lambda rule: backend_name(lb_id, listener.id, rule.id), SCHEMES.get(kind, ""))
+    rules = rule_views(listener.rules, lambda rule: backend_name(lb_id, listener.id, rule.id), kind.scheme)
     routed = {rule.id: rule.backend_group_id for rule in listener.rules}
     rule_backends = tuple(backend(rule.backend, routed[rule.id]) for rule in rules if rule.backend)
     per_src = listener.http_request_rate_per_src if http else 0
@@ -161,7 +158,7 @@ def _listener_view(lb_id: str, listener, outer: str, inner: str, members: dict[s
         mode=mode,
         outer=outer,
         port=listener.listener_port,
-        tls=tls_bind(lb_id, listener) if kind == "https" else None,
+        tls=tls_bind(lb_id, listener) if kind.terminates_tls else None,
         timeouts=frontend_timeouts,
         acl=_acl(listener.acl),
         request_rate=listener.http_request_rate if http else 0,
@@ -171,7 +168,7 @@ def _listener_view(lb_id: str, listener, outer: str, inner: str, members: dict[s
         compression=COMPRESSIBLE_TYPES if http and listener.gzip else (),
         rules=rules,
         rule_variable=RULE_VARIABLE,
-        redirect=redirect_view(listener.redirect, SCHEMES[kind]) if http and listener.redirect else None,
+        redirect=redirect_view(listener.redirect, kind.scheme) if http and listener.redirect else None,
         default_backend=default.name,
         backends=(default, *rule_backends),
     )
@@ -194,7 +191,7 @@ def _timeouts(timeouts, mode: str) -> tuple[tuple[tuple[str, int], ...], tuple[t
 def _health(check) -> HealthView | None:
     if check is None:
         return None
-    kind = _value(check.type)
+    kind = check.type
     if kind == "tcp":
         http = None
     elif kind == "http":
@@ -221,7 +218,7 @@ def _expect_status(http_code: str) -> str:
 def _cookie(sticky) -> CookieView | None:
     if sticky is None:
         return None
-    method = _lookup(COOKIE_METHODS, _value(sticky.type), "sticky_session type")
+    method = _lookup(COOKIE_METHODS, sticky.type, "sticky_session type")
     maxlife = sticky.cookie_timeout if method == "insert" and sticky.cookie_timeout else None
     return CookieView(name=sticky.cookie, method=method, maxlife=maxlife)
 
@@ -229,7 +226,7 @@ def _cookie(sticky) -> CookieView | None:
 def _acl(acl) -> AclView | None:
     if acl is None:
         return None
-    kind = _value(acl.type)
+    kind = acl.type
     if kind not in ("black", "white"):
         raise RenderError(f"unsupported acl type: {kind!r}")
     if kind == "black" and not acl.cidrs:
@@ -240,8 +237,8 @@ def _acl(acl) -> AclView | None:
 
 
 def _servers(members: list[Member], inner: str, listener, use_ssl: bool, cookies: bool) -> tuple[ServerView, ...]:
-    scheduler = _value(listener.scheduler)
-    listener_keyword = _lookup(SEND_PROXY, _value(listener.send_proxy), "send_proxy")
+    scheduler = listener.scheduler
+    listener_keyword = _lookup(SEND_PROXY, listener.send_proxy, "send_proxy")
     servers = []
     seen: dict[str, set[str]] = {"name": set(), "cookie": set()}
     for member in members:

@@ -68,7 +68,7 @@ def certificates_of(listener) -> list:
 
 
 def tls_bind(lb_id: str, listener) -> TlsBindView:
-    policy = TLS_POLICIES.get(getattr(listener.tls_cipher_policy, "value", listener.tls_cipher_policy))
+    policy = TLS_POLICIES.get(listener.tls_cipher_policy)
     if policy is None:
         raise RenderError(f"unsupported tls_cipher_policy: {listener.tls_cipher_policy!r}")
     if not certificates_of(listener):

@@ -11,12 +11,10 @@ from dataclasses import dataclass
 
 from lbagent.desired.members import Member
 from lbagent.naming import interface_names, netns_name
-from lbagent.ovnhost.links import LinkSpec
 from lbagent.ovnhost.host import HostSpec
+from lbagent.ovnhost.links import LinkSpec
 from lbagent.ovnhost.nat import NatPlan, nat_rules
 from lbagent.state import Allocation
-
-TCP_CLASS = ("tcp", "http", "https")
 
 
 @dataclass(frozen=True)
@@ -73,9 +71,9 @@ def members_by_group(targets: dict[str, list[Target]], ports: dict[str, int]) ->
 
 
 def udp_listeners(lb):
-    if lb.status != "enabled":
+    if not lb.enabled:
         return []
-    return [ls for ls in lb.listeners if ls.status == "enabled" and ls.listener_type == "udp"]
+    return [ls for ls in lb.listeners if ls.enabled and not ls.kind.through_haproxy]
 
 
 def host_spec(lb, subnet, allocation: Allocation, members: dict[str, list[Member]], tx_checksum_off: bool,
@@ -100,7 +98,7 @@ def host_spec(lb, subnet, allocation: Allocation, members: dict[str, list[Member
     tcp_ports = tuple(sorted(
         listener.listener_port
         for listener in lb.listeners
-        if listener.status == "enabled" and listener.listener_type in TCP_CLASS
+        if listener.enabled and listener.kind.through_haproxy
     ))
     unique: dict[str, Member] = {}
     for group_members in members.values():
