@@ -50,7 +50,7 @@ from pyroute2 import netns as pyroute_netns
 from lbagent.desired.members import Member
 from lbagent.ovnhost import ethtool  # the SIOCETHTOOL ioctl, no fork: acts in the socket's namespace
 from lbagent.ovnhost import iptables
-from lbagent.ovnhost.iplib import Route
+from lbagent.ovnhost.iplib import KernelRoute
 from lbagent.ovnhost.nat import CHAIN_HOOKS, NatPlan, nat_rules
 from lbagent.ovnhost.rtnl_batch import RtnlBatch, open_socket
 
@@ -220,9 +220,9 @@ def _build_one(batch: RtnlBatch, host: socket.socket, host_fd: int, lb: FloorLb,
                        peer_index=NS_OVN_INDEX)
         batch.add_veth(lb.haproxy_host, lb.haproxy_ns, ns_fd, index=h1, peer_index=NS_HAPROXY_INDEX)
         batch.add_address(h1, lb.haproxy_host, lb.outer, 16, noprefixroute=True)
-        batch.replace_route(Route(f"{lb.inner}/32", None, h1, lb.outer))
-        batch.replace_route(Route(f"{lb.inner}/32", None, h1, lb.outer, lb.table))
-        batch.replace_route(Route("0.0.0.0/0", lb.inner, h1, None, lb.table))
+        batch.replace_route(KernelRoute(f"{lb.inner}/32", None, h1, lb.outer))
+        batch.replace_route(KernelRoute(f"{lb.inner}/32", None, h1, lb.outer, lb.table))
+        batch.replace_route(KernelRoute("0.0.0.0/0", lb.inner, h1, None, lb.table))
         batch.add_source_rule(lb.outer, lb.table, RULE_PRIORITY)
         batch.send(host)
     finally:
@@ -234,7 +234,7 @@ def _build_one(batch: RtnlBatch, host: socket.socket, host_fd: int, lb: FloorLb,
                 batch.set_up(link, name)
             batch.add_address(NS_OVN_INDEX, lb.ovn_ns, lb.vip, lb.prefixlen)
             batch.add_address(NS_HAPROXY_INDEX, lb.haproxy_ns, lb.inner, 16)
-            batch.replace_route(Route("0.0.0.0/0", lb.gateway, NS_OVN_INDEX, None))
+            batch.replace_route(KernelRoute("0.0.0.0/0", lb.gateway, NS_OVN_INDEX, None))
             batch.send(inside)
             if tx_checksum_off:
                 _tx_checksum_off(ioctl_sock, lb.ovn_ns)

@@ -28,7 +28,7 @@ from dataclasses import asdict, dataclass
 from typing import Callable
 
 from lbagent.ovnhost.errors import HostError
-from lbagent.ovnhost.iplib import Address, Link, LinkAddress, LinkRoute, Netlink
+from lbagent.ovnhost.iplib import Address, Link, MovableRoute, Netlink
 from lbagent.ovnhost.inventory import OWNER_KEY
 from lbagent.ovnhost.ovs import OvsClient
 from lbagent.ovnhost.provider_ovs import BridgeState
@@ -63,8 +63,8 @@ class BridgeReport:
 class Moved:
     """The addresses and routes that belong to the uplink but live on the bridge."""
 
-    addresses: frozenset[LinkAddress] = frozenset()
-    routes: frozenset[LinkRoute] = frozenset()
+    addresses: frozenset[Address] = frozenset()
+    routes: frozenset[MovableRoute] = frozenset()
 
     def __or__(self, other: Moved) -> Moved:
         return Moved(self.addresses | other.addresses, self.routes | other.routes)
@@ -77,7 +77,7 @@ class Moved:
         try:
             addresses = json.loads(ids.get(MOVED_ADDRESSES_KEY) or "[]")
             routes = json.loads(ids.get(MOVED_ROUTES_KEY) or "[]")
-            return cls(frozenset(LinkAddress(**a) for a in addresses), frozenset(LinkRoute(**r) for r in routes))
+            return cls(frozenset(Address(**a) for a in addresses), frozenset(MovableRoute(**r) for r in routes))
         except (ValueError, TypeError) as exc:
             raise ProviderBridgeError(f"unreadable record of moved addresses/routes: {exc}") from exc
 
@@ -87,20 +87,20 @@ def _encode(items) -> str:
     return "[" + ",".join(sorted(json.dumps(asdict(item), sort_keys=True) for item in items)) + "]"
 
 
-def movable_addresses(addresses: set[LinkAddress]) -> set[LinkAddress]:
+def addresses_to_move(addresses: set[Address]) -> set[Address]:
     return {a for a in addresses if ipaddress.ip_address(a.address) not in LINK_LOCAL}
 
 
-def movable_routes(routes: set[LinkRoute]) -> set[LinkRoute]:
+def routes_to_move(routes: set[MovableRoute]) -> set[MovableRoute]:
     return {r for r in routes if r.gateway or not ipaddress.ip_network(r.dst).subnet_of(LINK_LOCAL)}
 
 
-def in_scope_order(routes) -> list[LinkRoute]:
+def in_scope_order(routes) -> list[MovableRoute]:
     """Narrow scopes first (host, link, ..., universe): a gateway must be reachable before routes use it."""
     return sorted(routes, key=lambda r: (-r.scope, r.dst, r.metric or 0, r.gateway or ""))
 
 
-def _same_address(addresses: set[LinkAddress], addr: LinkAddress) -> bool:
+def _same_address(addresses: set[Address], addr: Address) -> bool:
     return any((a.address, a.prefixlen) == (addr.address, addr.prefixlen) for a in addresses)
 
 
@@ -147,8 +147,8 @@ class ProviderBridges:
             port = self._ovs.observe_port(interface)
             if port is not None and port.on_bridge not in (None, bridge):
                 raise ProviderBridgeError(f"interface {interface} is already a port of bridge {port.on_bridge}")
-            on_uplink = Moved(frozenset(movable_addresses(nl.link_addresses(uplink.index))),
-                              frozenset(movable_routes(nl.link_routes(uplink.index))))
+            on_uplink = Moved(frozenset(addresses_to_move(nl.addresses(uplink.index))),
+                              frozenset(routes_to_move(nl.movable_routes(uplink.index))))
             record = (Moved.from_external_ids(observed.external_ids) if observed else Moved()) | on_uplink
             ids = {OWNER_KEY: self._ovs.owner, NETWORK_KEY: network, INTERFACE_KEY: interface,
                    **record.external_ids()}
@@ -176,20 +176,20 @@ class ProviderBridges:
         if not device.up:
             nl.set_link(device, up=True)  # routes through a down device are refused
             writes += 1
-        on_uplink, on_bridge = nl.link_addresses(uplink.index), nl.link_addresses(device.index)
+        on_uplink, on_bridge = nl.addresses(uplink.index), nl.addresses(device.index)
         for addr in sorted(record.addresses, key=lambda a: a.cidr):
             if _same_address(on_uplink, addr):
-                nl.delete_address(uplink, Address(addr.address, addr.prefixlen, False))
+                nl.delete_address(uplink, addr)
                 writes += 1
             if not _same_address(on_bridge, addr):
-                nl.add_link_address(device, addr)
+                nl.add_address(device, addr)
                 writes += 1
-        routes_on_bridge = nl.link_routes(device.index)
+        routes_on_bridge = nl.movable_routes(device.index)
         for route in in_scope_order(record.routes - routes_on_bridge):
-            nl.replace_link_route(device, route)  # moves a same-key route off the uplink, too
+            nl.replace_movable_route(device, route)  # moves a same-key route off the uplink, too
             writes += 1
-        for route in in_scope_order(record.routes & nl.link_routes(uplink.index)):
-            nl.delete_link_route(uplink, route)
+        for route in in_scope_order(record.routes & nl.movable_routes(uplink.index)):
+            nl.delete_movable_route(uplink, route)
             writes += 1
         if not uplink.up:
             nl.set_link(uplink, up=True)
@@ -244,28 +244,28 @@ class ProviderBridges:
     @staticmethod
     def _return_to(nl: Netlink, uplink: Link, record: Moved) -> int:
         writes = 0
-        on_uplink = nl.link_addresses(uplink.index)
+        on_uplink = nl.addresses(uplink.index)
         for addr in sorted(record.addresses, key=lambda a: a.cidr):
             if not _same_address(on_uplink, addr):
-                nl.add_link_address(uplink, addr)
+                nl.add_address(uplink, addr)
                 writes += 1
         if not uplink.up:
             nl.set_link(uplink, up=True)
             writes += 1
-        for route in in_scope_order(record.routes - nl.link_routes(uplink.index)):
-            nl.replace_link_route(uplink, route)  # moves it off the bridge when the keys match
+        for route in in_scope_order(record.routes - nl.movable_routes(uplink.index)):
+            nl.replace_movable_route(uplink, route)  # moves it off the bridge when the keys match
             writes += 1
         return writes
 
     @staticmethod
     def _take_off(nl: Netlink, device: Link, record: Moved) -> int:
         writes = 0
-        for route in in_scope_order(record.routes & nl.link_routes(device.index))[::-1]:
-            nl.delete_link_route(device, route)
+        for route in in_scope_order(record.routes & nl.movable_routes(device.index))[::-1]:
+            nl.delete_movable_route(device, route)
             writes += 1
-        on_bridge = nl.link_addresses(device.index)
+        on_bridge = nl.addresses(device.index)
         for addr in sorted(record.addresses, key=lambda a: a.cidr):
             if _same_address(on_bridge, addr):
-                nl.delete_address(device, Address(addr.address, addr.prefixlen, False))
+                nl.delete_address(device, addr)
                 writes += 1
         return writes

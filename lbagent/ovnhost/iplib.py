@@ -3,6 +3,13 @@
 A `Netlink` wraps an `IPRoute` already bound to the right namespace (see
 `netns.py`). Reads return plain values; every write is counted and every
 netlink failure becomes a typed `NetlinkError` naming the operation.
+
+Routes come in two kinds, because they carry different data: a
+`KernelRoute` is a route as the agent writes its own (a load balancer's), in
+a table and out of a link, compared on just what the agent sets; a
+`MovableRoute` is someone else's main-table route taken off its link with
+everything needed to re-create it on another (a provider network's uplink
+and its bridge).
 """
 
 from __future__ import annotations
@@ -44,13 +51,24 @@ class Link:
 
 @dataclass(frozen=True)
 class Address:
+    """An IPv4 address of a link, with what re-creating it on another link needs."""
+
     address: str
     prefixlen: int
-    noprefixroute: bool
+    broadcast: str | None = None
+    noprefixroute: bool = False
+
+    @property
+    def cidr(self) -> str:
+        return f"{self.address}/{self.prefixlen}"
 
 
 @dataclass(frozen=True)
-class Route:
+class KernelRoute:
+    """A route as the agent writes its own: in a table, out of a link, with no
+    metric and a scope that follows from the gateway (`_route_args`); compared
+    on these fields alone."""
+
     dst: str  # "a.b.c.d/len"; "0.0.0.0/0" for the default route
     gateway: str | None
     oif: int | None
@@ -110,7 +128,7 @@ class Netlink:
             raise translate_netlink("get link", exc, name) from exc
         return _to_link(msgs[0]) if msgs else None
 
-    def route_to(self, dst: str, src: str | None = None) -> Route | None:
+    def route_to(self, dst: str, src: str | None = None) -> KernelRoute | None:
         """The route the kernel would use (policy rules included), or None."""
         args = {"dst": dst, **({"src": src} if src else {})}
         try:
@@ -130,11 +148,8 @@ class Netlink:
         return self._call(op, target, self._ipr.nlm_request, msg, msg_type)
 
     def addresses(self, index: int) -> set[Address]:
-        msgs = self._address_dump(index)
-        return {
-            Address(m.get("address"), m["prefixlen"], bool((m.get("flags") or 0) & IFA_F_NOPREFIXROUTE))
-            for m in msgs
-        }
+        """The link's IPv4 addresses with their broadcast and noprefixroute flag."""
+        return {_to_address(m) for m in self._address_dump(index)}
 
     def all_addresses(self) -> set[str]:
         msgs = self._call("dump addresses", "", self._ipr.get_addr, family=socket.AF_INET)
@@ -145,7 +160,7 @@ class Netlink:
         msg["index"] = index
         return self._filtered_dump("dump addresses", str(index), msg, RTM_GETADDR)
 
-    def routes(self, table: int = MAIN_TABLE) -> set[Route]:
+    def routes(self, table: int = MAIN_TABLE) -> set[KernelRoute]:
         """Unicast routes of one table."""
         return {_to_route(m) for m in self._route_dump(table) if m.get("type") == RTN_UNICAST}
 
@@ -228,31 +243,6 @@ class Netlink:
         self._call("set link", link.name, self._ipr.link, "set", index=link.index, write=True, **attrs)
 
     def add_address(self, link: Link, addr: Address) -> None:
-        extra = {"flags": IFA_F_NOPREFIXROUTE} if addr.noprefixroute else {}
-        self._call(
-            "add address", f"{addr.address}/{addr.prefixlen} {link.name}", self._ipr.addr, "add",
-            index=link.index, address=addr.address, prefixlen=addr.prefixlen, write=True, **extra,
-        )
-
-    def delete_address(self, link: Link, addr: Address) -> None:
-        self._call(
-            "delete address", f"{addr.address}/{addr.prefixlen} {link.name}", self._ipr.addr, "del",
-            index=link.index, address=addr.address, prefixlen=addr.prefixlen, write=True,
-        )
-
-    def replace_route(self, route: Route) -> None:
-        self._call("replace route", route.dst, self._ipr.route, "replace", write=True, **_route_args(route))
-
-    def delete_route(self, route: Route) -> None:
-        self._call("delete route", route.dst, self._ipr.route, "del", write=True, **_route_args(route))
-
-    # --- moving addresses and routes between links (provider bridges) -----
-
-    def link_addresses(self, index: int) -> set[LinkAddress]:
-        """The link's IPv4 addresses with their broadcast and noprefixroute flag."""
-        return {_to_link_address(m) for m in self._address_dump(index)}
-
-    def add_link_address(self, link: Link, addr: LinkAddress) -> None:
         extra: dict = {"flags": IFA_F_NOPREFIXROUTE} if addr.noprefixroute else {}
         if addr.broadcast:
             extra["broadcast"] = addr.broadcast
@@ -261,21 +251,36 @@ class Netlink:
             index=link.index, address=addr.address, prefixlen=addr.prefixlen, write=True, **extra,
         )
 
-    def link_routes(self, index: int) -> set[LinkRoute]:
+    def delete_address(self, link: Link, addr: Address) -> None:
+        """Deletes the address `addr.cidr`, whatever its broadcast and flags."""
+        self._call(
+            "delete address", f"{addr.cidr} {link.name}", self._ipr.addr, "del",
+            index=link.index, address=addr.address, prefixlen=addr.prefixlen, write=True,
+        )
+
+    def replace_route(self, route: KernelRoute) -> None:
+        self._call("replace route", route.dst, self._ipr.route, "replace", write=True, **_route_args(route))
+
+    def delete_route(self, route: KernelRoute) -> None:
+        self._call("delete route", route.dst, self._ipr.route, "del", write=True, **_route_args(route))
+
+    # --- routes that move between links (provider bridges) -----------------
+
+    def movable_routes(self, index: int) -> set[MovableRoute]:
         """Main-table unicast routes out of this link, except those the kernel derives from addresses."""
         return {
-            _to_link_route(m) for m in self._route_dump(MAIN_TABLE, oif=index)
+            _to_movable_route(m) for m in self._route_dump(MAIN_TABLE, oif=index)
             if m.get("type") == RTN_UNICAST and m.get("RTA_OIF") == index and m["proto"] != RTPROT_KERNEL
         }
 
-    def replace_link_route(self, link: Link, route: LinkRoute) -> None:
+    def replace_movable_route(self, link: Link, route: MovableRoute) -> None:
         """Add `route` out of `link`; a route with the same key elsewhere is moved here."""
         self._call("replace route", f"{route.dst} {link.name}", self._ipr.route, "replace", write=True,
-                   **_link_route_args(link, route))
+                   **_movable_route_args(link, route))
 
-    def delete_link_route(self, link: Link, route: LinkRoute) -> None:
+    def delete_movable_route(self, link: Link, route: MovableRoute) -> None:
         self._call("delete route", f"{route.dst} {link.name}", self._ipr.route, "del", write=True,
-                   **_link_route_args(link, route))
+                   **_movable_route_args(link, route))
 
 
 def _to_link(msg) -> Link:
@@ -291,9 +296,16 @@ def _to_link(msg) -> Link:
     )
 
 
-def _to_route(msg) -> Route:
+def _to_address(msg) -> Address:
+    # NOPREFIXROUTE (0x200) is only in IFA_FLAGS: the header's flags field has 8 bits.
+    flags = msg.get("IFA_FLAGS") or msg["flags"]
+    return Address(msg.get("IFA_LOCAL") or msg.get("IFA_ADDRESS"), msg["prefixlen"],
+                   msg.get("IFA_BROADCAST"), bool(flags & IFA_F_NOPREFIXROUTE))
+
+
+def _to_route(msg) -> KernelRoute:
     dst = msg.get("RTA_DST") or "0.0.0.0"
-    return Route(
+    return KernelRoute(
         dst=f"{dst}/{msg['dst_len']}",
         gateway=msg.get("RTA_GATEWAY"),
         oif=msg.get("RTA_OIF"),
@@ -302,7 +314,7 @@ def _to_route(msg) -> Route:
     )
 
 
-def _route_args(route: Route) -> dict:
+def _route_args(route: KernelRoute) -> dict:
     args: dict = {"dst": route.dst, "table": route.table}
     if route.gateway:
         args["gateway"] = route.gateway
@@ -315,29 +327,18 @@ def _route_args(route: Route) -> dict:
     return args
 
 
-# --- addresses and routes that move between links ---------------------------------
+# --- routes that move between links -------------------------------------------------
 
 RTPROT_KERNEL = 2
 RTPROT_BOOT = 3  # what `ip route add` uses
 
 
 @dataclass(frozen=True)
-class LinkAddress:
-    """An IPv4 address with what re-creating it on another link needs."""
+class MovableRoute:
+    """A main-table route taken off its link, with what re-creating it on another link needs.
 
-    address: str
-    prefixlen: int
-    broadcast: str | None = None
-    noprefixroute: bool = False
-
-    @property
-    def cidr(self) -> str:
-        return f"{self.address}/{self.prefixlen}"
-
-
-@dataclass(frozen=True)
-class LinkRoute:
-    """A main-table route out of some link, with what re-creating it on another link needs."""
+    No link index: the route is the same one on the uplink and on its bridge.
+    """
 
     dst: str  # "a.b.c.d/len"; "0.0.0.0/0" for the default route
     gateway: str | None = None
@@ -347,14 +348,8 @@ class LinkRoute:
     proto: int = RTPROT_BOOT
 
 
-def _to_link_address(msg) -> LinkAddress:
-    flags = msg.get("IFA_FLAGS") or msg["flags"]
-    return LinkAddress(msg.get("IFA_LOCAL") or msg.get("IFA_ADDRESS"), msg["prefixlen"],
-                       msg.get("IFA_BROADCAST"), bool(flags & IFA_F_NOPREFIXROUTE))
-
-
-def _to_link_route(msg) -> LinkRoute:
-    return LinkRoute(
+def _to_movable_route(msg) -> MovableRoute:
+    return MovableRoute(
         dst=f"{msg.get('RTA_DST') or '0.0.0.0'}/{msg['dst_len']}",
         gateway=msg.get("RTA_GATEWAY"),
         prefsrc=msg.get("RTA_PREFSRC"),
@@ -364,7 +359,7 @@ def _to_link_route(msg) -> LinkRoute:
     )
 
 
-def _link_route_args(link: Link, route: LinkRoute) -> dict:
+def _movable_route_args(link: Link, route: MovableRoute) -> dict:
     args: dict = {"dst": route.dst, "table": MAIN_TABLE, "oif": link.index, "scope": route.scope,
                   "proto": route.proto}
     optional = {"gateway": route.gateway, "prefsrc": route.prefsrc, "priority": route.metric}

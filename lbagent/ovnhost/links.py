@@ -18,13 +18,13 @@ import ipaddress
 import socket
 import threading
 from contextlib import closing
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 from lbagent.metrics import count_write
 from lbagent.naming import INTERFACE_RE, InterfaceNames
 from lbagent.ovnhost import ethtool
 from lbagent.ovnhost.errors import LinkNotFound
-from lbagent.ovnhost.iplib import Address, Link, Netlink, Route, SourceRule
+from lbagent.ovnhost.iplib import Address, KernelRoute, Link, Netlink, SourceRule
 from lbagent.ovnhost.netns import write_sysctl
 from lbagent.ovnhost.rtnl_batch import RtnlBatch, open_socket, route_via
 
@@ -87,8 +87,8 @@ def converge_namespace(spec: LinkSpec, host_netns_fd: int) -> set[str]:
         _ensure_link(nl, links["lo"], up=True)
         ovn = _ensure_link(nl, links[names.ovn_ns], up=True, mtu=spec.mtu, mac=spec.mac)
         haproxy = _ensure_link(nl, links[names.haproxy_ns], up=True)
-        _ensure_addresses(nl, ovn, {Address(spec.vip, spec.prefixlen, False)})
-        _ensure_addresses(nl, haproxy, {Address(spec.inner, LINK_LOCAL_PREFIX, False)})
+        _ensure_addresses(nl, ovn, {Address(spec.vip, spec.prefixlen)})
+        _ensure_addresses(nl, haproxy, {Address(spec.inner, LINK_LOCAL_PREFIX)})
         _ensure_gateway_routes(nl, set(_gateway_routes(spec, ovn.index)))
     _finish_namespace(spec)
     return created
@@ -116,14 +116,14 @@ def build_namespace(spec: LinkSpec, host_netns_fd: int) -> set[str]:
     return {names.ovn_ns, names.haproxy_ns}
 
 
-def _gateway_routes(spec: LinkSpec, oif: int) -> list[Route]:
+def _gateway_routes(spec: LinkSpec, oif: int) -> list[KernelRoute]:
     """The namespace's routes via a gateway, the default route first (the
     subnet's other routes may need it to reach their next hop). A subnet route
     to 0.0.0.0/0 is the default route: it takes the gateway's place (both
     would make each pass replace the other)."""
     routes = dict(spec.routes)
-    default = Route(DEFAULT_ROUTE, routes.pop(DEFAULT_ROUTE, spec.gateway), oif, None)
-    return [default] + sorted(Route(cidr, nexthop, oif, None) for cidr, nexthop in routes.items())
+    default = KernelRoute(DEFAULT_ROUTE, routes.pop(DEFAULT_ROUTE, spec.gateway), oif, None)
+    return [default] + sorted(KernelRoute(cidr, nexthop, oif, None) for cidr, nexthop in routes.items())
 
 
 def _finish_namespace(spec: LinkSpec) -> None:
@@ -156,8 +156,8 @@ def converge_host(spec: LinkSpec) -> None:
         _ensure_link(nl, haproxy, up=True)
         # noprefixroute: every load balancer's OUTER lives in 169.254/16 on the
         # host; only the /32 towards its own INNER may route there.
-        _ensure_addresses(nl, haproxy, {Address(spec.outer, LINK_LOCAL_PREFIX, True)})
-        route = Route(f"{spec.inner}/32", None, haproxy.index, spec.outer)
+        _ensure_addresses(nl, haproxy, {Address(spec.outer, LINK_LOCAL_PREFIX, noprefixroute=True)})
+        route = KernelRoute(f"{spec.inner}/32", None, haproxy.index, spec.outer)
         used = nl.route_to(spec.inner)
         if used is None or (used.dst, used.oif, used.prefsrc) != (route.dst, route.oif, route.prefsrc):
             nl.replace_route(route)
@@ -178,7 +178,7 @@ def build_host(spec: LinkSpec) -> None:
     batch.set_up(ovn, names.ovn_host)
     batch.set_up(haproxy, names.haproxy_host)
     batch.add_address(haproxy, names.haproxy_host, spec.outer, LINK_LOCAL_PREFIX, noprefixroute=True)
-    batch.replace_route(Route(f"{spec.inner}/32", None, haproxy, spec.outer))
+    batch.replace_route(KernelRoute(f"{spec.inner}/32", None, haproxy, spec.outer))
     for route in _reply_routes(spec, haproxy, table):
         batch.replace_route(route)
     with closing(open_socket()) as sock:
@@ -192,9 +192,10 @@ def build_host(spec: LinkSpec) -> None:
             _ensure_reply_path(nl, spec, haproxy)
 
 
-def _reply_routes(spec: LinkSpec, oif: int, table: int) -> list[Route]:
+def _reply_routes(spec: LinkSpec, oif: int, table: int) -> list[KernelRoute]:
     """The reply table: INNER on the link, then the default route via INNER."""
-    return [Route(f"{spec.inner}/32", None, oif, spec.outer, table), Route(DEFAULT_ROUTE, spec.inner, oif, None, table)]
+    return [KernelRoute(f"{spec.inner}/32", None, oif, spec.outer, table),
+            KernelRoute(DEFAULT_ROUTE, spec.inner, oif, None, table)]
 
 
 def _reply_path_ok(nl: Netlink, spec: LinkSpec, haproxy: int) -> bool:
@@ -283,14 +284,16 @@ def _ensure_link(nl: Netlink, link: Link, *, up: bool, mtu: int | None = None, m
 
 
 def _ensure_addresses(nl: Netlink, link: Link, wanted: set[Address]) -> None:
-    observed = nl.addresses(link.index)
+    # Compared without broadcast: the agent gives its links none, and an
+    # address someone gave one is still the address wanted.
+    observed = {replace(a, broadcast=None) for a in nl.addresses(link.index)}
     for addr in observed - wanted:
         nl.delete_address(link, addr)
     for addr in wanted - observed:
         nl.add_address(link, addr)
 
 
-def _ensure_gateway_routes(nl: Netlink, wanted: set[Route]) -> None:
+def _ensure_gateway_routes(nl: Netlink, wanted: set[KernelRoute]) -> None:
     # Connected routes belong to the kernel; we own the routes via a gateway.
     observed = {r for r in nl.routes() if r.gateway is not None}
     for route in observed - wanted:

@@ -30,7 +30,8 @@ from pyroute2.netlink.rtnl.rtmsg import rtmsg
 from lbagent.metrics import count_write
 from lbagent.ovnhost.errors import NetlinkError, netlink_error
 from lbagent.ovnhost.iplib import (
-    FIB_RULE_INVERT, IFA_F_NOPREFIXROUTE, IFF_UP, MAIN_TABLE, RT_SCOPE_LINK, RT_TABLE_COMPAT, RTN_UNICAST, Route,
+    FIB_RULE_INVERT, IFA_F_NOPREFIXROUTE, IFF_UP, MAIN_TABLE, RT_SCOPE_LINK, RT_TABLE_COMPAT, RTN_UNICAST,
+    KernelRoute,
 )
 
 NETLINK_ROUTE = 0
@@ -91,7 +92,7 @@ class RtnlBatch:
         msg["attrs"] = [("IFA_ADDRESS", address), *flags, ("IFA_LOCAL", address)]
         self._add("add address", f"{address}/{prefixlen} {name}", msg, RTM_NEWADDR, _CREATE)
 
-    def replace_route(self, route: Route) -> None:
+    def replace_route(self, route: KernelRoute) -> None:
         msg = rtmsg()
         address, _, length = route.dst.partition("/")
         msg["family"], msg["dst_len"], msg["proto"], msg["type"] = socket.AF_INET, int(length), RTPROT_STATIC, RTN_UNICAST

@@ -9,7 +9,7 @@ from pyroute2.netlink.rtnl.rtmsg import rtmsg
 
 from lbagent.metrics import write_counts
 from lbagent.ovnhost.errors import AlreadyExists, LinkNotFound, NetlinkError
-from lbagent.ovnhost.iplib import Route
+from lbagent.ovnhost.iplib import KernelRoute
 from lbagent.ovnhost.rtnl_batch import RtnlBatch, route_via
 
 TABLE = 0x4C420065
@@ -48,13 +48,13 @@ def _ours(call) -> bytes:
      lambda c: c.addr("add", index=5, address="169.254.0.101", prefixlen=16, flags=0x200)),
     (lambda b: b.add_address(2, "x", "198.18.0.12", 24),
      lambda c: c.addr("add", index=2, address="198.18.0.12", prefixlen=24)),
-    (lambda b: b.replace_route(Route("0.0.0.0/0", "198.18.0.1", 2, None)),
+    (lambda b: b.replace_route(KernelRoute("0.0.0.0/0", "198.18.0.1", 2, None)),
      lambda c: c.route("replace", dst="0.0.0.0/0", gateway="198.18.0.1", oif=2, table=254)),
-    (lambda b: b.replace_route(Route("198.19.0.0/16", "198.18.0.254", 2, None)),
+    (lambda b: b.replace_route(KernelRoute("198.19.0.0/16", "198.18.0.254", 2, None)),
      lambda c: c.route("replace", dst="198.19.0.0/16", gateway="198.18.0.254", oif=2, table=254)),
-    (lambda b: b.replace_route(Route("169.254.0.100/32", None, 5, "169.254.0.101", TABLE)),
+    (lambda b: b.replace_route(KernelRoute("169.254.0.100/32", None, 5, "169.254.0.101", TABLE)),
      lambda c: c.route("replace", dst="169.254.0.100/32", oif=5, prefsrc="169.254.0.101", scope=253, table=TABLE)),
-    (lambda b: b.replace_route(Route("0.0.0.0/0", "169.254.0.100", 5, None, TABLE)),
+    (lambda b: b.replace_route(KernelRoute("0.0.0.0/0", "169.254.0.100", 5, None, TABLE)),
      lambda c: c.route("replace", dst="0.0.0.0/0", gateway="169.254.0.100", oif=5, table=TABLE)),
     (lambda b: b.add_source_rule("169.254.0.101", TABLE, 31000),
      lambda c: c.rule("add", src="169.254.0.101", src_len=32, table=TABLE, priority=31000)),

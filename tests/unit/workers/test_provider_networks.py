@@ -15,7 +15,7 @@ from lbagent.ovnhost.bridges import (
     INTERFACE_KEY, MOVED_ADDRESSES_KEY, NETWORK_KEY, BridgeReport, Moved, ProviderBridgeError, ProviderBridges,
     in_scope_order,
 )
-from lbagent.ovnhost.iplib import Link, LinkAddress, LinkRoute
+from lbagent.ovnhost.iplib import Address, Link, MovableRoute
 from lbagent.ovnhost.errors import OvsdbError
 from lbagent.ovnhost.inventory import OWNER_KEY
 from lbagent.ovnhost.ovs import PortState
@@ -65,9 +65,9 @@ def test_merge_bridge_mapping_never_overwrites_someone_elses_entry():
 
 
 def test_moved_record_round_trips_through_external_ids():
-    moved = Moved(frozenset({LinkAddress("198.18.1.2", 24, "198.18.1.255"), LinkAddress("198.18.2.2", 24, None, True)}),
-                  frozenset({LinkRoute("198.18.5.0/24", "198.18.1.1", metric=50, proto=4),
-                             LinkRoute("0.0.0.0/0", "198.18.1.1")}))
+    moved = Moved(frozenset({Address("198.18.1.2", 24, "198.18.1.255"), Address("198.18.2.2", 24, None, True)}),
+                  frozenset({MovableRoute("198.18.5.0/24", "198.18.1.1", metric=50, proto=4),
+                             MovableRoute("0.0.0.0/0", "198.18.1.1")}))
     assert Moved.from_external_ids(moved.external_ids()) == moved
     assert moved.external_ids() == Moved.from_external_ids(moved.external_ids()).external_ids()  # stable text
     assert Moved.from_external_ids({}) == Moved()
@@ -76,9 +76,9 @@ def test_moved_record_round_trips_through_external_ids():
 
 
 def test_routes_are_added_narrow_scope_first():
-    universe = LinkRoute("198.18.5.0/24", "198.18.1.1")
-    link = LinkRoute("198.18.6.0/24", scope=253)
-    host = LinkRoute("198.18.7.1/32", scope=254)
+    universe = MovableRoute("198.18.5.0/24", "198.18.1.1")
+    link = MovableRoute("198.18.6.0/24", scope=253)
+    host = MovableRoute("198.18.7.1/32", scope=254)
     assert in_scope_order({universe, link, host}) == [host, link, universe]
 
 
@@ -90,8 +90,8 @@ class FakeNetlink:
 
     def __init__(self):
         self.links: dict[str, Link] = {}
-        self.addrs: dict[int, set[LinkAddress]] = {}
-        self.routes: dict[int, set[LinkRoute]] = {}
+        self.addrs: dict[int, set[Address]] = {}
+        self.routes: dict[int, set[MovableRoute]] = {}
         self.writes = 0
 
     def open(self):
@@ -116,17 +116,17 @@ class FakeNetlink:
     def link(self, name):
         return self.links.get(name)
 
-    def link_addresses(self, index):
+    def addresses(self, index):
         return set(self.addrs[index])
 
-    def link_routes(self, index):
+    def movable_routes(self, index):
         return set(self.routes[index])
 
     def set_link(self, link, *, up=None, **_):
         self.writes += 1
         self.links[link.name] = dataclasses.replace(link, up=up)
 
-    def add_link_address(self, link, addr):
+    def add_address(self, link, addr):
         self.writes += 1
         self.addrs[link.index].add(addr)
 
@@ -137,13 +137,13 @@ class FakeNetlink:
         if not self.addrs[link.index]:
             self.routes[link.index].clear()  # the kernel flushes a link's routes with its last address
 
-    def replace_link_route(self, link, route):
+    def replace_movable_route(self, link, route):
         self.writes += 1
         for routes in self.routes.values():  # same key (dst, metric) anywhere: replaced
             routes -= {r for r in routes if (r.dst, r.metric) == (route.dst, route.metric)}
         self.routes[link.index].add(route)
 
-    def delete_link_route(self, link, route):
+    def delete_movable_route(self, link, route):
         self.writes += 1
         self.routes[link.index].discard(route)
 
@@ -218,11 +218,11 @@ class FakeOvs:
         return changed
 
 
-ADDR = LinkAddress("198.18.1.2", 24, "198.18.1.255")
-EXTRA_ADDR = LinkAddress("198.18.2.2", 24, None, True)
-LINK_LOCAL = LinkAddress("169.254.10.1", 16)
-ROUTE = LinkRoute("198.18.5.0/24", "198.18.1.1", metric=50, proto=4)
-DEVICE_ROUTE = LinkRoute("198.18.6.0/24", scope=253)
+ADDR = Address("198.18.1.2", 24, "198.18.1.255")
+EXTRA_ADDR = Address("198.18.2.2", 24, None, True)
+LINK_LOCAL = Address("169.254.10.1", 16)
+ROUTE = MovableRoute("198.18.5.0/24", "198.18.1.1", metric=50, proto=4)
+DEVICE_ROUTE = MovableRoute("198.18.6.0/24", scope=253)
 
 
 @pytest.fixture
@@ -299,7 +299,7 @@ def test_a_new_uplink_gets_the_bridge_after_the_old_one_got_its_own_back(host):
     nl, ovs, bridges = host
     bridges.ensure("physnet1", "eth1")
     eth2 = nl.add("eth2", mac="02:00:00:00:00:e2")
-    other = LinkAddress("198.18.9.2", 24)
+    other = Address("198.18.9.2", 24)
     nl.addrs[eth2.index].add(other)
     report = bridges.ensure("physnet1", "eth2")
     assert report.interface == "eth2" and report.changed
