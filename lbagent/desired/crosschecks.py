@@ -1,0 +1,230 @@
+"""The rules of the desired state that span several objects.
+
+References (a listener's backend group, a load balancer's subnet),
+uniqueness (ids, ports per transport, certificate ids, rule matches),
+addresses that must lie inside their subnet, and which options each listener
+type may carry. Every problem is reported at the JSON path of the field that
+breaks the rule, never at the enclosing object.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Hashable, Iterable, Sequence
+from functools import lru_cache
+from ipaddress import IPv4Address, IPv4Network
+from typing import TYPE_CHECKING, Any, Optional
+
+from pydantic import BaseModel
+
+from lbagent.desired.details import Location, json_pointer
+from lbagent.desired.listener_types import HTTP_TYPES, OPTION_TYPES
+
+if TYPE_CHECKING:  # the models call these rules from their validators
+    from lbagent.desired.model import DesiredState, Listener, LoadBalancer, Rule, Subnet
+
+# A problem: where, what, and where the value it repeats was first used (or None).
+Problem = tuple[Location, str, Optional[Location]]
+
+
+class _Problems:
+    """Collects cross-field problems; `details` turns them into api.md error details.
+
+    Locations are kept relative, so the problems of one load balancer can be
+    found once and placed under whichever index it has in a later request.
+    """
+
+    def __init__(self) -> None:
+        self.found: list[Problem] = []
+
+    def add(self, location: Location, message: str) -> None:
+        self.found.append((location, message, None))
+
+    def extend(self, base: Location, problems: Iterable[Problem]) -> None:
+        for location, message, first in problems:
+            self.found.append(((*base, *location), message, None if first is None else (*base, *first)))
+
+    def unique(self, entries: Iterable[tuple[Hashable, Location]], describe: Callable[[Any], str]) -> None:
+        """Reports every entry whose key an earlier entry already had."""
+        first: dict[Hashable, Location] = {}
+        for key, location in entries:
+            if key in first:
+                self.found.append((location, f"{describe(key)} is already used at", first[key]))
+            else:
+                first[key] = location
+
+    @property
+    def details(self) -> list[dict[str, str]]:
+        return [{"path": json_pointer(location),
+                 "message": message if first is None else f"{message} {json_pointer(first)}"}
+                for location, message, first in self.found]
+
+
+def _keyed(items: Sequence[BaseModel], at: Location, field: str = "id") -> Iterable[tuple[Hashable, Location]]:
+    return ((getattr(item, field), (*at, index, field)) for index, item in enumerate(items))
+
+
+@lru_cache(maxsize=8192)  # a thousand load balancers on a few subnets: the same pairs every refresh
+def _host_problem(ip: str, network: IPv4Network) -> str | None:
+    address = IPv4Address(ip)
+    if address not in network:
+        return f"must lie inside the subnet {network}"
+    if address in (network.network_address, network.broadcast_address):
+        return f"must not be the network or broadcast address of {network}"
+    return None
+
+
+def check_state(state: DesiredState) -> list[dict[str, str]]:
+    problems = _Problems()
+    problems.unique(_keyed(state.subnets, ("subnets",)), lambda key: f"subnet id {key!r}")
+    problems.unique(_keyed(state.pods, ("pods",)), lambda key: f"pod id {key!r}")
+    problems.unique(
+        _keyed(state.provider_networks, ("provider_networks",), "name"), lambda key: f"provider network {key!r}"
+    )
+    problems.unique(_keyed(state.loadbalancers, ("loadbalancers",)), lambda key: f"load balancer id {key!r}")
+    for index, subnet in enumerate(state.subnets):
+        _check_subnet(problems, ("subnets", index), subnet)
+    for index, network in enumerate(state.provider_networks):
+        problems.unique(
+            (
+                (host, ("provider_networks", index, "custom_interfaces", c, "hosts", h))
+                for c, custom in enumerate(network.custom_interfaces)
+                for h, host in enumerate(custom.hosts)
+            ),
+            lambda key: f"host {key!r}",
+        )
+    for index, pod in enumerate(state.pods):
+        named = [(port.name, ("pods", index, "ports", p, "name")) for p, port in enumerate(pod.ports) if port.name]
+        problems.unique(named, lambda key: f"port name {key!r}")
+    for index, lb in enumerate(state.loadbalancers):
+        at = ("loadbalancers", index)
+        _check_lb_network(problems, at, lb, state)
+        problems.extend(at, lb._own_problems)
+    # Two load balancers on one subnet cannot share an address or a MAC.
+    lbs = list(enumerate(state.loadbalancers))
+    problems.unique(
+        (((lb.network.subnet_id, lb.network.ip), ("loadbalancers", i, "network", "ip")) for i, lb in lbs),
+        lambda key: f"address {key[1]} in subnet {key[0]!r}",
+    )
+    problems.unique(
+        (((lb.network.subnet_id, lb.network.mac), ("loadbalancers", i, "network", "mac")) for i, lb in lbs),
+        lambda key: f"MAC {key[1]} in subnet {key[0]!r}",
+    )
+    return problems.details
+
+
+def _check_subnet(problems: _Problems, at: Location, subnet: Subnet) -> None:
+    network = subnet.network
+    problem = _host_problem(subnet.gateway, network)
+    if problem:
+        problems.add((*at, "gateway"), problem)
+    for index, route in enumerate(subnet.routes):
+        if IPv4Address(route.nexthop) not in network:
+            problems.add((*at, "routes", index, "nexthop"), f"must lie inside the subnet {network}")
+    problems.unique(_keyed(subnet.routes, (*at, "routes"), "cidr"), lambda key: f"a route to {key}")
+
+
+def _check_lb_network(problems: _Problems, at: Location, lb: LoadBalancer, state: DesiredState) -> None:
+    subnet_id = lb.network.subnet_id
+    try:
+        subnet = state.subnet(subnet_id)
+    except KeyError:
+        problems.add((*at, "network", "subnet_id"), f"names no subnet of this request ({subnet_id!r})")
+    else:
+        problem = _host_problem(lb.network.ip, subnet.network)
+        if problem is None and lb.network.ip == subnet.gateway:
+            problem = "must not be the subnet's gateway"
+        if problem:
+            problems.add((*at, "network", "ip"), problem)
+
+
+def own_problems(lb: LoadBalancer) -> list[Problem]:
+    """The cross-field problems inside one load balancer, relative to it: they
+    depend on nothing else, so `LoadBalancer._own_problems` keeps them."""
+    problems = _Problems()
+    at: Location = ()
+    listeners = list(enumerate(lb.listeners))
+    groups = list(enumerate(lb.backend_groups))
+    problems.unique(_keyed(lb.listeners, (*at, "listeners")), lambda key: f"listener id {key!r}")
+    problems.unique(_keyed(lb.backend_groups, (*at, "backend_groups")), lambda key: f"backend group id {key!r}")
+    problems.unique(
+        (
+            (rule.id, (*at, "listeners", i, "rules", r, "id"))
+            for i, listener in listeners
+            for r, rule in enumerate(listener.rules)
+        ),
+        lambda key: f"rule id {key!r}",
+    )
+    problems.unique(
+        (
+            (backend.id, (*at, "backend_groups", g, "backends", b, "id"))
+            for g, group in groups
+            for b, backend in enumerate(group.backends)
+        ),
+        lambda key: f"backend id {key!r}",
+    )
+    problems.unique(
+        (
+            ((listener.kind.transport, listener.listener_port), (*at, "listeners", i, "listener_port"))
+            for i, listener in listeners
+        ),
+        lambda key: f"{key[0]} port {key[1]}",
+    )
+    group_ids = {group.id for group in lb.backend_groups}
+    for index, listener in listeners:
+        _check_listener(problems, (*at, "listeners", index), listener, group_ids)
+    return problems.found
+
+
+def _check_group_reference(problems: _Problems, location: Location, group_id: str, group_ids: set[str]) -> None:
+    if group_id not in group_ids:
+        problems.add(location, f"names no backend group of this load balancer ({group_id!r})")
+
+
+def _check_listener(problems: _Problems, at: Location, listener: Listener, group_ids: set[str]) -> None:
+    kind = listener.listener_type
+    _check_group_reference(problems, (*at, "backend_group_id"), listener.backend_group_id, group_ids)
+    for field, types in OPTION_TYPES.items():
+        if types == HTTP_TYPES and kind not in types and getattr(listener, field):
+            problems.add((*at, field), f"only allowed on http and https listeners, not on {kind}")
+    if listener.http2 and kind not in OPTION_TYPES["http2"]:
+        problems.add((*at, "http2"), "needs an https listener (HTTP/2 is negotiated through TLS)")
+
+    rule_certificates = [(r, rule) for r, rule in enumerate(listener.rules) if rule.certificates]
+    if listener.kind.terminates_tls:
+        if not listener.certificates:
+            problems.add((*at, "certificates"), "an https listener needs at least one certificate")
+    else:
+        if listener.certificates:
+            problems.add((*at, "certificates"), f"only https listeners carry certificates, not {kind}")
+        for r, _ in rule_certificates:
+            problems.add((*at, "rules", r, "certificates"), f"only https listeners carry certificates, not {kind}")
+    # One SNI set per listener: rule certificates join the listener's own.
+    certificates = list(_keyed(listener.certificates, (*at, "certificates")))
+    for r, rule in rule_certificates:
+        certificates += _keyed(rule.certificates, (*at, "rules", r, "certificates"))
+    problems.unique(certificates, lambda key: f"certificate id {key!r}")
+
+    check = listener.health_check
+    if check is not None:
+        if check.type == "http" and kind == "udp":
+            problems.add((*at, "health_check", "type"), "an http health check cannot probe a udp listener")
+        if check.type == "udp" and kind != "udp":
+            problems.add((*at, "health_check", "type"), f"a udp health check needs a udp listener, not {kind}")
+
+    for index, rule in enumerate(listener.rules):
+        _check_rule(problems, (*at, "rules", index), rule, group_ids)
+    problems.unique(
+        (((rule.domain, rule.path), (*at, "rules", r, "path")) for r, rule in enumerate(listener.rules)),
+        lambda key: f"a rule for domain {key[0]!r} and path {key[1]!r}",
+    )
+
+
+def _check_rule(problems: _Problems, at: Location, rule: Rule, group_ids: set[str]) -> None:
+    if not rule.domain and not rule.path:
+        problems.add(at, "a rule needs a domain, a path or both")
+    if rule.backend_group_id is None and rule.redirect is None:
+        problems.add((*at, "backend_group_id"), "a rule needs backend_group_id or redirect")
+    if rule.backend_group_id is not None and rule.redirect is not None:
+        problems.add((*at, "redirect"), "a rule takes either backend_group_id or redirect, not both")
+    if rule.backend_group_id is not None:
+        _check_group_reference(problems, (*at, "backend_group_id"), rule.backend_group_id, group_ids)
