@@ -1,0 +1,2 @@
+"""The host side of the agent: what load balancers and provider networks need in
+this gateway host's kernel (namespaces, links, routes, NAT) and in Open vSwitch."""

@@ -10,6 +10,7 @@ this host's uplink for it:
   the uplink detached and given its addresses and routes back (skipped when
   the uplink is gone), the bridge deleted.
 
+The OVSDB side of each step is an `OvsClient` method from provider_ovs.py.
 Every call is blocking (netlink, OVSDB) and runs on a host-namespace thread.
 Each pass observes first and writes only the difference. What was moved is
 recorded in the bridge's external_ids *before* it is moved, so an agent that
