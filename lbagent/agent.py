@@ -12,9 +12,10 @@ from __future__ import annotations
 import asyncio
 import logging
 import random
+from dataclasses import dataclass, field
 from datetime import datetime, timezone
+from typing import Any
 
-from lbagent.api.status import LoadBalancerView, StatusReporter
 from lbagent.config import Config
 from lbagent.desired.model import DesiredState, parse_desired_state
 from lbagent.errors import InvalidDesiredState
@@ -43,6 +44,20 @@ NAMESPACE_THREADS = 4
 HAPROXY_SUPERVISE_INTERVAL = 1.0
 QUEUE_WORKERS = 4  # a provider-network pass may take seconds; kicks must not wait behind two of them
 QUEUE_STOP_TIMEOUT = 30.0  # seconds a running handler may take to finish on stop
+
+
+@dataclass(frozen=True)
+class LoadBalancerView:
+    """What the agent knows of one load balancer, for its status document."""
+
+    task: Any                    # its LbTask: state, generation, errors, retries
+    lb: Any                      # its desired model (None while deleting)
+    allocation: Any              # its address pair and ports (None before allocation)
+    names: Any                   # its interface names (None before allocation)
+    netns: str
+    observation: Any             # what its last pass observed (None before one)
+    members: dict = field(default_factory=dict)
+    udp_health: dict[str, str] = field(default_factory=dict)  # server name -> health word
 
 
 class Agent:
@@ -76,7 +91,6 @@ class Agent:
         self.state_error: str | None = None
         self.heap = HeapKeeper(self._quiet)
         self._background: list[asyncio.Task] = []
-        self.reporter = StatusReporter(self)
 
     async def start(self) -> None:
         self.config.agent.run_dir.mkdir(parents=True, exist_ok=True, mode=0o700)
@@ -232,17 +246,6 @@ class Agent:
 
     async def installed_ports(self) -> set[str]:
         return await self.host.ovsdb.run(self.ovs.installed_ports)
-
-    # The documents themselves.
-
-    async def status(self) -> dict:
-        return await self.reporter.status()
-
-    async def loadbalancer_status(self, lb_id: str) -> dict | None:
-        return await self.reporter.loadbalancer_status(lb_id)
-
-    def results(self, generation: int) -> dict:
-        return self.reporter.results(generation)
 
     def update_gauges(self) -> None:
         set_lb_states(t.state for t in self.worker.tasks.values())

@@ -19,6 +19,7 @@ from aiohttp import web
 from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 
 from lbagent.api.openapi import document_bytes, open_paths
+from lbagent.api.status import StatusReporter
 from lbagent.desired.parser import RefreshParser, decode
 from lbagent.errors import InvalidDesiredState, LbAgentError, StaleGeneration
 from lbagent.metrics import API_REQUESTS, AgentRegistry
@@ -28,6 +29,7 @@ log = logging.getLogger(__name__)
 MAX_WAIT = 300.0
 OPEN_PATHS = frozenset(open_paths())  # probes and the OpenAPI document carry no token
 AGENT = web.AppKey("agent", object)
+REPORTER = web.AppKey("reporter", object)
 METRICS = web.AppKey("metrics", AgentRegistry)
 PARSER = web.AppKey("parser", RefreshParser)
 
@@ -36,10 +38,13 @@ def error_response(status: int, code: str, message: str, details: list | None = 
     return web.json_response({"error": code, "message": message, "details": details or []}, status=status)
 
 
-def create_app(agent, token: str | None, max_body_bytes: int) -> web.Application:
+def create_app(agent, token: str | None, max_body_bytes: int, reporter=None) -> web.Application:
+    """The application over `agent`; `reporter` answers the status documents (default: a
+    StatusReporter reading the agent)."""
     app = web.Application(client_max_size=max_body_bytes,
                           middlewares=[_count_requests, _errors_as_json, _auth(token)])
     app[AGENT] = agent
+    app[REPORTER] = reporter if reporter is not None else StatusReporter(agent)
     app[METRICS] = AgentRegistry(agent)
     app[PARSER] = RefreshParser()
     app.router.add_post("/v1/refresh", refresh)
@@ -152,7 +157,7 @@ async def refresh(request: web.Request) -> web.Response:
     if wait is None:
         return web.json_response({"generation": generation}, status=202)
     settled = await agent.wait_settled(generation, wait)
-    results = agent.results(generation)
+    results = request.app[REPORTER].results(generation)
     return web.json_response(results, status=200 if settled else 504)
 
 
@@ -168,12 +173,12 @@ def _utf8_text(raw: bytes) -> str | None:
 
 
 async def status(request: web.Request) -> web.Response:
-    return web.json_response(await request.app[AGENT].status())
+    return web.json_response(await request.app[REPORTER].status())
 
 
 async def loadbalancer(request: web.Request) -> web.Response:
     lb_id = request.match_info["lb_id"]
-    found = await request.app[AGENT].loadbalancer_status(lb_id)
+    found = await request.app[REPORTER].loadbalancer_status(lb_id)
     if found is None:
         return error_response(404, "not_found", f"no load balancer {lb_id!r} on this host")
     return web.json_response(found)

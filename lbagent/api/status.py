@@ -9,12 +9,14 @@ Never includes secrets: certificates and keys are not part of it.
 from __future__ import annotations
 
 import logging
-from dataclasses import dataclass, field
-from typing import Any, Protocol
+from typing import TYPE_CHECKING, Protocol
 
 from lbagent import __version__
 from lbagent.haproxy.render import server_name
 from lbagent.metrics import write_counts
+
+if TYPE_CHECKING:  # the agent builds the views; only their shape is needed here
+    from lbagent.agent import LoadBalancerView
 
 log = logging.getLogger(__name__)
 
@@ -83,20 +85,6 @@ def loadbalancer_status(task, lb, allocation, names, netns: str, observation, he
         "passes": task.passes,
         "last_reconciled_at": task.last_reconciled_at,
     }
-
-
-@dataclass(frozen=True)
-class LoadBalancerView:
-    """What the agent knows of one load balancer, for its status document."""
-
-    task: Any                    # its LbTask: state, generation, errors, retries
-    lb: Any                      # its desired model (None while deleting)
-    allocation: Any              # its address pair and ports (None before allocation)
-    names: Any                   # its interface names (None before allocation)
-    netns: str
-    observation: Any             # what its last pass observed (None before one)
-    members: dict = field(default_factory=dict)
-    udp_health: dict[str, str] = field(default_factory=dict)  # server name -> health word
 
 
 class StatusSource(Protocol):

@@ -18,7 +18,7 @@ from tests.unit.samples import HAPROXY, TOKEN, haproxy_pids_for
 @pytest.fixture
 async def client():
     agent = FakeAgent()
-    client = TestClient(TestServer(create_app(agent, TOKEN, max_body_bytes=64 * 1024)))
+    client = TestClient(TestServer(create_app(agent, TOKEN, max_body_bytes=64 * 1024, reporter=agent)))
     await client.start_server()
     client.agent = agent
     yield client

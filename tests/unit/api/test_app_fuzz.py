@@ -57,7 +57,7 @@ class App:
         self.client = self.run(self._client())
 
     async def _client(self) -> TestClient:
-        client = TestClient(TestServer(create_app(self.agent, TOKEN, max_body_bytes=256 * 1024)))
+        client = TestClient(TestServer(create_app(self.agent, TOKEN, max_body_bytes=256 * 1024, reporter=self.agent)))
         await client.start_server()
         return client
 

@@ -9,8 +9,8 @@ from openapi_spec_validator import validate
 
 from lbagent.api import app as api
 from lbagent.api.app import create_app
-from lbagent.desired.model import parse_desired_state
 from lbagent.api.openapi import document, open_paths
+from lbagent.desired.model import parse_desired_state
 from lbagent.workers.dispatch import kind_of
 from lbagent.workers.pods import PodController
 from lbagent.workers.queue import WorkQueue
@@ -31,7 +31,7 @@ def test_document_is_valid_openapi():
 
 
 def test_every_route_is_documented_and_every_documented_operation_is_served():
-    app = create_app(FakeAgent(), "t0ken-t0ken", max_body_bytes=1024)
+    app = create_app(agent := FakeAgent(), "t0ken-t0ken", max_body_bytes=1024, reporter=agent)
     served = {(route.method.lower(), route.resource.canonical) for route in app.router.routes()}
     documented = {(method, path) for path, operations in document()["paths"].items()
                   for method in operations if method in METHODS}
