@@ -123,7 +123,7 @@ def _gateway_routes(spec: LinkSpec, oif: int) -> list[KernelRoute]:
     would make each pass replace the other)."""
     routes = dict(spec.routes)
     default = KernelRoute(DEFAULT_ROUTE, routes.pop(DEFAULT_ROUTE, spec.gateway), oif, None)
-    return [default] + sorted(KernelRoute(cidr, nexthop, oif, None) for cidr, nexthop in routes.items())
+    return [default] + [KernelRoute(cidr, nexthop, oif, None) for cidr, nexthop in sorted(routes.items())]
 
 
 def _finish_namespace(spec: LinkSpec) -> None:
