@@ -35,16 +35,17 @@ import asyncio
 import logging
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
-from datetime import datetime, timezone
 from pathlib import Path
 
 from lbagent.support.blocking import BlockingPool
 from lbagent.haproxy import templating
 from lbagent.haproxy.batching import RELOAD_PACE, ReloadBatcher
 from lbagent.haproxy.bulkcheck import BulkChecker
+from lbagent.haproxy.counters import HaproxyCounters
 from lbagent.haproxy.candidate import StagedChange, current, discard, install_change, roll_back, stage
 from lbagent.haproxy.errors import HaproxyCheckError, HaproxyError, HaproxyReloadError
 from lbagent.haproxy.live import LiveEditError, LiveServers, ServerEdit, plan_server_edits
+from lbagent.haproxy.locks import LockMap
 from lbagent.haproxy.files import (
     HaproxyPaths, empty_dir, fsync_dir, install, read_or_none, replace_text, sync_filesystem, write_staged,
 )
@@ -79,23 +80,17 @@ class HaproxyManager:
             self._reload_batch, debounce, max_delay if max_delay is not None else max(1.0, 20 * debounce),
             reload_pace)
         self._marker = self.paths.root / PENDING_MARKER
-        self._last_reload_seconds: float | None = None
         self._loop_objects = False
-        self._lb_locks: dict[str, tuple[asyncio.Lock, int]] = {}
+        self._lb_locks = LockMap()
         self._check_slots: asyncio.Semaphore | None = None
         self._bulk_checks: BulkChecker | None = None
         self._process_lock: asyncio.Lock | None = None
-        self._reloads = 0
-        self._failed_reloads = 0
-        self._starts = 0
-        self._live_updates = 0
+        self._counters = HaproxyCounters()
         # Servers removed live that still had connections drain at most as long as an old worker may.
         self._live = LiveServers(self.paths.master_sock, self.process.show_proc, HARD_STOP_AFTER, READD_PATIENCE)
         # A live edit went half-way and its reload failed: the worker differs from the disk.
         self._reload_due = False
         self._reload_retry_at = 0.0
-        self._last_reload_at: str | None = None
-        self._last_error: str | None = None
         # Reloads and starts never wait behind candidate checks, nor status behind either.
         self._process_work = BlockingPool("haproxy-process", 1)
         self._lb_work = BlockingPool("haproxy-files", MAX_PARALLEL_CHECKS)
@@ -126,16 +121,16 @@ class HaproxyManager:
         await self._lb_work.run(templating.preload)
         async with self._process_lock:
             outcome = await self._process_work.run(self._adopt_or_start)
-            self._record_start(outcome)
+            self._counters.record_start(outcome)
             if outcome != "adopted":
                 return
             if base_changed or await self._process_work.run(self._marker.exists):
                 # Files the adopted master may not have loaded yet.
                 try:
                     await self._process_work.run(self._check_and_reload)
-                    self._record_reload()
+                    self._counters.record_reload()
                 except HaproxyError as exc:
-                    self._record_failure(exc)
+                    self._counters.record_failure(exc)
                     if base_changed:
                         raise  # our own base file is refused: nothing will work
                     log.warning("object=haproxy action=reload result=error error=%r", str(exc))
@@ -179,11 +174,11 @@ class HaproxyManager:
             try:
                 outcome = await self._process_work.run(self._adopt_or_start)
             except HaproxyError as exc:
-                self._last_error = str(exc)
+                self._counters.last_error = str(exc)
                 raise
             if outcome != "adopted":
                 self._worker_replaced()
-        self._record_start(outcome)
+        self._counters.record_start(outcome)
         if outcome != "adopted":
             log.warning("object=haproxy action=restart outcome=%s pid=%s", outcome, self.process.pid)
         return outcome != "adopted"
@@ -194,12 +189,12 @@ class HaproxyManager:
             try:
                 await self._process_work.run(self._check_and_reload)
             except HaproxyError as exc:
-                self._record_failure(exc)
+                self._counters.record_failure(exc)
                 self._reload_retry_at = asyncio.get_running_loop().time() + RELOAD_RETRY
                 log.warning("object=haproxy action=reload result=error error=%r", str(exc))
                 return
             self._worker_replaced()
-        self._record_reload()
+        self._counters.record_reload()
 
     def _worker_replaced(self) -> None:
         """A new worker runs the files on disk: nothing drains in it, nothing is due."""
@@ -222,7 +217,7 @@ class HaproxyManager:
             for lb_id in lb_ids:
                 replace_text(self.paths.lb_file(lb_id), None, self.paths.staging_dir)
             self.process.start()
-            self._last_error = (f"haproxy did not start on the files on disk ({exc}); started without "
+            self._counters.last_error = (f"haproxy did not start on the files on disk ({exc}); started without "
                                 f"them, their load balancers re-apply them: {', '.join(sorted(lb_ids))}")
             outcome = "started bare"
         if outcome != "adopted":
@@ -281,18 +276,18 @@ class HaproxyManager:
         self._ensure_loop_objects()
         files = dict(files or {})
         self.paths.lb_file(lb_id)  # refuses an id that is no file name, before any I/O
-        await self._lock_lb(lb_id)
+        await self._lb_locks.acquire(lb_id)
         try:
             previous_text, previous_files = await self._lb_work.run(current, self.paths, lb_id)
             if (previous_text, previous_files) == (text, files):
-                self._unlock_lb(lb_id)
+                self._lb_locks.release(lb_id)
                 return None
             edits = None
             if previous_text is not None and text is not None and previous_files == files:
                 edits = plan_server_edits(previous_text, text)
             staged = await self._checked_candidate(lb_id, text, files, previous_text)
         except BaseException:
-            self._unlock_lb(lb_id)
+            self._lb_locks.release(lb_id)
             raise
         return PreparedChange(staged, edits)
 
@@ -303,7 +298,7 @@ class HaproxyManager:
             done = asyncio.ensure_future(self._apply_live(prepared.staged, prepared.edits))
         else:
             done = self._batches.add(prepared.staged)
-        done.add_done_callback(lambda _: self._unlock_lb(prepared.staged.lb_id))
+        done.add_done_callback(lambda _: self._lb_locks.release(prepared.staged.lb_id))
         return done
 
     async def drop(self, prepared: PreparedChange) -> None:
@@ -311,7 +306,7 @@ class HaproxyManager:
         try:
             await self._lb_work.run(discard, prepared.staged)
         finally:
-            self._unlock_lb(prepared.staged.lb_id)
+            self._lb_locks.release(prepared.staged.lb_id)
 
     async def _checked_candidate(self, lb_id: str, text: str | None, files: dict[str, bytes],
                                  previous_text: str | None) -> StagedChange:
@@ -342,13 +337,13 @@ class HaproxyManager:
             async with self._process_lock:
                 outcome = await self._process_work.run(self._install_live, staged, edits)
         except Exception as exc:  # the change is not running: the pass fails and is retried
-            self._record_failure(exc)
+            self._counters.record_failure(exc)
             log.warning("object=haproxy action=live lb=%s result=error error=%r", staged.lb_id, str(exc))
             raise
         if outcome == "live":
-            self._live_updates += 1
+            self._counters.record_live_update()
         else:
-            self._record_outcome(outcome)
+            self._counters.record_outcome(outcome)
         log.info("object=haproxy action=%s lb=%s servers=%d", outcome, staged.lb_id, len(edits))
         return True
 
@@ -411,12 +406,12 @@ class HaproxyManager:
                 started = loop.time()
                 outcome = await self._process_work.run(self._install_and_reload, batch)
         except Exception as exc:
-            self._record_failure(exc)
+            self._counters.record_failure(exc)
             log.warning("object=haproxy action=reload lbs=%d result=error error=%r", len(batch), str(exc))
             raise
         took = loop.time() - started
-        self._last_reload_seconds = round(took, 3)
-        self._record_outcome(outcome)
+        self._counters.last_reload_seconds = round(took, 3)
+        self._counters.record_outcome(outcome)
         log.info("object=haproxy action=%s lbs=%d seconds=%.2f", outcome, len(batch), took)
         return took
 
@@ -487,63 +482,10 @@ class HaproxyManager:
                                             self._check_slots)
             self._process_lock = asyncio.Lock()
 
-    async def _lock_lb(self, lb_id: str) -> None:
-        """One change at a time per load balancer; a lock is forgotten when nobody holds or awaits it."""
-        lock, users = self._lb_locks.get(lb_id, (asyncio.Lock(), 0))
-        self._lb_locks[lb_id] = (lock, users + 1)
-        try:
-            await lock.acquire()
-        except BaseException:
-            self._forget_lock_user(lb_id)
-            raise
-
-    def _unlock_lb(self, lb_id: str) -> None:
-        self._lb_locks[lb_id][0].release()
-        self._forget_lock_user(lb_id)
-
-    def _forget_lock_user(self, lb_id: str) -> None:
-        lock, users = self._lb_locks[lb_id]
-        if users == 1:
-            del self._lb_locks[lb_id]
-        else:
-            self._lb_locks[lb_id] = (lock, users - 1)
-
     # --- observing -------------------------------------------------------------------
 
-    def _record_reload(self) -> None:
-        self._reloads += 1
-        self._last_reload_at = datetime.now(timezone.utc).isoformat(timespec="seconds")
-        self._last_error = None
-
-    def _record_start(self, outcome: str) -> None:
-        if outcome != "adopted":
-            self._starts += 1
-
-    def _record_outcome(self, outcome: str) -> None:
-        """Count what `reload_or_start` did: a reload, or a start."""
-        if outcome == "reloaded":
-            self._record_reload()
-        else:
-            self._record_start(outcome)
-
-    def _record_failure(self, exc: BaseException) -> None:
-        self._failed_reloads += 1
-        self._last_error = str(exc)
-
     def status(self) -> dict:
-        pid = self.process.pid
-        return {
-            "pid": pid,
-            "running": pid is not None,
-            "last_reload_at": self._last_reload_at,
-            "last_reload_seconds": self._last_reload_seconds,
-            "reloads": self._reloads,
-            "failed_reloads": self._failed_reloads,
-            "starts": self._starts,
-            "live_updates": self._live_updates,
-            "servers_draining": self._live.draining,
-            "last_error": self._last_error,
-        }
+        return self._counters.status(self.process.pid, self._live.draining)
 
     async def server_states(self) -> dict[tuple[str, str], str]:
         """(backend name, server name) -> haproxy's status word ("UP", "DOWN", "MAINT", "no check", ...)."""
