@@ -230,12 +230,12 @@ async def test_a_sticky_backend_reloads(manager, named_servers):
 
 def refusing(manager, monkeypatch, refuse: str):
     """Make the running worker refuse commands starting with `refuse` (the others reach it)."""
-    sender = manager._live._sender
+    sender = manager._worker.live._sender
 
     def patched():
         send = sender()
         return lambda command: "Refused for the test.\n" if command.startswith(refuse) else send(command)
-    monkeypatch.setattr(manager._live, "_sender", patched)
+    monkeypatch.setattr(manager._worker.live, "_sender", patched)
 
 
 def failing_reloads(manager, monkeypatch):

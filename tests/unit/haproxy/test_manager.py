@@ -155,17 +155,17 @@ async def test_a_reload_is_answered_before_its_staging_directories_go(manager, e
     """Removing the staged directories waits on the reload thread behind the
     answer: with it held, the change is still reported served, and once let
     go (and waited for with tidied) nothing is left under staging/."""
-    from lbagent.haproxy import manager as manager_module
+    from lbagent.haproxy import reloads
 
     release, removed = threading.Event(), []
-    real_discard = manager_module.discard
+    real_discard = reloads.discard
 
     def held_discard(staged):
         assert release.wait(WAIT)
         removed.append(staged.lb_id)
         real_discard(staged)
 
-    monkeypatch.setattr(manager_module, "discard", held_discard)
+    monkeypatch.setattr(reloads, "discard", held_discard)
     port = free_port()
     assert await asyncio.wait_for(manager.apply("lb-a", lb_text("lb-a", port, echo_port)), WAIT) is True
     assert await echo_through(port)
@@ -213,7 +213,7 @@ async def test_pacing_ends_once_the_burst_is_over(manager, echo_port):
     manager.reload_pace = 1000.0  # paced to the end, the second reload would wait MAX_RELOAD_PAUSE
     loop = asyncio.get_running_loop()
     first = asyncio.create_task(manager.apply("lb-a", lb_text("lb-a", free_port(), echo_port)))
-    await until(lambda: manager._process_lock.locked(), "the first reload to start")
+    await until(lambda: manager._work.process_lock.locked(), "the first reload to start")
     second = asyncio.create_task(manager.apply("lb-b", lb_text("lb-b", free_port(), echo_port)))  # a burst
     assert await first
     first_done = loop.time()
