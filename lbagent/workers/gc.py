@@ -12,17 +12,31 @@ from __future__ import annotations
 
 import logging
 from dataclasses import dataclass, field, replace
-from typing import Callable
+from typing import Callable, Iterable, Protocol
 
 from lbagent.ovnhost.inventory import Inventory
 
 log = logging.getLogger(__name__)
 
 
+class MarkedHost(Protocol):
+    """What the collector uses of the `OvnHost`."""
+
+    async def inventory(self) -> Inventory: ...
+    async def delete_orphan(self, kind: str, name: str) -> None: ...
+
+
+class HaproxyFiles(Protocol):
+    """What the collector uses of the `HaproxyManager`."""
+
+    def lb_ids_on_disk(self) -> Iterable[str]: ...
+    async def apply(self, lb_id: str, text: str | None) -> object: ...
+
+
 @dataclass
 class GarbageCollector:
-    host: object  # OvnHost: inventory() and delete_orphan(kind, name)
-    haproxy: object  # HaproxyManager: lb_ids_on_disk(), apply(lb_id, None)
+    host: MarkedHost
+    haproxy: HaproxyFiles
     max_deletions: int = 50
     marked: set[tuple[str, str]] = field(default_factory=set)
 
