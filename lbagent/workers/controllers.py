@@ -14,13 +14,21 @@ This module owns who is wired to whom, and nothing else:
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Callable
+from typing import Callable, Protocol
 
-from lbagent.desired.model import DesiredState
+from lbagent.desired.model import DesiredState, ProviderNetwork
 from lbagent.workers.dispatch import LOADBALANCER, POD, PROVIDER_NETWORK, SUBNET, Dispatcher, key
+from lbagent.workers.ovn_worker import OvnWorker
 from lbagent.workers.pods import PodController
 from lbagent.workers.queue import WorkQueue
 from lbagent.workers.subnets import SubnetController
+
+
+class ProviderNetworks(Protocol):
+    """What the controllers use of the `ProviderNetworkController`."""
+
+    def update(self, networks: list[ProviderNetwork]) -> None: ...
+    async def reconcile(self, name: str) -> None: ...
 
 
 def requeue_loadbalancers(queue: WorkQueue[str]) -> Callable[[str], None]:
@@ -32,7 +40,7 @@ def requeue_loadbalancers(queue: WorkQueue[str]) -> Callable[[str], None]:
 class Controllers:
     subnets: SubnetController
     pods: PodController
-    provider_networks: object  # ProviderNetworkController: update(networks), reconcile(name)
+    provider_networks: ProviderNetworks
     dispatcher: Dispatcher
 
     def accept(self, desired: DesiredState) -> None:
@@ -41,7 +49,7 @@ class Controllers:
         self.provider_networks.update(desired.provider_networks)
 
 
-def wire(queue: WorkQueue[str], worker, provider_networks) -> Controllers:
+def wire(queue: WorkQueue[str], worker: OvnWorker, provider_networks: ProviderNetworks) -> Controllers:
     """The controllers of `worker`'s dependencies on `queue`, fed by every state `worker` accepts.
 
     `worker` is the `OvnWorker`, made with `requeue=requeue_loadbalancers(queue)`.
