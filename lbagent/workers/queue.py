@@ -24,7 +24,7 @@ import asyncio
 import logging
 import time
 from collections import deque
-from typing import Awaitable, Callable, Generic, Hashable, Iterable, TypeVar
+from typing import Awaitable, Callable, Collection, Generic, Hashable, Iterable, TypeVar
 
 from lbagent.metrics import count_queue_retry
 from lbagent.support.waits import wait_event
@@ -156,7 +156,7 @@ class WorkQueue(Generic[K]):
         """`key` waits (now or after a delay) or is being handled."""
         return key in self._dirty or key in self._timers or key in self._processing
 
-    def _keys_by_stat(self) -> dict[str, object]:
+    def _keys_by_stat(self) -> dict[str, Collection[K]]:
         """Each of STAT_FIELDS and the collection of keys it counts."""
         return dict(zip(STAT_FIELDS, (self._ready, self._timers, self._processing, self._failures)))
 

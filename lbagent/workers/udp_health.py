@@ -20,6 +20,7 @@ from dataclasses import dataclass
 from typing import Callable
 
 from lbagent.desired.members import Member
+from lbagent.desired.model import HealthCheck
 
 log = logging.getLogger(__name__)
 
@@ -55,7 +56,7 @@ class UdpHealthChecker:
         self._tasks: dict[Key, asyncio.Task] = {}
         self._up: dict[Key, bool] = {}
 
-    def sync(self, lb_id: str, netns: str, listeners: list[tuple[str, object, list[Member]]]) -> None:
+    def sync(self, lb_id: str, netns: str, listeners: list[tuple[str, HealthCheck, list[Member]]]) -> None:
         """The probes `lb_id` needs now: (listener id, health check, members)."""
         wanted: dict[Key, Probe] = {}
         for listener_id, check, members in listeners:
