@@ -1,7 +1,15 @@
 """The on-disk layout under `<run_dir>/haproxy/` and how files there are replaced.
 
     haproxy.cfg        global + defaults (rendered from base.cfg.j2)
-    conf.d/<lbid>.cfg  one load balancer each; haproxy loads the directory
+    conf.d/<lbid>.cfg  one load balancer each: what the agent stages, checks
+                       and installs
+    loadbalancers.cfg  conf.d/ joined into one file, written before haproxy
+                       starts or reloads: what the master loads. The master
+                       re-executes itself on every reload with the list of its
+                       files in one environment variable (HAPROXY_CFGFILES),
+                       which the kernel caps at 128 KiB; a directory of one
+                       file per load balancer passed that near 2,000 of them
+                       and every reload failed. Two files never do.
     certs/<lbid>/      that load balancer's own files (certificates with their
                        keys), directories 0700, files 0600; haproxy finds them
                        through `crt-base certs/`, so a file refers to them by
@@ -60,6 +68,10 @@ class HaproxyPaths:
     @property
     def conf_dir(self) -> Path:
         return self.root / "conf.d"
+
+    @property
+    def joined_cfg(self) -> Path:
+        return self.root / "loadbalancers.cfg"
 
     @property
     def certs_dir(self) -> Path:
@@ -135,6 +147,19 @@ def write_staged(directory: Path, text: str) -> Path:
         os.unlink(name)
         raise
     return Path(name)
+
+
+def join_lb_files(paths: HaproxyPaths) -> None:
+    """Write loadbalancers.cfg anew from conf.d/*.cfg, in haproxy's own order
+    for a directory (by name), atomically and durably."""
+    names = sorted(name for name in _listdir(paths.conf_dir) if name.endswith(LB_SUFFIX))
+    parts = []
+    for name in names:
+        try:
+            parts.append((paths.conf_dir / name).read_text(encoding="utf-8"))
+        except FileNotFoundError:  # removed since the listing: it is not wanted
+            continue
+    install(write_staged(paths.staging_dir, "\n".join(parts)), paths.joined_cfg)
 
 
 def fsync_dir(directory: Path) -> None:

@@ -124,8 +124,8 @@ class Lifecycle(Part):
         """Remove every file of ours under <run_dir>/haproxy (after stop()); the removed paths."""
         directories = (self._paths.conf_dir, self._paths.staging_dir, self._paths.certs_dir)
         removed = [path for directory in directories for path in empty_dir(directory)]
-        for path in (self._paths.base_cfg, self._paths.pidfile, self._worker.marker, self._paths.master_sock,
-                     self._paths.stats_sock):
+        for path in (self._paths.base_cfg, self._paths.joined_cfg, self._paths.pidfile, self._worker.marker,
+                     self._paths.master_sock, self._paths.stats_sock):
             if path.exists() or path.is_symlink():
                 path.unlink()
                 removed.append(str(path))

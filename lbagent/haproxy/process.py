@@ -25,7 +25,7 @@ from pathlib import Path
 import psutil
 
 from lbagent.haproxy.errors import HaproxyCheckError, HaproxyError, HaproxyReloadError, trim_output
-from lbagent.haproxy.files import HaproxyPaths
+from lbagent.haproxy.files import HaproxyPaths, join_lb_files
 from lbagent.haproxy.sockets import ProcTable, parse_show_proc, send_command
 
 log = logging.getLogger(__name__)
@@ -114,8 +114,9 @@ class HaproxyProcess:
                 self._resolved_binary(), "-W", "-D",
                 "-S", f"{self.paths.master_sock},mode,600",
                 "-p", str(self.paths.pidfile),
-                "-f", str(self.paths.base_cfg), "-f", str(self.paths.conf_dir),
+                "-f", str(self.paths.base_cfg), "-f", str(self.paths.joined_cfg),
             ]
+            join_lb_files(self.paths)
             # A file, not a pipe: the daemon keeps the launcher's stdio for a
             # while, and reading a pipe to EOF would wait for it.
             with tempfile.TemporaryFile() as output:
@@ -169,6 +170,7 @@ class HaproxyProcess:
             pid = self.pid
             if pid is None:
                 raise HaproxyReloadError("haproxy master is not running")
+            join_lb_files(self.paths)
             before = self.show_proc()
             if before is not None and self._ask_master_to_reload():
                 outcome = _wait_until(lambda: self._reload_outcome(before), timeout)

@@ -1,5 +1,6 @@
 """Fixtures of the unit tests: an API client over a fake agent, a fake renderer, a real haproxy manager in a temporary run_dir."""
 
+import asyncio
 import os
 import signal
 from pathlib import Path
@@ -48,3 +49,21 @@ async def manager(run_dir):
     await mgr.start()
     yield mgr
     await mgr.stop()
+
+
+@pytest.fixture
+async def echo_port():
+    async def echo(reader, writer):
+        try:
+            while data := await reader.read(65536):
+                writer.write(data)
+                await writer.drain()
+        except OSError:
+            pass
+        finally:
+            writer.close()
+
+    server = await asyncio.start_server(echo, "127.0.0.1", 0)
+    yield server.sockets[0].getsockname()[1]
+    server.close()
+    await server.wait_closed()

@@ -16,7 +16,8 @@ import pytest
 
 from devtools.topology import self_signed_certificate
 from lbagent.desired.members import Member
-from lbagent.haproxy.render import HaproxyConfig, render_base
+from lbagent.desired.model import parse_desired_state
+from lbagent.haproxy.render import HaproxyConfig, render_base, render_config
 
 EXAMPLE = json.loads((Path(__file__).parent / "data" / "example_state.json").read_text())
 TOKEN = "s3cret"
@@ -155,3 +156,41 @@ def haproxy_pids_for(run_dir: Path) -> list[int]:
         if proc.info["status"] != psutil.STATUS_ZOMBIE and marker in (proc.info["cmdline"] or []):
             pids.append(proc.info["pid"])
     return pids
+
+
+def lb_config(lb_id: str, listeners: list[dict], backend_port: int, outer: str = "127.0.0.1") -> HaproxyConfig:
+    state = parse_desired_state({
+        "generation": 1,
+        "subnets": [{"id": "net-1", "cidr": "198.18.0.0/24", "gateway": "198.18.0.1"}],
+        "loadbalancers": [{
+            "id": lb_id, "network": {"subnet_id": "net-1", "ip": "198.18.0.12", "mac": "00:22:0a:00:00:12"},
+            "listeners": listeners,
+            "backend_groups": [{"id": "g", "backends": [{"id": "be-1", "address": "198.18.0.21", "port": 80}]}],
+        }],
+    })
+    members = {"g": [Member("be-1", "198.18.0.21", 80, 1, "off", False, backend_port)]}
+    return render_config(state.loadbalancers[0], outer, members, inner="127.0.0.1")
+
+
+def lb_text(lb_id: str, port: int, backend_port: int, health_check: dict | None = None, outer: str = "127.0.0.1",
+            **fields) -> str:
+    listener = {"id": "l", "listener_type": "tcp", "listener_port": port, "backend_group_id": "g", **fields}
+    if health_check:
+        listener["health_check"] = health_check
+    return lb_config(lb_id, [listener], backend_port, outer).text
+
+
+async def echo_through(port: int, payload: bytes = b"ping\n", host: str = "127.0.0.1") -> bool:
+    """True if a connection to 127.0.0.1:port echoes `payload` back (through haproxy to the echo server)."""
+    try:
+        reader, writer = await asyncio.wait_for(asyncio.open_connection(host, port), WAIT)
+    except OSError:
+        return False
+    try:
+        writer.write(payload)
+        await writer.drain()
+        return await asyncio.wait_for(reader.readexactly(len(payload)), WAIT) == payload
+    except (OSError, asyncio.IncompleteReadError):
+        return False
+    finally:
+        writer.close()

@@ -21,39 +21,20 @@ from cryptography import x509
 from cryptography.x509.oid import NameOID
 
 from devtools.topology import self_signed_certificate
-
-from lbagent.haproxy.errors import HaproxyCheckError, HaproxyError, HaproxyReloadError
 from lbagent.haproxy.batching import MAX_RELOAD_PAUSE
+from lbagent.haproxy.errors import HaproxyCheckError, HaproxyError, HaproxyReloadError
 from lbagent.haproxy.manager import HaproxyManager
-from lbagent.haproxy.render import HaproxyConfig, render_config
+from lbagent.haproxy.render import HaproxyConfig
 from lbagent.haproxy.sockets import parse_show_proc, parse_show_stat
-from lbagent.desired.members import Member
-from lbagent.desired.model import parse_desired_state
-from tests.unit.samples import HAPROXY, WAIT, free_port, until
-
-
-
-
-
-def lb_config(lb_id: str, listeners: list[dict], backend_port: int) -> HaproxyConfig:
-    state = parse_desired_state({
-        "generation": 1,
-        "subnets": [{"id": "net-1", "cidr": "198.18.0.0/24", "gateway": "198.18.0.1"}],
-        "loadbalancers": [{
-            "id": lb_id, "network": {"subnet_id": "net-1", "ip": "198.18.0.12", "mac": "00:22:0a:00:00:12"},
-            "listeners": listeners,
-            "backend_groups": [{"id": "g", "backends": [{"id": "be-1", "address": "198.18.0.21", "port": 80}]}],
-        }],
-    })
-    members = {"g": [Member("be-1", "198.18.0.21", 80, 1, "off", False, backend_port)]}
-    return render_config(state.loadbalancers[0], "127.0.0.1", members, inner="127.0.0.1")
-
-
-def lb_text(lb_id: str, port: int, backend_port: int, health_check: dict | None = None, **fields) -> str:
-    listener = {"id": "l", "listener_type": "tcp", "listener_port": port, "backend_group_id": "g", **fields}
-    if health_check:
-        listener["health_check"] = health_check
-    return lb_config(lb_id, [listener], backend_port).text
+from tests.unit.samples import (
+    HAPROXY,
+    WAIT,
+    echo_through,
+    free_port,
+    lb_config,
+    lb_text,
+    until,
+)
 
 
 @functools.cache
@@ -91,40 +72,10 @@ async def served_name(port: int, sni: str | None = None) -> str:
 
 
 
-async def echo_through(port: int, payload: bytes = b"ping\n") -> bool:
-    """True if a connection to 127.0.0.1:port echoes `payload` back (through haproxy to the echo server)."""
-    try:
-        reader, writer = await asyncio.wait_for(asyncio.open_connection("127.0.0.1", port), WAIT)
-    except OSError:
-        return False
-    try:
-        writer.write(payload)
-        await writer.drain()
-        return await asyncio.wait_for(reader.readexactly(len(payload)), WAIT) == payload
-    except (OSError, asyncio.IncompleteReadError):
-        return False
-    finally:
-        writer.close()
 
 
 
 
-@pytest.fixture
-async def echo_port():
-    async def echo(reader, writer):
-        try:
-            while data := await reader.read(65536):
-                writer.write(data)
-                await writer.drain()
-        except OSError:
-            pass
-        finally:
-            writer.close()
-
-    server = await asyncio.start_server(echo, "127.0.0.1", 0)
-    yield server.sockets[0].getsockname()[1]
-    server.close()
-    await server.wait_closed()
 
 
 
