@@ -10,6 +10,7 @@ documents are assembled from them by `lbagent.api.status`).
 from __future__ import annotations
 
 import asyncio
+import functools
 import logging
 import random
 from dataclasses import dataclass, field
@@ -110,7 +111,7 @@ class Agent:
         dispatcher = self.controllers.dispatcher
         self.queue.start(dispatcher, QUEUE_WORKERS)
         for kind in dispatcher.kinds:
-            track_queue(kind, lambda kind=kind: self.queue.depth_of(kind))
+            track_queue(kind, functools.partial(self.queue.depth_of, kind))
 
     def _load_state(self) -> tuple[PersistedState, DesiredState | None]:
         try:
@@ -138,8 +139,8 @@ class Agent:
                 log.warning("object=haproxy action=supervise result=error error=%r", str(exc))
 
     def _quiet(self) -> bool:
-        worker = self.worker
-        return worker.desired is not None and worker.settled(worker.generation)
+        desired = self.worker.desired
+        return desired is not None and self.worker.settled(desired.generation)
 
     async def _keep_heap(self) -> None:
         while True:
@@ -199,7 +200,8 @@ class Agent:
         return self.worker.generation
 
     def synced(self) -> bool:
-        return self.worker.desired is not None and self.worker.settled(self.worker.generation)
+        desired = self.worker.desired
+        return desired is not None and self.worker.settled(desired.generation)
 
     def haproxy_status(self) -> dict:
         return self.haproxy.status()

@@ -144,7 +144,7 @@ class OvnWorker:
             async with self._lock:
                 self.allocations = await self._allocate(desired, frozenset())
                 self.desired, self._raw, self._raw_text = desired, persisted.desired, None
-                self._accept(frozenset())
+                self._accept(desired, frozenset())
 
     async def adopt_from_host(self, max_salt: int = 16) -> list[str]:
         """Allocations of load balancers whose namespaces exist but which the
@@ -179,7 +179,7 @@ class OvnWorker:
             allocations = await self._allocate(desired, unchanged)
             await asyncio.to_thread(self._store.save, PersistedState(raw, allocations, raw_text))
             self.allocations, self.desired, self._raw, self._raw_text = allocations, desired, raw, raw_text
-            self._accept(unchanged)
+            self._accept(desired, unchanged)
             return desired.generation
 
     def _unchanged(self, desired: DesiredState) -> frozenset[str]:
@@ -225,16 +225,17 @@ class OvnWorker:
             salt += 1
         return salt
 
-    def _accept(self, unchanged: frozenset[str]) -> None:
-        self._sync_tasks(unchanged)
+    def _accept(self, desired: DesiredState, unchanged: frozenset[str]) -> None:
+        """`desired` has just become `self.desired`."""
+        self._sync_tasks(desired, unchanged)
         for accept in self.on_accept:
-            accept(self.desired)
+            accept(desired)
 
-    def _sync_tasks(self, unchanged: frozenset[str]) -> None:
+    def _sync_tasks(self, desired: DesiredState, unchanged: frozenset[str]) -> None:
         """Queue the load balancers that are new, deleted or whose own inputs
         changed; move the unchanged ones to the new generation without a pass.
         The fingerprints of those in `unchanged` are the last refresh's."""
-        wanted = {lb.id for lb in self.desired.loadbalancers}
+        wanted = {lb.id for lb in desired.loadbalancers}
         for lb_id in wanted:
             task, runtime = self.tasks.get(lb_id), self.runtime.get(lb_id)
             if runtime is None or runtime.wanted is None or lb_id not in unchanged:
@@ -251,7 +252,7 @@ class OvnWorker:
                 self._requeue(lb_id)
             elif runtime.deps == deps:
                 # Converged and nothing it uses changed: drift is the periodic resync's business.
-                task.generation = task.attempted_generation = self.generation
+                task.generation = task.attempted_generation = desired.generation
             # else only a dependency changed: its controller's handler calls dependency_changed.
         for lb_id, task in self.tasks.items():
             if lb_id not in wanted and not task.deleting:
@@ -266,20 +267,20 @@ class OvnWorker:
     def _own_fingerprint(self, lb_id: str) -> str:
         """A load balancer's own inputs: its desired state and its allocation
         (whose backend ports follow the pods its groups select)."""
-        lb, allocation = self._lb(lb_id), self.allocations[lb_id]
+        lb, allocation = self._state().loadbalancer(lb_id), self.allocations[lb_id]
         return self._derived.get(("own", lb_id), (lb, allocation),
                                  lambda: json.dumps([lb.canonical_json, allocation.json_text]))
 
     def _deps_fingerprint(self, lb_id: str) -> str:
         """What a load balancer uses of others: its subnet and its groups' pod targets."""
-        lb = self._lb(lb_id)
-        subnet, targets = self._subnet_json(lb.network.subnet_id), self._targets(lb, self.desired.pods)
+        lb = self._state().loadbalancer(lb_id)
+        subnet, targets = self._subnet_json(lb.network.subnet_id), self._targets(lb, self._state().pods)
         return self._derived.get(("deps", lb_id), (subnet, targets), lambda: json.dumps(
             [subnet, {g: [list(vars(t).values()) for t in ts] for g, ts in targets.items()}], sort_keys=True))
 
     def _subnet_json(self, subnet_id: str) -> dict:
         """The subnet as JSON: one per subnet object, not one per load balancer on it."""
-        subnet = self.desired.subnet(subnet_id)
+        subnet = self._state().subnet(subnet_id)
         return self._derived.get(("subnet", subnet_id), (subnet,), lambda: subnet.model_dump(mode="json"))
 
     def _targets(self, lb: LoadBalancer, pods: list) -> dict[str, list[plan.Target]]:
@@ -309,7 +310,14 @@ class OvnWorker:
         return task.state if task is not None else None
 
     def members(self, lb: LoadBalancer) -> dict[str, list]:
-        return plan.members_by_group(self._targets(lb, self.desired.pods), self.allocations[lb.id].ports)
+        return plan.members_by_group(self._targets(lb, self._state().pods), self.allocations[lb.id].ports)
+
+    def _state(self) -> DesiredState:
+        """The accepted desired state, for what only its load balancers have
+        (fingerprints, members, passes): there is one whenever they exist."""
+        if self.desired is None:
+            raise LbAgentError("no desired state accepted yet")
+        return self.desired
 
     def _lb(self, lb_id: str) -> LoadBalancer | None:
         if self.desired is None:
@@ -322,13 +330,14 @@ class OvnWorker:
     # --- one pass ------------------------------------------------------------
 
     async def reconcile(self, lb_id: str) -> int:
-        generation = self.generation
+        generation = self._state().generation
         lb = self._lb(lb_id)
         try:
             if lb is None:
                 if await self._teardown(lb_id):
                     return DONE
-                lb = self._lb(lb_id)  # added again while it was being torn down
+                # Added again while it was being torn down (_teardown saw it, under the lock).
+                lb = self._state().loadbalancer(lb_id)
             runtime = self.runtime[lb_id]
             own, runtime.running_deps = self._own_fingerprint(lb_id), self._deps_fingerprint(lb_id)
             if lb.enabled:
@@ -364,7 +373,7 @@ class OvnWorker:
 
     async def _converge_host_part(self, lb: LoadBalancer, members: dict[str, list]) -> None:
         allocation = self.allocations[lb.id]
-        subnet = self.desired.subnet(lb.network.subnet_id)
+        subnet = self._state().subnet(lb.network.subnet_id)
         if self._netdev is None:
             self._netdev = await self._host.bridge_is_netdev()
         unhealthy = {}
