@@ -112,6 +112,22 @@ def required_tools() -> list[str]:
     ]
 
 
+class MissingTools(RuntimeError):
+    """Root runs the functional tests, but a tool they need is missing: a failure, never a skip."""
+
+
+def skip_reason(euid: int, missing: list[str]) -> str | None:
+    """Why the functional tests are skipped (None: they run). Without root they
+    cannot run at all and are skipped; as root a missing tool means the set-up
+    is broken (`make deps` installs them all), and a skip would hide it."""
+    if euid != 0:
+        return "functional tests need root (network namespaces, OVS, iptables)"
+    if missing:
+        raise MissingTools(f"functional tests need {', '.join(missing)}, missing although running as root "
+                           "(run `make deps`)")
+    return None
+
+
 def run(*argv: str | os.PathLike, env: dict[str, str] | None = None, timeout: float = 30,
         check: bool = True) -> str:
     """Run a command, return its stdout; raise CommandError (with stderr) on failure."""

@@ -6,9 +6,10 @@ unique prefix per test and a VPC per test that is removed afterwards even
 when the test fails. The topology itself lives in `devtools` so that the demo
 builds exactly what the tests exercise.
 
-Every test in this directory needs root and the OVS/OVN/iproute2 tools; without
-them the directory is skipped with the reason. Any other problem (a sandbox
-that does not start, another sandbox running) is an error, never a skip.
+Every test in this directory needs root and the OVS/OVN/iproute2 tools. Without
+root the directory is skipped with the reason; as root, a missing tool stops
+the run with an error (a skip would hide a broken set-up). Any other problem
+(a sandbox that does not start, another sandbox running) is an error too.
 """
 
 from __future__ import annotations
@@ -19,7 +20,7 @@ from pathlib import Path
 
 import pytest
 
-from devtools.sandbox import OvnSandbox, required_tools, which
+from devtools.sandbox import MissingTools, OvnSandbox, required_tools, skip_reason, which
 from devtools.topology import Vpc
 
 from agentproc import AgentProcess
@@ -28,18 +29,12 @@ from helpers import MAC, VIP
 HERE = Path(__file__).parent
 
 
-def _skip_reason() -> str | None:
-    if os.geteuid() != 0:
-        return "functional tests need root (network namespaces, OVS, iptables)"
-    missing = [tool for tool in required_tools() if which(tool) is None]
-    if missing:
-        return f"functional tests need {', '.join(missing)} (run `make deps`)"
-    return None
-
-
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
     # A conftest hook sees the whole session's items: touch only ours.
-    reason = _skip_reason()
+    try:
+        reason = skip_reason(os.geteuid(), [tool for tool in required_tools() if which(tool) is None])
+    except MissingTools as exc:
+        raise pytest.UsageError(str(exc)) from None
     for item in items:
         if HERE in item.path.parents:
             item.add_marker(pytest.mark.functional)
