@@ -29,7 +29,7 @@ define apt_install
 	fi
 endef
 
-.PHONY: deps venv test unit functional demo demo-down bench bench-smoke clean
+.PHONY: deps venv lint golden test unit functional demo demo-down bench bench-smoke clean
 
 deps:
 	$(call apt_install,$(DEB_PACKAGES))
@@ -42,11 +42,21 @@ $(STAMP): pyproject.toml
 
 venv: $(STAMP)
 
+# ruff (lint and format check) over the project, mypy over lbagent/; both configured in pyproject.toml.
+lint: venv
+	$(VENV)/bin/ruff check .
+	$(VENV)/bin/ruff format --check .
+	$(VENV)/bin/mypy
+
 test: deps venv
-	$(PY) -m pytest -p no:cacheprovider --cov=lbagent --cov-branch --cov-report=term $(PYTEST_ARGS)
+	env -u LBAGENT_UPDATE_GOLDEN $(PY) -m pytest -p no:cacheprovider --cov=lbagent --cov-branch --cov-report=term $(PYTEST_ARGS)
 
 unit: venv
-	$(PY) -m pytest -p no:cacheprovider tests/unit $(PYTEST_ARGS)
+	env -u LBAGENT_UPDATE_GOLDEN $(PY) -m pytest -p no:cacheprovider tests/unit $(PYTEST_ARGS)
+
+# Rewrite the golden haproxy configurations from the current templates; review `git diff` after.
+golden: venv
+	LBAGENT_UPDATE_GOLDEN=1 $(PY) -m pytest -p no:cacheprovider -q tests/unit/haproxy -rs
 
 functional: deps venv
 	$(PY) -m pytest -p no:cacheprovider tests/functional $(PYTEST_ARGS)
@@ -57,7 +67,7 @@ demo: deps venv
 demo-down: venv
 	$(PY) -m devtools.demo down
 
-# The full benchmark (issue 7): one table, bench/results.json. It queues for the
+# The full benchmark: one table, bench/results.json. It queues for the
 # machine's one OVS sandbox for up to LBAGENT_SANDBOX_WAIT seconds (default 1200).
 bench: deps venv
 	$(if $(BENCH_PROFILE),$(PY) -m pip install -q py-spy)

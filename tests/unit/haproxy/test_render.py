@@ -1,7 +1,7 @@
 """haproxy config rendering: golden files, haproxy's own syntax check, and refusal of unsafe values.
 
 Regenerate the golden files after an intended change with
-LBAGENT_UPDATE_GOLDEN=1 and review the diff.
+`make golden` and review the diff.
 """
 
 from pathlib import Path

@@ -4,7 +4,7 @@ makes on its own (rule order, redirect locations, certificate files, TLS
 policies, access lists), including its refusal of unsafe values.
 
 Regenerate the golden files after an intended change with
-LBAGENT_UPDATE_GOLDEN=1 and review the diff.
+`make golden` and review the diff.
 """
 
 import pytest
