@@ -92,9 +92,10 @@ class OvnHost:
         # resync's check of the table shares the namespace threads with them).
         created, nat = await asyncio.gather(self._finish_links(spec, built), self._converge_nat(spec),
                                             return_exceptions=True)
-        for outcome in (created, nat):
-            if isinstance(outcome, BaseException):
-                raise outcome
+        if isinstance(created, BaseException):
+            raise created
+        if isinstance(nat, BaseException):
+            raise nat
         if spec.links.names.ovn_ns in created:
             self._reattach.add(spec.lb_id)
 
@@ -148,6 +149,8 @@ class OvnHost:
         if haproxy_ns is None or not inside[haproxy_ns]:
             return None
         names = names_from_interface(haproxy_ns)
+        if names is None:  # not one of ours (read_namespace_links lists only ours)
+            return None
         outer = await self._namespaces.run(None, _read_address, names.haproxy_host)
         if not outer:
             return None

@@ -84,9 +84,12 @@ def converge_namespace(spec: LinkSpec, host_netns_fd: int) -> set[str]:
                 nl.add_veth(ns_end, host_end, host_netns_fd)
                 created.add(ns_end)
                 links[ns_end] = nl.link(ns_end)
-        _ensure_link(nl, links["lo"], up=True)
-        ovn = _ensure_link(nl, links[names.ovn_ns], up=True, mtu=spec.mtu, mac=spec.mac)
-        haproxy = _ensure_link(nl, links[names.haproxy_ns], up=True)
+        lo, ovn, haproxy = links["lo"], links[names.ovn_ns], links[names.haproxy_ns]
+        if lo is None or ovn is None or haproxy is None:
+            raise LinkNotFound("find link", errno.ENODEV, ", ".join(n for n, link in links.items() if link is None))
+        _ensure_link(nl, lo, up=True)
+        ovn = _ensure_link(nl, ovn, up=True, mtu=spec.mtu, mac=spec.mac)
+        haproxy = _ensure_link(nl, haproxy, up=True)
         _ensure_addresses(nl, ovn, {Address(spec.vip, spec.prefixlen)})
         _ensure_addresses(nl, haproxy, {Address(spec.inner, LINK_LOCAL_PREFIX)})
         _ensure_gateway_routes(nl, set(_gateway_routes(spec, ovn.index)))
@@ -149,8 +152,8 @@ def converge_host(spec: LinkSpec) -> None:
     names = spec.names
     with Netlink.open() as nl:
         ovn, haproxy = nl.link(names.ovn_host), nl.link(names.haproxy_host)
-        missing = [n for n, link in ((names.ovn_host, ovn), (names.haproxy_host, haproxy)) if link is None]
-        if missing:
+        if ovn is None or haproxy is None:
+            missing = [n for n, link in ((names.ovn_host, ovn), (names.haproxy_host, haproxy)) if link is None]
             raise LinkNotFound("find link", errno.ENODEV, ", ".join(missing))
         _ensure_link(nl, ovn, up=True, mtu=spec.mtu)
         _ensure_link(nl, haproxy, up=True)
