@@ -41,7 +41,7 @@ INTERFACE_KEY = "lbagent-provider-interface"  # the uplink whose addresses the b
 MOVED_ADDRESSES_KEY = "lbagent-moved-addresses"
 MOVED_ROUTES_KEY = "lbagent-moved-routes"
 DEVICE_TIMEOUT = 5.0  # for ovs-vswitchd to create the bridge's host device
-LINK_LOCAL = ipaddress.ip_network("169.254.0.0/16")
+LINK_LOCAL = ipaddress.IPv4Network("169.254.0.0/16")
 
 
 def bridge_name(network: str) -> str:
@@ -93,7 +93,7 @@ def addresses_to_move(addresses: set[Address]) -> set[Address]:
 
 
 def routes_to_move(routes: set[MovableRoute]) -> set[MovableRoute]:
-    return {r for r in routes if r.gateway or not ipaddress.ip_network(r.dst).subnet_of(LINK_LOCAL)}
+    return {r for r in routes if r.gateway or not ipaddress.IPv4Network(r.dst).subnet_of(LINK_LOCAL)}
 
 
 def in_scope_order(routes) -> list[MovableRoute]:
@@ -225,9 +225,10 @@ class ProviderBridges:
         interface = observed.external_ids.get(INTERFACE_KEY)
         record = Moved.from_external_ids(observed.external_ids)
         writes = 0
-        port = self._ovs.observe_port(interface) if interface else None
-        if port is not None and port.on_bridge == bridge:
-            writes += self._ovs.delete_port(interface)
+        if interface:
+            port = self._ovs.observe_port(interface)
+            if port is not None and port.on_bridge == bridge:
+                writes += self._ovs.delete_port(interface)
         uplink = nl.link(interface) if interface else None
         if uplink is not None:
             writes += self._return_to(nl, uplink, record)

@@ -51,7 +51,7 @@ def nat_table_digest() -> str:
 def _getsockopt(sock: socket.socket, option: int, length: int, size: int | None = None) -> bytes:
     """getsockopt with a buffer that carries the table name (and size) in, which Python's cannot."""
     buf = ctypes.create_string_buffer(length)
-    buf[:3] = b"nat"
+    buf[:3] = b"nat"  # type: ignore[call-overload]  # typeshed: a char array's slice takes bytes too
     if size is not None:
         struct.pack_into("I", buf, TABLE_NAME_LEN, size)
     buflen = ctypes.c_uint32(length)
