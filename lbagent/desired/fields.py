@@ -76,7 +76,7 @@ def int_range(low: int, high: int) -> Any:
     return Annotated[int, Strict(), Field(ge=low, le=high)]
 
 
-def text_type(check: Callable[[str], object], schema: dict[str, Any], *, allow_empty: bool = False) -> Any:
+def text_type(check: Callable[[str], str | None], schema: dict[str, Any], *, allow_empty: bool = False) -> Any:
     """A JSON string accepted by `check`; `check` may return a normalised value."""
 
     def validate(value: str) -> str:
@@ -86,6 +86,11 @@ def text_type(check: Callable[[str], object], schema: dict[str, Any], *, allow_e
         return value if normalised is None else normalised
 
     return Annotated[str, Strict(), AfterValidator(validate), WithJsonSchema({"type": "string", **schema})]
+
+
+def bounded_dict(key: Any, value: Any, max_length: int) -> Any:
+    """A JSON object of at most `max_length` entries whose keys and values are of those types."""
+    return Annotated[dict[key, value], Field(max_length=max_length)]
 
 
 def pattern_type(regex: str, what: str, *, allow_empty: bool = False) -> Any:
@@ -134,7 +139,7 @@ LabelValue = pattern_type(
     rf"[A-Za-z0-9_.-]{{0,{MAX_LABEL_NAME_LEN}}}",
     f"a label value: at most {MAX_LABEL_NAME_LEN} characters of letters, digits, '_', '.' and '-'",
 )
-Labels = Annotated[dict[LabelKey, LabelValue], Field(max_length=MAX_LABELS)]
+Labels = bounded_dict(LabelKey, LabelValue, MAX_LABELS)
 
 # Line and paragraph separators end a line in some readers just like "\n" does.
 _BAD_TEXT_CATEGORIES = frozenset({"Cc", "Cs", "Zl", "Zp"})
@@ -255,7 +260,11 @@ def _check_cidr(value: str) -> None:
         raise ValueError(f"has host bits set; the prefix is {IPv4Network(value, strict=False)}") from None
 
 
-IPv4 = text_type(parse_ipv4, {"format": "ipv4"})
+def _check_ipv4(value: str) -> None:
+    parse_ipv4(value)  # the value stays the text: the field is a str
+
+
+IPv4 = text_type(_check_ipv4, {"format": "ipv4"})
 HostIPv4 = text_type(_check_host_ipv4, {"format": "ipv4"})
 Cidr = text_type(_check_cidr, {"pattern": rf"^{_DOTTED_QUAD}/{_PREFIX_LEN}$"})
 
