@@ -23,7 +23,7 @@ from lbagent.desired.model import json_schema
 from lbagent.api.responses import ANSWERS
 
 REF = "#/components/schemas/"
-OPEN = []  # `security` of an operation that needs no token
+OPEN: list[dict[str, list[str]]] = []  # `security` of an operation that needs no token
 
 
 def _ref(name: str) -> dict:

@@ -85,14 +85,14 @@ class SystemdLink:
         if self._notifier.notify_socket is None:
             return
         if self._notifier.watchdog is not None:
-            self._tasks.append(asyncio.create_task(self._watchdog(), name="systemd-watchdog"))
+            self._tasks.append(asyncio.create_task(self._watchdog(self._notifier.watchdog), name="systemd-watchdog"))
         self._tasks.append(asyncio.create_task(self._announce_ready(), name="systemd-ready"))
 
-    async def _watchdog(self) -> None:
+    async def _watchdog(self, interval: float) -> None:
         # Runs on the event loop itself: a loop that stops turning stops the pings.
         while True:
             self._notifier.notify("WATCHDOG=1")
-            await asyncio.sleep(self._notifier.watchdog)
+            await asyncio.sleep(interval)
 
     async def _announce_ready(self) -> None:
         said = None

@@ -64,7 +64,7 @@ async def serve(config: Config) -> None:
 def _site(runner: web.AppRunner, config: Config) -> web.BaseSite:
     """The listener of the configuration (blocking: files, sockets, certificates)."""
     address = config.api.address
-    if address.is_unix:
+    if address.path is not None:  # unix:/PATH
         return web.SockSite(runner, bind_unix_socket(address.path))
     context = None
     if config.api.tls_cert_file is not None:

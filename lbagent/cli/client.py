@@ -37,7 +37,7 @@ class _UnixConnection(http.client.HTTPConnection):
 
 def connection(config: Config, timeout: float) -> http.client.HTTPConnection:
     address = config.api.address
-    if address.is_unix:
+    if address.host is None:  # unix:/PATH: exactly one of path and host is set
         return _UnixConnection(str(address.path), timeout)
     if config.api.tls_cert_file is not None:
         # Our own agent on this host: its certificate is the one in our config.

@@ -54,7 +54,7 @@ def parse_save(text: str) -> list[CountedRule]:
 
 
 def _option_values(words: list[str]) -> dict[str, str]:
-    values = {}
+    values: dict[str, str] = {}
     for option, value in zip(words, words[1:]):
         if option.startswith("-") and not value.startswith("-"):
             values.setdefault(option, value)
