@@ -14,22 +14,41 @@ import hmac
 import json
 import logging
 import math
+from typing import Protocol, cast
 
 from aiohttp import web
 from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 
 from lbagent.api.openapi import document_bytes, open_paths
 from lbagent.api.status import StatusReporter
+from lbagent.desired.model import DesiredState
 from lbagent.desired.parser import RefreshParser, decode
 from lbagent.errors import InvalidDesiredState, LbAgentError, StaleGeneration
 from lbagent.metrics import API_REQUESTS, AgentRegistry
 
 log = logging.getLogger(__name__)
 
+
+class RefreshTarget(Protocol):
+    """What the handlers ask of the agent (the `Agent`)."""
+
+    async def refresh(self, desired: DesiredState, raw: dict, raw_text: str | None = None) -> int: ...
+    async def wait_settled(self, generation: int, timeout: float) -> bool: ...
+    def not_ready_reason(self) -> str | None: ...
+
+
+class Reporter(Protocol):
+    """What the handlers ask of the status documents (a `StatusReporter`)."""
+
+    async def status(self) -> dict: ...
+    async def loadbalancer_status(self, lb_id: str) -> dict | None: ...
+    def results(self, generation: int) -> dict: ...
+
+
 MAX_WAIT = 300.0
 OPEN_PATHS = frozenset(open_paths())  # probes and the OpenAPI document carry no token
-AGENT = web.AppKey("agent", object)
-REPORTER = web.AppKey("reporter", object)
+AGENT = web.AppKey[RefreshTarget]("agent")
+REPORTER = web.AppKey[Reporter]("reporter")
 METRICS = web.AppKey("metrics", AgentRegistry)
 PARSER = web.AppKey("parser", RefreshParser)
 
@@ -151,7 +170,8 @@ async def refresh(request: web.Request) -> web.Response:
     except InvalidDesiredState as exc:
         return error_response(400, "invalid_body", "the desired state is invalid; nothing was applied", exc.details)
     try:
-        generation = await agent.refresh(desired, body, _utf8_text(raw))
+        # The parser accepts nothing but a JSON object, so the body is a dict.
+        generation = await agent.refresh(desired, cast(dict, body), _utf8_text(raw))
     except StaleGeneration as exc:
         return error_response(409, "stale_generation", str(exc))
     if wait is None:
