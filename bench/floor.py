@@ -48,8 +48,10 @@ from pyroute2 import IPRoute
 from pyroute2 import netns as pyroute_netns
 
 from lbagent.desired.members import Member
-from lbagent.ovnhost import ethtool  # the SIOCETHTOOL ioctl, no fork: acts in the socket's namespace
-from lbagent.ovnhost import iptables
+from lbagent.ovnhost import (
+    ethtool,  # the SIOCETHTOOL ioctl, no fork: acts in the socket's namespace
+    iptables,
+)
 from lbagent.ovnhost.iplib import KernelRoute
 from lbagent.ovnhost.nat import CHAIN_HOOKS, NatPlan, nat_rules
 from lbagent.ovnhost.rtnl_batch import RtnlBatch, open_socket
@@ -100,12 +102,25 @@ def plan_floor(prefix: str, lbs: list[dict], subnet: dict, host_addresses: set[s
             for backend in group["backends"]:
                 members.append((backend["id"], backend["address"], backend["port"], port))
                 port += 1
-        planned.append(FloorLb(
-            netns=f"{prefix}-f{index}", ovn_ns=f"{tag}o0", ovn_host=f"{tag}o1", haproxy_ns=f"{tag}h0",
-            haproxy_host=f"{tag}h1", mac=lb["network"]["mac"], vip=lb["network"]["ip"], prefixlen=net.prefixlen,
-            gateway=subnet["gateway"], mtu=subnet.get("mtu", 1500), inner=inner, outer=outer,
-            table=TABLE_BASE + index, listener_ports=tuple(l["listener_port"] for l in lb["listeners"]),
-            members=tuple(members)))
+        planned.append(
+            FloorLb(
+                netns=f"{prefix}-f{index}",
+                ovn_ns=f"{tag}o0",
+                ovn_host=f"{tag}o1",
+                haproxy_ns=f"{tag}h0",
+                haproxy_host=f"{tag}h1",
+                mac=lb["network"]["mac"],
+                vip=lb["network"]["ip"],
+                prefixlen=net.prefixlen,
+                gateway=subnet["gateway"],
+                mtu=subnet.get("mtu", 1500),
+                inner=inner,
+                outer=outer,
+                table=TABLE_BASE + index,
+                listener_ports=tuple(listener["listener_port"] for listener in lb["listeners"]),
+                members=tuple(members),
+            )
+        )
     return planned
 
 
@@ -160,8 +175,9 @@ def _build(lbs: list[FloorLb], tx_checksum_off: bool) -> float:
     return time.perf_counter() - started
 
 
-WARM_UP_PLAN = NatPlan("lo", "lo", "127.0.0.1", "127.0.0.2", "127.0.0.3", (1,),
-                       (Member("warm-up", "127.0.0.1", 1, 1, "off", False, 2),))
+WARM_UP_PLAN = NatPlan(
+    "lo", "lo", "127.0.0.1", "127.0.0.2", "127.0.0.3", (1,), (Member("warm-up", "127.0.0.1", 1, 1, "off", False, 2),)
+)
 
 
 def _warm_up_iptc(host_fd: int) -> None:
@@ -195,8 +211,9 @@ def _host_indexes() -> list[int]:
 NS_OVN_INDEX, NS_HAPROXY_INDEX, LO_INDEX = 2, 3, 1
 
 
-def _build_one(batch: RtnlBatch, host: socket.socket, host_fd: int, lb: FloorLb, index: int,
-               tx_checksum_off: bool) -> None:
+def _build_one(
+    batch: RtnlBatch, host: socket.socket, host_fd: int, lb: FloorLb, index: int, tx_checksum_off: bool
+) -> None:
     # The namespace: this thread enters it, makes what must be made from inside
     # (sysctl, nat table, the sockets), and comes back once.
     if _libc.unshare(CLONE_NEWNET) != 0:
@@ -216,8 +233,16 @@ def _build_one(batch: RtnlBatch, host: socket.socket, host_fd: int, lb: FloorLb,
         # Host side, one batch: both pairs (host ends up, the namespace ends
         # made in the namespace), OUTER, the route to INNER, the reply table
         # and its rule.
-        batch.add_veth(lb.ovn_host, lb.ovn_ns, ns_fd, mtu=lb.mtu, peer_mtu=lb.mtu, peer_mac=lb.mac, index=o1,
-                       peer_index=NS_OVN_INDEX)
+        batch.add_veth(
+            lb.ovn_host,
+            lb.ovn_ns,
+            ns_fd,
+            mtu=lb.mtu,
+            peer_mtu=lb.mtu,
+            peer_mac=lb.mac,
+            index=o1,
+            peer_index=NS_OVN_INDEX,
+        )
         batch.add_veth(lb.haproxy_host, lb.haproxy_ns, ns_fd, index=h1, peer_index=NS_HAPROXY_INDEX)
         batch.add_address(h1, lb.haproxy_host, lb.outer, 16, noprefixroute=True)
         batch.replace_route(KernelRoute(f"{lb.inner}/32", None, h1, lb.outer))

@@ -17,7 +17,7 @@ import sys
 import threading
 import time
 
-from pyroute2 import IPRoute, netns
+from pyroute2 import IPRoute
 
 CLONE_NEWNET = 0x40000000
 PACKETS = 200000
@@ -40,13 +40,25 @@ def measure(counts: list[int], skip_block: bool) -> list[tuple[int, float]]:
             if skip_block:
                 # What the agent installs: non-169.254 sources jump past the block.
                 ipr.rule("add", priority=31999, action="FR_ACT_NOP")
-                ipr.rule("add", priority=30999, src="169.254.0.0", src_len=16, flags=0x2,  # FIB_RULE_INVERT
-                         action="FR_ACT_GOTO", goto=31999)
+                ipr.rule(
+                    "add",
+                    priority=30999,
+                    src="169.254.0.0",
+                    src_len=16,
+                    flags=0x2,  # FIB_RULE_INVERT
+                    action="FR_ACT_GOTO",
+                    goto=31999,
+                )
             added = 0
             for count in counts:
                 while added < count:
-                    ipr.rule("add", src=f"169.254.{added // 250}.{added % 250 + 1}", src_len=32,
-                             table=0x4C420000 + added, priority=31000)
+                    ipr.rule(
+                        "add",
+                        src=f"169.254.{added // 250}.{added % 250 + 1}",
+                        src_len=32,
+                        table=0x4C420000 + added,
+                        priority=31000,
+                    )
                     added += 1
                 results.append((count, _send_cost()))
 

@@ -32,8 +32,15 @@ def evaluate(results: dict[str, Any]) -> list[dict[str, Any]]:
     rows: list[dict[str, Any]] = []
 
     def row(figure: str, measured: str, target: str, met: bool | None, note: str = "") -> None:
-        rows.append({"figure": figure, "measured": measured, "target": target,
-                     "result": "n/a" if met is None else ("met" if met else "MISSED"), "note": note})
+        rows.append(
+            {
+                "figure": figure,
+                "measured": measured,
+                "target": target,
+                "result": "n/a" if met is None else ("met" if met else "MISSED"),
+                "note": note,
+            }
+        )
 
     for entry in results.get("p1", []):
         n, agent, floor = entry["n"], entry["agent_seconds"], entry["floor_seconds"]
@@ -41,28 +48,53 @@ def evaluate(results: dict[str, Any]) -> list[dict[str, Any]]:
         entry["ratio"] = round(ratio, 2) if ratio is not None else None
         met = None if ratio is None else ratio <= 3.0 and (n < 1000 or agent < 60.0)
         target = "≤ 3× floor" + (", < 60 s" if n >= 1000 else "")
-        measured = (f"{_s(agent)} (floor {_s(floor)}, {ratio:.1f}×)" if ratio is not None
-                    else f"not converged in {_s(entry.get('timeout'))}: {entry.get('ready_at_timeout')} of {n} "
-                         f"ready (floor {_s(floor)})")
+        measured = (
+            f"{_s(agent)} (floor {_s(floor)}, {ratio:.1f}×)"
+            if ratio is not None
+            else f"not converged in {_s(entry.get('timeout'))}: {entry.get('ready_at_timeout')} of {n} "
+            f"ready (floor {_s(floor)})"
+        )
         if agent is None:
             met = False
         cores = entry.get("cpu_cores")
         runs = [run["ratio"] for run in entry.get("runs", [])]
-        spread = (f"median of {len(runs)} runs (" + ", ".join("-" if r is None else f"{r:.1f}×" for r in runs) + "); "
-                  if runs else "")
-        row(f"P1 cold convergence, N={n}", measured, target, met,
-            spread + f"all ovn-installed {_s(entry.get('ovn_installed_seconds'))}; floor OVS ports +{_s(entry.get('floor_ovs_seconds'))}"
-            + ("; cores busy: " + ", ".join(f"{k} {v:.2f}" for k, v in cores.items() if k != "load generator")
-               if cores else ""))
+        spread = (
+            f"median of {len(runs)} runs (" + ", ".join("-" if r is None else f"{r:.1f}×" for r in runs) + "); "
+            if runs
+            else ""
+        )
+        row(
+            f"P1 cold convergence, N={n}",
+            measured,
+            target,
+            met,
+            spread
+            + f"all ovn-installed {_s(entry.get('ovn_installed_seconds'))}; "
+            + f"floor OVS ports +{_s(entry.get('floor_ovs_seconds'))}"
+            + (
+                "; cores busy: " + ", ".join(f"{k} {v:.2f}" for k, v in cores.items() if k != "load generator")
+                if cores
+                else ""
+            ),
+        )
     p2 = results.get("p2")
     if p2:
         w = p2["writes"]
-        row(f"P2 writes in {p2['seconds']:.0f} s, N={p2['n']} (netlink/iptables/ovsdb)",
-            f"{w['netlink']}/{w['iptables']}/{w['ovsdb']}", "0", sum(w.values()) == 0)
+        row(
+            f"P2 writes in {p2['seconds']:.0f} s, N={p2['n']} (netlink/iptables/ovsdb)",
+            f"{w['netlink']}/{w['iptables']}/{w['ovsdb']}",
+            "0",
+            sum(w.values()) == 0,
+        )
         row(f"P2 haproxy reloads in {p2['seconds']:.0f} s", str(p2["reloads"]), "0", p2["reloads"] == 0)
-        row("P2 agent CPU", f"{p2['cpu_percent']:.1f} % of one core", "< 5 %", p2["cpu_percent"] < 5.0,
-            f"{p2['passes']} passes" + ("" if p2.get("ready", p2["n"]) == p2["n"]
-                                        else f"; not converged: {p2['ready']} of {p2['n']} ready"))
+        row(
+            "P2 agent CPU",
+            f"{p2['cpu_percent']:.1f} % of one core",
+            "< 5 %",
+            p2["cpu_percent"] < 5.0,
+            f"{p2['passes']} passes"
+            + ("" if p2.get("ready", p2["n"]) == p2["n"] else f"; not converged: {p2['ready']} of {p2['n']} ready"),
+        )
     p3 = [e for e in results.get("p3", []) if "skipped" not in e]
     for entry in results.get("p3", []):
         if "skipped" in entry:
@@ -73,14 +105,25 @@ def evaluate(results: dict[str, Any]) -> list[dict[str, Any]]:
         if small is not None and entry is not small:
             target += f", ≤ 1.5× N={small['n']}"
             met = met and entry["p99"] <= 1.5 * small["p99"]
-        row(f"P3 backend change → traffic, N={entry['n']}",
-            f"p50 {_ms(entry['p50'])}, p99 {_ms(entry['p99'])}", target, met,
+        row(
+            f"P3 backend change → traffic, N={entry['n']}",
+            f"p50 {_ms(entry['p50'])}, p99 {_ms(entry['p99'])}",
+            target,
+            met,
             f"{entry['changes']} changes; POST answered 202 in {_ms(entry['post_p50'])} p50"
-            + (f"; in haproxy after {_ms(entry['agent_p50'])} p50, {_ms(entry['agent_p99'])} p99"
-               if "agent_p50" in entry else "")
-            + (f"; the poller's resolution (a round of its {entry.get('poll_clients', 1)} requests) "
-               f"{entry['poll_ms']:.0f} ms" if "poll_ms" in entry else "")
-            + (f", {entry['missed']} never seen" if entry["missed"] else ""))
+            + (
+                f"; in haproxy after {_ms(entry['agent_p50'])} p50, {_ms(entry['agent_p99'])} p99"
+                if "agent_p50" in entry
+                else ""
+            )
+            + (
+                f"; the poller's resolution (a round of its {entry.get('poll_clients', 1)} requests) "
+                f"{entry['poll_ms']:.0f} ms"
+                if "poll_ms" in entry
+                else ""
+            )
+            + (f", {entry['missed']} never seen" if entry["missed"] else ""),
+        )
     p4 = results.get("p4")
     if p4:
         lb, direct = p4["loadbalancer"]["rps"], p4["direct"]["rps"]
@@ -92,23 +135,40 @@ def evaluate(results: dict[str, Any]) -> list[dict[str, Any]]:
             ovn_text = f"OVN native LB {ovn['rps']:,.0f} ({ovn['rps'] / direct if direct else 0:.2f}×)"
         else:
             ovn_text = "OVN native LB not run"
-        row(f"P4 HTTP req/s via load balancer, N={p4.get('n', '?')}", f"{lb:,.0f} ({ratio:.2f}× direct)", "≥ 0.8× direct", ratio >= 0.8,
-            f"direct {direct:,.0f}; {ovn_text}")
+        row(
+            f"P4 HTTP req/s via load balancer, N={p4.get('n', '?')}",
+            f"{lb:,.0f} ({ratio:.2f}× direct)",
+            "≥ 0.8× direct",
+            ratio >= 0.8,
+            f"direct {direct:,.0f}; {ovn_text}",
+        )
     p5 = results.get("p5")
     if p5:
-        row(f"P5 failed requests during {p5['reloads']} reloads, N={p5['n']}", f"{p5['failed']} of {p5['requests']:,}", "0",
+        row(
+            f"P5 failed requests during {p5['reloads']} reloads, N={p5['n']}",
+            f"{p5['failed']} of {p5['requests']:,}",
+            "0",
             p5["failed"] == 0 and p5["reloads"] >= p5["reloads_wanted"],
-            f"{p5['tool']} clients, a new connection per request, {p5['rps']:,.0f} requests/s")
+            f"{p5['tool']} clients, a new connection per request, {p5['rps']:,.0f} requests/s",
+        )
         live = p5.get("live")
         if live:
-            row(f"P5 failed requests during {live['reloads']} live backend changes, N={live['n']}",
-                f"{live['failed']} of {live['requests']:,}", "0",
+            row(
+                f"P5 failed requests during {live['reloads']} live backend changes, N={live['n']}",
+                f"{live['failed']} of {live['requests']:,}",
+                "0",
                 live["failed"] == 0 and live["reloads"] >= live["reloads_wanted"],
-                f"a fifth backend added and removed without a reload, {live['rps']:,.0f} requests/s")
+                f"a fifth backend added and removed without a reload, {live['rps']:,.0f} requests/s",
+            )
     p6 = results.get("p6")
     if p6:
-        row(f"P6 agent resident memory, N={p6['n']}", f"{p6['rss_mb']:.0f} MB", "≤ 150 MB", p6["rss_mb"] <= 150,
-            f"peak during convergence {p6['peak_rss_mb']:.0f} MB")
+        row(
+            f"P6 agent resident memory, N={p6['n']}",
+            f"{p6['rss_mb']:.0f} MB",
+            "≤ 150 MB",
+            p6["rss_mb"] <= 150,
+            f"peak during convergence {p6['peak_rss_mb']:.0f} MB",
+        )
     return rows
 
 
@@ -125,8 +185,10 @@ def table(rows: list[dict[str, Any]]) -> str:
     headers = ("figure", "measured", "target", "result", "note")
     cells = [headers] + [tuple(str(r[h]) for h in headers) for r in rows]
     widths = [max(len(c[i]) for c in cells) for i in range(len(headers))]
-    lines = ["| " + " | ".join(c.ljust(w) for c, w in zip(cells[0], widths)) + " |",
-             "|" + "|".join("-" * (w + 2) for w in widths) + "|"]
+    lines = [
+        "| " + " | ".join(c.ljust(w) for c, w in zip(cells[0], widths)) + " |",
+        "|" + "|".join("-" * (w + 2) for w in widths) + "|",
+    ]
     lines += ["| " + " | ".join(c.ljust(w) for c, w in zip(line, widths)) + " |" for line in cells[1:]]
     return "\n".join(lines)
 

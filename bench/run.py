@@ -51,14 +51,14 @@ import psutil
 REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO / "tests" / "functional"))  # the functional tests' agent runner and bodies
 
-from agentproc import LBAGENT, AgentProcess  # noqa: E402
-from lbstate import backend, desired, loadbalancer, tcp_listener  # noqa: E402
-
 from bench import floor, report  # noqa: E402
 from bench.traffic import BACKEND_PORT, Backends, LoadLoop, NetnsPool, http_text, run_load, set_sysctl_in  # noqa: E402
 from devtools.sandbox import INTEGRATION_BRIDGE, OvnSandbox, wait_for, which  # noqa: E402
 from devtools.topology import Vpc, lb_port_name  # noqa: E402
 from lbagent.naming import interface_names  # noqa: E402
+
+from agentproc import LBAGENT, AgentProcess  # noqa: E402
+from lbstate import backend, desired, loadbalancer, tcp_listener  # noqa: E402
 
 SUBNET = {"id": "net-1", "cidr": "198.18.0.0/16", "gateway": "198.18.0.1", "mtu": 1442}
 BACKEND_HOSTS = {"b1": "198.18.0.21", "b2": "198.18.0.22", "b3": "198.18.0.23", "b4": "198.18.0.24"}
@@ -142,7 +142,7 @@ class AgentWatch:
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._run, name="bench-watch", daemon=True)
 
-    def start(self, want_bound: int) -> "AgentWatch":
+    def start(self, want_bound: int) -> AgentWatch:
         self.want_bound = want_bound
         self._thread.start()
         return self
@@ -156,9 +156,16 @@ class AgentWatch:
         return None if value is None else int(value)
 
     def bound_count(self) -> int:
-        out = self.sandbox.vsctl("--format=csv", "--no-headings", "--columns=name", "find", "Interface",
-                                 f"external_ids:lbagent-owner=lbagent/{self.agent.host}",
-                                 'external_ids:ovn-installed="true"', timeout=60)
+        out = self.sandbox.vsctl(
+            "--format=csv",
+            "--no-headings",
+            "--columns=name",
+            "find",
+            "Interface",
+            f"external_ids:lbagent-owner=lbagent/{self.agent.host}",
+            'external_ids:ovn-installed="true"',
+            timeout=60,
+        )
         return len(out.split())
 
     def _run(self) -> None:
@@ -174,8 +181,9 @@ class AgentWatch:
                 continue
             if self.bound_at is None and bound >= self.want_bound:
                 self.bound_at = now
-            self.samples.append({"t": round(now, 1), "ready": ready, "bound": bound, "rss_mb": round(memory, 1),
-                                 "cpu_s": round(cpu, 2)})
+            self.samples.append(
+                {"t": round(now, 1), "ready": ready, "bound": bound, "rss_mb": round(memory, 1), "cpu_s": round(cpu, 2)}
+            )
 
     @property
     def peak_rss_mb(self) -> float:
@@ -221,7 +229,7 @@ class CpuSplit:
         seconds = {}
         for proc in procs:
             try:
-                seconds[proc.pid] = sum(proc.cpu_times()[:4 if self.reaped else 2])
+                seconds[proc.pid] = sum(proc.cpu_times()[: 4 if self.reaped else 2])
             except psutil.NoSuchProcess:
                 continue
         return seconds
@@ -236,8 +244,9 @@ class CpuSplit:
             after = self._cpu(list(now.values()))
             cores[role] = sum(after[pid] - self.before[role].get(pid, 0.0) for pid in after) / wall
         children = resource.getrusage(resource.RUSAGE_CHILDREN)
-        cores["load generator"] = (children.ru_utime + children.ru_stime - self.children.ru_utime
-                                   - self.children.ru_stime) / wall
+        cores["load generator"] = (
+            children.ru_utime + children.ru_stime - self.children.ru_utime - self.children.ru_stime
+        ) / wall
         system = psutil.cpu_times()
         cores["softirq"] = (system.softirq - self.system.softirq) / wall
         cores["idle"] = (system.idle - self.system.idle) / wall
@@ -305,10 +314,19 @@ class Poller:
 class Bench:
     def __init__(self, sandbox: OvnSandbox, prefix: str, workdir: Path, config: BenchConfig):
         self.sandbox, self.prefix, self.workdir, self.config = sandbox, prefix, Path(workdir), config
-        self.results: dict[str, Any] = {"p1": [], "p3": [], "config": {
-            "n": config.ns, "p3_small": config.p3_small, "p2_seconds": config.p2_seconds,
-            "changes": config.changes, "reloads": config.reloads, "wrk_seconds": config.wrk_seconds,
-            "connections": config.connections}}
+        self.results: dict[str, Any] = {
+            "p1": [],
+            "p3": [],
+            "config": {
+                "n": config.ns,
+                "p3_small": config.p3_small,
+                "p2_seconds": config.p2_seconds,
+                "changes": config.changes,
+                "reloads": config.reloads,
+                "wrk_seconds": config.wrk_seconds,
+                "connections": config.connections,
+            },
+        }
         self.vpc: Vpc | None = None
         self.backends = Backends(self.workdir)
         self.client = None
@@ -334,8 +352,10 @@ class Bench:
         return self.results
 
     def _setup(self) -> None:
-        say(f"==> VPC {SUBNET['cidr']} ({self.prefix}): 4 backends, 2 spares, a client "
-            f"({self.backends.kind} backends, {'wrk' if which('wrk') else 'Python'} load)")
+        say(
+            f"==> VPC {SUBNET['cidr']} ({self.prefix}): 4 backends, 2 spares, a client "
+            f"({self.backends.kind} backends, {'wrk' if which('wrk') else 'Python'} load)"
+        )
         self.vpc = Vpc(self.sandbox, self.prefix, SUBNET["cidr"], SUBNET["gateway"])
         for name, ip in {**BACKEND_HOSTS, **SPARE_HOSTS}.items():
             host = self.vpc.add_host(name, ip)
@@ -358,8 +378,16 @@ class Bench:
                 body = lb_body(self.prefix, index)
                 name = lb_port_name(body["id"])
                 self.vpc.lb_ports[body["id"]] = self.vpc.switch  # Vpc.cleanup() deletes them
-                args += ["--", "lsp-add", self.vpc.switch, name,
-                         "--", "lsp-set-addresses", name, f"{body['network']['mac']} {body['network']['ip']}"]
+                args += [
+                    "--",
+                    "lsp-add",
+                    self.vpc.switch,
+                    name,
+                    "--",
+                    "lsp-set-addresses",
+                    name,
+                    f"{body['network']['mac']} {body['network']['ip']}",
+                ]
             self.sandbox.nbctl(*args[1:], timeout=300)
         self.sandbox.nbctl("--wait=sb", "sync", timeout=300)
 
@@ -378,8 +406,11 @@ class Bench:
             self.sandbox.nbctl("ls-lb-del", self.vpc.switch, self.ovn_lb)
         self.sandbox.nbctl("--wait=hv", "sync", timeout=120)
         if attached:
-            wait_for(lambda: self.pool.call(http_text, OVN_LB_VIP, 80) in BACKEND_HOSTS, 30,
-                     "the OVN load balancer to answer")
+            wait_for(
+                lambda: self.pool.call(http_text, OVN_LB_VIP, 80) in BACKEND_HOSTS,
+                30,
+                "the OVN load balancer to answer",
+            )
 
     def _vswitchd(self):
         return next(d for d in self.sandbox.daemons if d.name == "ovs-vswitchd")
@@ -393,8 +424,12 @@ class Bench:
     def _policy_rules(self) -> None:
         """bench/policy_rules.py's figures (a scratch namespace of its own), for context."""
         say("==> bench/policy_rules.py 0 1000 (route lookup cost of the per-LB policy rules)")
-        out = subprocess.run([sys.executable, str(REPO / "bench" / "policy_rules.py"), "0", "1000"],
-                             capture_output=True, text=True, timeout=300)
+        out = subprocess.run(
+            [sys.executable, str(REPO / "bench" / "policy_rules.py"), "0", "1000"],
+            capture_output=True,
+            text=True,
+            timeout=300,
+        )
         lines = [line.strip() for line in out.stdout.splitlines() if line.strip()]
         self.results["policy_rules"] = lines if out.returncode == 0 else [f"failed: {out.stderr[-300:]}"]
 
@@ -415,8 +450,13 @@ class Bench:
                 self._p3(n)
                 self._check_sandbox("P3")
             else:
-                self.results["p3"].append({"n": n, "skipped": f"the agent had not converged: "
-                                           f"{entry['ready_at_timeout']} of {n} ready after {entry['timeout']:.0f} s"})
+                self.results["p3"].append(
+                    {
+                        "n": n,
+                        "skipped": f"the agent had not converged: "
+                        f"{entry['ready_at_timeout']} of {n} ready after {entry['timeout']:.0f} s",
+                    }
+                )
         if smallest:
             # P3 at the small N, then the data path (P4, P5) with an agent that has little else to do.
             small = self.config.p3_small
@@ -457,15 +497,18 @@ class Bench:
         try:
             entry["floor_seconds"] = round(floor.build_floor(self.floor_plan, tx_checksum_off=True), 3)
             entry["floor_ovs_seconds"] = round(
-                floor.add_ovs_ports(self.sandbox.vsctl, INTEGRATION_BRIDGE, self.floor_plan), 3)
+                floor.add_ovs_ports(self.sandbox.vsctl, INTEGRATION_BRIDGE, self.floor_plan), 3
+            )
             _check_floor(self.floor_plan[-1])
         finally:
             problems = floor.remove_floor(self.floor_plan, self.sandbox.vsctl, INTEGRATION_BRIDGE)
             self.floor_plan = []
             if problems:
                 raise RuntimeError("the floor was not removed completely: " + "; ".join(problems))
-        say(f"    floor {entry['floor_seconds']:.2f} s (+ OVS ports in one transaction "
-            f"{entry['floor_ovs_seconds']:.2f} s)")
+        say(
+            f"    floor {entry['floor_seconds']:.2f} s (+ OVS ports in one transaction "
+            f"{entry['floor_ovs_seconds']:.2f} s)"
+        )
 
     def _p1_agent(self, n: int, entry: dict, attempt: int = 0, profiled: bool = True) -> None:
         say(f"==> P1 agent, N={n}: a fresh agent, one POST of {n} load balancers")
@@ -474,8 +517,11 @@ class Bench:
         self.agent.start()
         self.lbs = [lb_body(self.prefix, i) for i in range(n)]
         watch = AgentWatch(self.agent, self.sandbox).start(want_bound=n)
-        profile = self._profile_start(f"p1-n{n}", min(self.config.converge_timeout, 120)) \
-            if profiled and n == self.config.ns[-1] else None
+        profile = (
+            self._profile_start(f"p1-n{n}", min(self.config.converge_timeout, 120))
+            if profiled and n == self.config.ns[-1]
+            else None
+        )
         cpu_before = _cpu_seconds(self.agent)
         # Where the machine's 2 cores went until every load balancer was ready.
         split = CpuSplit(self._processes(), reaped=True)
@@ -488,8 +534,12 @@ class Bench:
             if code == 504 or [lb["state"] for lb in body["loadbalancers"]].count("ready") != n:
                 # Not settled within ?wait (or settled with failures): count ready ones until the limit.
                 try:
-                    wait_for(lambda: watch.ready_count() == n, max(1.0, limit - (time.monotonic() - started)),
-                             f"all {n} load balancers ready", interval=1.0)
+                    wait_for(
+                        lambda: watch.ready_count() == n,
+                        max(1.0, limit - (time.monotonic() - started)),
+                        f"all {n} load balancers ready",
+                        interval=1.0,
+                    )
                 except TimeoutError:
                     pass
             if watch.ready_count() == n:
@@ -510,18 +560,25 @@ class Bench:
             entry["timeline"] = watch.samples
             if profile is not None:
                 entry["profile"] = self._profile_finish(profile, stop=True)
-        entry["ratio"] = round(entry["agent_seconds"] / entry["floor_seconds"], 2) \
-            if entry["agent_seconds"] is not None and entry["floor_seconds"] else None
+        entry["ratio"] = (
+            round(entry["agent_seconds"] / entry["floor_seconds"], 2)
+            if entry["agent_seconds"] is not None and entry["floor_seconds"]
+            else None
+        )
         if entry["agent_seconds"] is None:
-            say(f"    NOT converged within {limit:.0f} s: {entry['ready_at_timeout']} of {n} ready; agent CPU "
-                f"{entry['cpu_seconds']:.1f} s; peak RSS {entry['peak_rss_mb']:.0f} MB")
+            say(
+                f"    NOT converged within {limit:.0f} s: {entry['ready_at_timeout']} of {n} ready; agent CPU "
+                f"{entry['cpu_seconds']:.1f} s; peak RSS {entry['peak_rss_mb']:.0f} MB"
+            )
             return
         for index in sorted({0, n // 2, n - 1}):
             vip = self.lbs[index]["network"]["ip"]
-            wait_for(lambda: self.pool.call(http_text, vip, 80) in BACKEND_HOSTS, 30, f"{vip}:80 answering")
-        say(f"    agent {entry['agent_seconds']:.2f} s ({entry['agent_seconds'] / entry['floor_seconds']:.1f}× "
+            wait_for(lambda vip=vip: self.pool.call(http_text, vip, 80) in BACKEND_HOSTS, 30, f"{vip}:80 answering")
+        say(
+            f"    agent {entry['agent_seconds']:.2f} s ({entry['agent_seconds'] / entry['floor_seconds']:.1f}× "
             f"the floor); all ports ovn-installed at {entry['ovn_installed_seconds']:.1f} s; agent CPU "
-            f"{entry['cpu_seconds']:.1f} s; peak RSS {entry['peak_rss_mb']:.0f} MB")
+            f"{entry['cpu_seconds']:.1f} s; peak RSS {entry['peak_rss_mb']:.0f} MB"
+        )
 
     def _body(self) -> bytes:
         """The next generation's complete desired state, encoded (the region controller's work)."""
@@ -556,18 +613,24 @@ class Bench:
         writes = {k: after["agent"]["writes"][k] - before["writes"][k] for k in before["writes"]}
         passes = sum(lb["passes"] for lb in after["loadbalancers"]) - passes_before
         self.results["p2"] = {
-            "n": n, "seconds": round(wall1 - wall0, 1), "writes": writes,
+            "n": n,
+            "seconds": round(wall1 - wall0, 1),
+            "writes": writes,
             "reloads": after["agent"]["haproxy"]["reloads"] - before["haproxy"]["reloads"],
-            "cpu_seconds": round(cpu1 - cpu0, 2), "cpu_percent": round((cpu1 - cpu0) / (wall1 - wall0) * 100, 2),
-            "passes": passes, "ready": sum(lb["state"] == "ready" for lb in after["loadbalancers"]),
+            "cpu_seconds": round(cpu1 - cpu0, 2),
+            "cpu_percent": round((cpu1 - cpu0) / (wall1 - wall0) * 100, 2),
+            "passes": passes,
+            "ready": sum(lb["state"] == "ready" for lb in after["loadbalancers"]),
         }
         if profile is not None:
             self.results["p2"]["profile"] = self._profile_finish(profile)
         peak = max([e.get("peak_rss_mb", 0) for e in self.results["p1"]] + [rss])
         self.results["p6"] = {"n": n, "rss_mb": round(rss, 1), "peak_rss_mb": round(peak, 1)}
         p2 = self.results["p2"]
-        say(f"    writes {writes}, reloads {p2['reloads']}, CPU {p2['cpu_percent']:.1f} % of a core "
-            f"({passes} passes); P6 RSS {rss:.0f} MB")
+        say(
+            f"    writes {writes}, reloads {p2['reloads']}, CPU {p2['cpu_percent']:.1f} % of a core "
+            f"({passes} passes); P6 RSS {rss:.0f} MB"
+        )
 
     # -- P3 -------------------------------------------------------------------------
 
@@ -576,14 +639,22 @@ class Bench:
             self.lbs = [lb_body(self.prefix, i) for i in range(n)]
             say(f"==> P3 at N={n}: the agent now holds {n} load balancers")
             self._post_accepted()
-            wait_for(lambda: metric(self.agent, 'lbagent_loadbalancers{state="ready"}') == n
-                     and metric(self.agent, 'lbagent_loadbalancers{state="deleting"}') == 0,
-                     self.config.converge_timeout, f"{n} load balancers ready, the others deleted", interval=0.5)
+            wait_for(
+                lambda: (
+                    metric(self.agent, 'lbagent_loadbalancers{state="ready"}') == n
+                    and metric(self.agent, 'lbagent_loadbalancers{state="deleting"}') == 0
+                ),
+                self.config.converge_timeout,
+                f"{n} load balancers ready, the others deleted",
+                interval=0.5,
+            )
         changes = self.config.changes
-        say(f"==> P3 N={n}: {changes} POSTs that replace one backend of {self.lbs[0]['id']}, "
-            "each timed to the first answer from the new backend")
+        say(
+            f"==> P3 N={n}: {changes} POSTs that replace one backend of {self.lbs[0]['id']}, "
+            "each timed to the first answer from the new backend"
+        )
         vip = self.lbs[0]["network"]["ip"]
-        wait_for(lambda: self.pool.call(http_text, vip, 80) in BACKEND_HOSTS, 30, f"{vip}:80 answering")
+        wait_for(lambda vip=vip: self.pool.call(http_text, vip, 80) in BACKEND_HOSTS, 30, f"{vip}:80 answering")
         poller = Poller(self.pool, vip, 80)
         # How long one round of requests (one per client) takes on the data path
         # alone at this N: the resolution of every latency below, and part of each.
@@ -618,15 +689,23 @@ class Bench:
         self.lbs[0] = lb_body(self.prefix, 0)
         self._post_accepted()
         if not missed:
-            wait_for(lambda: self.pool.call(http_text, vip, 80) == "b4", P3_CHANGE_LIMIT, f"{vip} back on b4",
-                     interval=0.05)
-        entry = {"n": n, "changes": len(latencies) + missed, "missed": missed,
-                 "p50": round(report.percentile(latencies, 0.5), 4) if latencies else None,
-                 "p99": round(report.percentile(latencies, 0.99), 4) if latencies else None,
-                 "max": round(max(latencies), 4) if latencies else None,
-                 "post_p50": round(statistics.median(posts), 4), "latencies": [round(x, 4) for x in latencies],
-                 "poll_requests": poller.requests, "poll_failures": poller.failures, "poll_ms": round(poll_ms, 1),
-                 "poll_clients": poller.clients}
+            wait_for(
+                lambda: self.pool.call(http_text, vip, 80) == "b4", P3_CHANGE_LIMIT, f"{vip} back on b4", interval=0.05
+            )
+        entry = {
+            "n": n,
+            "changes": len(latencies) + missed,
+            "missed": missed,
+            "p50": round(report.percentile(latencies, 0.5), 4) if latencies else None,
+            "p99": round(report.percentile(latencies, 0.99), 4) if latencies else None,
+            "max": round(max(latencies), 4) if latencies else None,
+            "post_p50": round(statistics.median(posts), 4),
+            "latencies": [round(x, 4) for x in latencies],
+            "poll_requests": poller.requests,
+            "poll_failures": poller.failures,
+            "poll_ms": round(poll_ms, 1),
+            "poll_clients": poller.clients,
+        }
         # When the agent had each change in haproxy, from its own log: what the
         # rest of each latency is (the data path, and the poller catching up).
         applied = _applied_after(self.agent.log_path, self.lbs[0]["id"], posted_at)
@@ -638,9 +717,11 @@ class Bench:
         if profile is not None:
             entry["profile"] = self._profile_finish(profile)
         self.results["p3"].append(entry)
-        say(f"    p50 {entry['p50'] * 1000:.0f} ms, p99 {entry['p99'] * 1000:.0f} ms (POST p50 "
+        say(
+            f"    p50 {entry['p50'] * 1000:.0f} ms, p99 {entry['p99'] * 1000:.0f} ms (POST p50 "
             f"{entry['post_p50'] * 1000:.0f} ms to 202; {poller.failures} failed polls of {poller.requests}; "
-            f"{missed} not seen within {P3_CHANGE_LIMIT:.0f} s)")
+            f"{missed} not seen within {P3_CHANGE_LIMIT:.0f} s)"
+        )
 
     # -- P4 and P5 --------------------------------------------------------------
 
@@ -654,15 +735,19 @@ class Bench:
             split = CpuSplit(self._processes())
             result = run_load(self.client, targets, seconds, conns, pool=self.pool)
             self.results["p4"][leg] = {**result.as_dict(), "cpu_cores": split.finish()}
-            say(f"    {result.rps:,.0f} requests/s ({result.errors} errors); cores busy: "
-                + ", ".join(f"{k} {v:.2f}" for k, v in self.results["p4"][leg]["cpu_cores"].items()))
+            say(
+                f"    {result.rps:,.0f} requests/s ({result.errors} errors); cores busy: "
+                + ", ".join(f"{k} {v:.2f}" for k, v in self.results["p4"][leg]["cpu_cores"].items())
+            )
 
     def _processes(self) -> dict[str, list[int]]:
         """The processes that do P1's and P4's work, by role (their children, e.g. workers, included)."""
-        by_role = {"ovs-vswitchd": [self._vswitchd().pid()],
-                   "ovn-controller": [next(d for d in self.sandbox.daemons if d.name == "ovn-controller").pid()],
-                   "nginx": [proc.pid for proc in self.backends.processes()],
-                   "agent": [self.agent.proc.pid] if self.agent else []}
+        by_role = {
+            "ovs-vswitchd": [self._vswitchd().pid()],
+            "ovn-controller": [next(d for d in self.sandbox.daemons if d.name == "ovn-controller").pid()],
+            "nginx": [proc.pid for proc in self.backends.processes()],
+            "agent": [self.agent.proc.pid] if self.agent else [],
+        }
         if self.agent is not None:
             by_role["haproxy"] = [self.agent.status()["agent"]["haproxy"]["pid"]]
         return {role: [p for p in pids if p] for role, pids in by_role.items()}
@@ -677,15 +762,20 @@ class Bench:
             split = CpuSplit(self._processes())
             result = run_load(self.client, [(OVN_LB_VIP, 80)] * 4, seconds, conns, pool=self.pool)
             self.results["p4"]["ovn_lb"] = {**result.as_dict(), "cpu_cores": split.finish()}
-            say(f"    {result.rps:,.0f} requests/s ({result.errors} errors); cores busy: "
-                + ", ".join(f"{k} {v:.2f}" for k, v in self.results["p4"]["ovn_lb"]["cpu_cores"].items()))
+            say(
+                f"    {result.rps:,.0f} requests/s ({result.errors} errors); cores busy: "
+                + ", ".join(f"{k} {v:.2f}" for k, v in self.results["p4"]["ovn_lb"]["cpu_cores"].items())
+            )
         except RuntimeError as exc:
             self.results["p4"]["ovn_lb"] = {"rps": 0.0, "error": str(exc)[:300]}
         daemon = self._vswitchd()
         if not daemon.running():
             crash = _last_emergency(daemon.logfile)
-            self.results["p4"]["ovn_lb"] = {**self.results["p4"]["ovn_lb"], "rps": 0.0,
-                                            "error": f"ovs-vswitchd crashed: {crash}"}
+            self.results["p4"]["ovn_lb"] = {
+                **self.results["p4"]["ovn_lb"],
+                "rps": 0.0,
+                "error": f"ovs-vswitchd crashed: {crash}",
+            }
             say(f"    ovs-vswitchd crashed ({crash}); restarting it for the teardown")
             self.sandbox.restart("ovs-vswitchd")
         self._attach_ovn_lb(False)
@@ -697,8 +787,9 @@ class Bench:
         self.results["p5"] = self._changes_under_load(n, "reloads", "lbagent_haproxy_reloads_total", reload=True)
         self.lbs[0] = lb_body(self.prefix, 0)  # as P5 found it: the live changes start from there
         self._post(wait=P5_RELOAD_LIMIT)
-        self.results["p5"]["live"] = self._changes_under_load(n, "live backend changes",
-                                                              "lbagent_haproxy_live_updates_total", reload=False)
+        self.results["p5"]["live"] = self._changes_under_load(
+            n, "live backend changes", "lbagent_haproxy_live_updates_total", reload=False
+        )
 
     def _changes_under_load(self, n: int, what: str, counter: str, reload: bool) -> dict:
         changes = self.config.reloads
@@ -720,8 +811,12 @@ class Bench:
                 before = metric(self.agent, counter) or 0
                 self._post_accepted()
                 try:
-                    wait_for(lambda: (metric(self.agent, counter) or 0) > before, P5_RELOAD_LIMIT,
-                             f"change {k + 1} ({counter})", interval=0.1)
+                    wait_for(
+                        lambda before=before: (metric(self.agent, counter) or 0) > before,
+                        P5_RELOAD_LIMIT,
+                        f"change {k + 1} ({counter})",
+                        interval=0.1,
+                    )
                 except TimeoutError:
                     break
                 done += 1
@@ -729,10 +824,17 @@ class Bench:
         finally:
             stop.set()
             result = load.finish()
-        say(f"    {result.errors} failed of {result.requests:,} requests during {done} {what} "
-            f"({result.rps:,.0f} requests/s)")
-        return {"n": n, "reloads_wanted": changes, "reloads": done, "failed": result.errors,
-                **{k: v for k, v in result.as_dict().items() if k != "errors"}}
+        say(
+            f"    {result.errors} failed of {result.requests:,} requests during {done} {what} "
+            f"({result.rps:,.0f} requests/s)"
+        )
+        return {
+            "n": n,
+            "reloads_wanted": changes,
+            "reloads": done,
+            "failed": result.errors,
+            **{k: v for k, v in result.as_dict().items() if k != "errors"},
+        }
 
     # -- agent lifetime ------------------------------------------------------------
 
@@ -752,23 +854,34 @@ class Bench:
             if agent.proc is not None and agent.proc.poll() is None and count <= RETIRE_BY_AGENT:
                 self.generation += 1
                 started = time.monotonic()
-                code, _ = agent.request("POST", "/v1/refresh?wait=120", desired(self.generation, subnets=[SUBNET]),
-                                        timeout=180)
+                code, _ = agent.request(
+                    "POST", "/v1/refresh?wait=120", desired(self.generation, subnets=[SUBNET]), timeout=180
+                )
                 if code == 200:
                     self.results.setdefault("teardown_seconds", {})[str(count)] = round(time.monotonic() - started, 2)
                     # What the agent's own deletion left behind while it still runs (should be nothing).
                     ids = [lb_id(self.prefix, i) for i in range(count)]
                     present = set(os.listdir("/sys/class/net"))
-                    left = sorted(name for i in ids for names in [interface_names(i)]
-                                  for name in (names.ovn_host, names.haproxy_host) if name in present)
+                    left = sorted(
+                        name
+                        for i in ids
+                        for names in [interface_names(i)]
+                        for name in (names.ovn_host, names.haproxy_host)
+                        if name in present
+                    )
                     self.results.setdefault("left_after_delete", {}).setdefault(str(count), []).extend(left)
         finally:
             self.lbs = []
             agent.stop()
             for netns in Path("/run/netns").glob(f"lb-{self.prefix}-*"):
                 floor.delete_netns(netns.name)
-            result = subprocess.run([LBAGENT, "cleanup", "--yes", "--config", str(agent.config_path)],
-                                    capture_output=True, text=True, timeout=600, env=agent.env)
+            result = subprocess.run(
+                [LBAGENT, "cleanup", "--yes", "--config", str(agent.config_path)],
+                capture_output=True,
+                text=True,
+                timeout=600,
+                env=agent.env,
+            )
             if result.returncode != 0:
                 raise RuntimeError(f"lbagent cleanup failed: {result.stdout[-300:]} {result.stderr[-300:]}")
             if os.environ.get("LBAGENT_KEEP_AGENT_DIRS") is None:
@@ -805,9 +918,25 @@ class Bench:
             return None
         PROFILE_DIR.mkdir(parents=True, exist_ok=True)
         out = PROFILE_DIR / f"{name}.txt"
-        proc = subprocess.Popen([str(spy), "record", "--pid", str(self.agent.proc.pid), "--duration",
-                                 str(int(seconds)), "--rate", "50", "--format", "raw", "--nonblocking",
-                                 "--output", str(out)], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+        proc = subprocess.Popen(
+            [
+                str(spy),
+                "record",
+                "--pid",
+                str(self.agent.proc.pid),
+                "--duration",
+                str(int(seconds)),
+                "--rate",
+                "50",
+                "--format",
+                "raw",
+                "--nonblocking",
+                "--output",
+                str(out),
+            ],
+            stdout=subprocess.DEVNULL,
+            stderr=subprocess.DEVNULL,
+        )
         return proc, out, seconds
 
     def _profile_finish(self, profile, stop: bool = False) -> dict:
@@ -867,8 +996,11 @@ def _host_addresses() -> set[str]:
 
 def _check_floor(last: floor.FloorLb) -> None:
     """The floor made what it claims: the last namespace has its address and its rules."""
-    out = subprocess.run(["ip", "netns", "exec", last.netns, "sh", "-c",
-                          "ip -br addr; iptables-legacy-save -t nat"], capture_output=True, text=True).stdout
+    out = subprocess.run(
+        ["ip", "netns", "exec", last.netns, "sh", "-c", "ip -br addr; iptables-legacy-save -t nat"],
+        capture_output=True,
+        text=True,
+    ).stdout
     if last.vip not in out or "DNAT" not in out:
         raise RuntimeError(f"the floor's namespace {last.netns} is incomplete:\n{out}")
 
@@ -876,8 +1008,9 @@ def _check_floor(last: floor.FloorLb) -> None:
 def _last_emergency(logfile: Path) -> str:
     """The last EMER/ERR line of a daemon's log (why it died), or a pointer to the log."""
     try:
-        lines = [line for line in logfile.read_text(errors="replace").splitlines() if "|EMER|" in line
-                 or "|ERR|" in line]
+        lines = [
+            line for line in logfile.read_text(errors="replace").splitlines() if "|EMER|" in line or "|ERR|" in line
+        ]
     except OSError:
         lines = []
     return lines[-1].split("|", 4)[-1] if lines else f"see {logfile}"
@@ -918,8 +1051,9 @@ def summarize_profile(path: Path, top: int = 15) -> dict:
 # entry point
 
 
-def run_benchmark(config: BenchConfig, sandbox: OvnSandbox | None = None, prefix: str | None = None,
-                  workdir: Path | None = None) -> dict[str, Any]:
+def run_benchmark(
+    config: BenchConfig, sandbox: OvnSandbox | None = None, prefix: str | None = None, workdir: Path | None = None
+) -> dict[str, Any]:
     """The whole benchmark; with `sandbox` given (the test suite's), that one is used and left running."""
     prefix = prefix or "b" + secrets.token_hex(3)[:5]
     own_dir = workdir is None
@@ -928,8 +1062,10 @@ def run_benchmark(config: BenchConfig, sandbox: OvnSandbox | None = None, prefix
     started = time.monotonic()
     try:
         if own_sandbox:
-            say(f"==> private OVS + OVN in {workdir / 'sbx'} (LBAGENT_SANDBOX_WAIT="
-                f"{os.environ.get('LBAGENT_SANDBOX_WAIT', '0')} s to queue for it)")
+            say(
+                f"==> private OVS + OVN in {workdir / 'sbx'} (LBAGENT_SANDBOX_WAIT="
+                f"{os.environ.get('LBAGENT_SANDBOX_WAIT', '0')} s to queue for it)"
+            )
             sandbox = OvnSandbox(workdir / "sbx")
             sandbox.start()
         try:
@@ -957,30 +1093,50 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--reloads", type=int, default=20, help="P5 reloads")
     parser.add_argument("--wrk-seconds", type=float, default=10.0, help="P4 duration of each leg")
     parser.add_argument("--connections", type=int, default=32, help="P4 concurrent connections")
-    parser.add_argument("--converge-timeout", type=float, default=300.0,
-                        help="P1 gives up (and says so) after this many seconds")
+    parser.add_argument(
+        "--converge-timeout", type=float, default=300.0, help="P1 gives up (and says so) after this many seconds"
+    )
     parser.add_argument("--no-policy-rules", action="store_true", help="skip bench/policy_rules.py")
     parser.add_argument("--p1-only", action="store_true", help="measure P1 only (profiling convergence)")
-    parser.add_argument("--p1-runs", type=int, default=3,
-                        help=f"P1 floor/agent pairs at each N up to {P1_REPEAT_UP_TO}; the median one is reported")
-    parser.add_argument("--profile", action="store_true",
-                        help=f"py-spy record the agent during P1 (largest N) and P2 into {PROFILE_DIR}")
+    parser.add_argument(
+        "--p1-runs",
+        type=int,
+        default=3,
+        help=f"P1 floor/agent pairs at each N up to {P1_REPEAT_UP_TO}; the median one is reported",
+    )
+    parser.add_argument(
+        "--profile",
+        action="store_true",
+        help=f"py-spy record the agent during P1 (largest N) and P2 into {PROFILE_DIR}",
+    )
     parser.add_argument("--output", type=Path, default=REPO / "bench" / "results.json")
     parser.add_argument("--strict", action="store_true", help="exit 1 when a target is missed")
     args = parser.parse_args(argv)
     if os.geteuid() != 0:
         say("the benchmark needs root (network namespaces, OVS); run it as root")
         return 2
-    config = BenchConfig(ns=args.n, p3_small=args.p3_small, p2_seconds=args.p2_seconds, changes=args.changes,
-                         reloads=args.reloads, wrk_seconds=args.wrk_seconds, connections=args.connections,
-                         converge_timeout=args.converge_timeout, policy_rules=not args.no_policy_rules,
-                         p1_only=args.p1_only, p1_runs=args.p1_runs,
-                         profile=args.profile, output=args.output)
+    config = BenchConfig(
+        ns=args.n,
+        p3_small=args.p3_small,
+        p2_seconds=args.p2_seconds,
+        changes=args.changes,
+        reloads=args.reloads,
+        wrk_seconds=args.wrk_seconds,
+        connections=args.connections,
+        converge_timeout=args.converge_timeout,
+        policy_rules=not args.no_policy_rules,
+        p1_only=args.p1_only,
+        p1_runs=args.p1_runs,
+        profile=args.profile,
+        output=args.output,
+    )
     results = run_benchmark(config)
     machine = results["machine"]
-    say(f"\nlbagent benchmark, {time.strftime('%Y-%m-%d')}: {machine['cpus']} CPUs ({machine['cpu_model']}), "
+    say(
+        f"\nlbagent benchmark, {time.strftime('%Y-%m-%d')}: {machine['cpus']} CPUs ({machine['cpu_model']}), "
         f"{machine['memory_gib']} GiB, Linux {machine['kernel']}; {machine['ovs']}; {machine['ovn']}; "
-        f"{machine['haproxy']}\n")
+        f"{machine['haproxy']}\n"
+    )
     say(report.table(results["rows"]))
     say(f"\nall figures: {args.output}")
     missed = [r["figure"] for r in results["rows"] if r["result"] == "MISSED"]

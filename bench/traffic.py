@@ -43,7 +43,8 @@ class NetnsPool:
     def __init__(self, netns: str, workers: int = 1):
         self.netns = netns
         self._pool = concurrent.futures.ThreadPoolExecutor(
-            max_workers=workers, thread_name_prefix=f"in-{netns}", initializer=self._enter)
+            max_workers=workers, thread_name_prefix=f"in-{netns}", initializer=self._enter
+        )
 
     def _enter(self) -> None:
         fd = os.open(f"/run/netns/{self.netns}", os.O_RDONLY | os.O_CLOEXEC)
@@ -129,16 +130,33 @@ class Backends:
         conf.write_text(NGINX_CONF.format(dir=directory, port=BACKEND_PORT, text=text))
         with open(directory / "stderr.log", "wb") as err:
             proc = subprocess.Popen(
-                [which("ip") or "ip", "netns", "exec", host.netns, which("nginx"), "-p", str(directory),
-                 "-e", str(directory / "error.log"), "-c", str(conf)],
-                stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=err, start_new_session=True)
+                [
+                    which("ip") or "ip",
+                    "netns",
+                    "exec",
+                    host.netns,
+                    which("nginx"),
+                    "-p",
+                    str(directory),
+                    "-e",
+                    str(directory / "error.log"),
+                    "-c",
+                    str(conf),
+                ],
+                stdin=subprocess.DEVNULL,
+                stdout=subprocess.DEVNULL,
+                stderr=err,
+                start_new_session=True,
+            )
         self._procs[host.name] = proc  # `ip netns exec` execs nginx: this pid is nginx's master
         pool = NetnsPool(host.netns)
         try:
+
             def answers() -> bool:
                 if proc.poll() is not None:
                     raise RuntimeError(f"nginx in {host.netns} exited: {(directory / 'stderr.log').read_text()}")
                 return pool.call(http_text, "127.0.0.1", BACKEND_PORT) == text
+
             wait_for(answers, 15, f"nginx in {host.netns}")
         finally:
             pool.close()
@@ -169,12 +187,24 @@ class LoadResult:
     detail: dict = field(default_factory=dict)
 
     def as_dict(self) -> dict:
-        return {"tool": self.tool, "seconds": round(self.seconds, 2), "requests": self.requests,
-                "errors": self.errors, "rps": round(self.rps, 1), **self.detail}
+        return {
+            "tool": self.tool,
+            "seconds": round(self.seconds, 2),
+            "requests": self.requests,
+            "errors": self.errors,
+            "rps": round(self.rps, 1),
+            **self.detail,
+        }
 
 
-def run_load(client: VpcHost, targets: list[tuple[str, int]], seconds: float, connections: int,
-             close: bool = False, pool: NetnsPool | None = None) -> LoadResult:
+def run_load(
+    client: VpcHost,
+    targets: list[tuple[str, int]],
+    seconds: float,
+    connections: int,
+    close: bool = False,
+    pool: NetnsPool | None = None,
+) -> LoadResult:
     """Load `targets` (one load generator each, connections split evenly) for `seconds`.
 
     `close`: a new connection per request (what a reload can break), else keep-alive.
@@ -191,18 +221,34 @@ WRK_NUMBERS = {
 }
 
 
-def _wrk(client: VpcHost, targets: list[tuple[str, int]], seconds: float, connections: int,
-         close: bool) -> LoadResult:
+def _wrk(client: VpcHost, targets: list[tuple[str, int]], seconds: float, connections: int, close: bool) -> LoadResult:
     per_target = max(1, connections // len(targets))
     duration = max(1, round(seconds))
     procs = []
     for ip, port in targets:
-        argv = [which("ip") or "ip", "netns", "exec", client.netns, which("wrk"), "-t1", f"-c{per_target}",
-                f"-d{duration}s", "--timeout", "2s"]
+        argv = [
+            which("ip") or "ip",
+            "netns",
+            "exec",
+            client.netns,
+            which("wrk"),
+            "-t1",
+            f"-c{per_target}",
+            f"-d{duration}s",
+            "--timeout",
+            "2s",
+        ]
         if close:
             argv += ["-H", "Connection: close"]
-        procs.append(subprocess.Popen(argv + [f"http://{ip}:{port}/"], stdin=subprocess.DEVNULL,
-                                      stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True))
+        procs.append(
+            subprocess.Popen(
+                argv + [f"http://{ip}:{port}/"],
+                stdin=subprocess.DEVNULL,
+                stdout=subprocess.PIPE,
+                stderr=subprocess.STDOUT,
+                text=True,
+            )
+        )
     requests = errors = 0
     elapsed = 0.0
     detail = {"connect": 0, "read": 0, "write": 0, "timeout": 0, "non2xx": 0}
@@ -219,18 +265,25 @@ def _wrk(client: VpcHost, targets: list[tuple[str, int]], seconds: float, connec
         requests += int(found.group(1))
         took = float(found.group(2)) / (1000 if found.group(3) == "ms" else 1)
         elapsed = max(elapsed, took)
-        if (sock := WRK_NUMBERS["socket"].search(out)):
+        if sock := WRK_NUMBERS["socket"].search(out):
             for key, value in zip(("connect", "read", "write", "timeout"), sock.groups()):
                 detail[key] += int(value)
-        if (non2xx := WRK_NUMBERS["non2xx"].search(out)):
+        if non2xx := WRK_NUMBERS["non2xx"].search(out):
             detail["non2xx"] += int(non2xx.group(1))
     errors = sum(detail.values())
-    return LoadResult("wrk", elapsed, requests, errors, (requests - errors) / elapsed if elapsed else 0.0,
-                      {"processes": len(targets), "connections": per_target * len(targets), **detail})
+    return LoadResult(
+        "wrk",
+        elapsed,
+        requests,
+        errors,
+        (requests - errors) / elapsed if elapsed else 0.0,
+        {"processes": len(targets), "connections": per_target * len(targets), **detail},
+    )
 
 
-def _python_load(pool: NetnsPool | None, targets: list[tuple[str, int]], seconds: float,
-                 connections: int) -> LoadResult:
+def _python_load(
+    pool: NetnsPool | None, targets: list[tuple[str, int]], seconds: float, connections: int
+) -> LoadResult:
     """A new connection per request from `connections` threads of the client namespace, for `seconds`."""
     if pool is None:
         raise ValueError("the Python load generator needs a NetnsPool of the client namespace")
@@ -258,8 +311,14 @@ def _python_load(pool: NetnsPool | None, targets: list[tuple[str, int]], seconds
         future.result(timeout=seconds + 30)
     elapsed = time.monotonic() - started
     total = counts["ok"] + counts["failed"]
-    return LoadResult("python", elapsed, total, counts["failed"], counts["ok"] / elapsed,
-                      {"connections": connections, "first_errors": errors})
+    return LoadResult(
+        "python",
+        elapsed,
+        total,
+        counts["failed"],
+        counts["ok"] / elapsed,
+        {"connections": connections, "first_errors": errors},
+    )
 
 
 class LoadLoop:
@@ -296,8 +355,14 @@ class LoadLoop:
         for future in self._futures:
             future.result(timeout=30)
         elapsed = time.monotonic() - self._started
-        return LoadResult("python", elapsed, self.requests, self.failures, (self.requests - self.failures) / elapsed,
-                          {"connections": self._clients, "first_errors": self.errors})
+        return LoadResult(
+            "python",
+            elapsed,
+            self.requests,
+            self.failures,
+            (self.requests - self.failures) / elapsed,
+            {"connections": self._clients, "first_errors": self.errors},
+        )
 
 
 def set_sysctl_in(host: VpcHost, key: str, value: str) -> None:

@@ -119,8 +119,12 @@ def _up(paths: DemoPaths, desired: dict[str, Any]) -> None:
     token = _write_agent_config(paths, sandbox)
     say(f"==> starting the agent: {lbagent_bin()} run --config {paths.config}")
     agent = _start_agent(paths, sandbox)
-    wait_for(lambda: _agent_healthy(agent, token), 30, "the agent to answer GET /healthz "
-             f"(log: {paths.agent_log})", interval=0.3)
+    wait_for(
+        lambda: _agent_healthy(agent, token),
+        30,
+        f"the agent to answer GET /healthz (log: {paths.agent_log})",
+        interval=0.3,
+    )
 
     say(f"==> POST {DESIRED_STATE.relative_to(REPO)} to /v1/refresh?wait=60")
     status, body = _api("POST", "/v1/refresh?wait=60", token, DESIRED_STATE.read_bytes(), timeout=75)
@@ -142,8 +146,9 @@ def _check_port_free() -> None:
         try:
             probe.bind((API_HOST, API_PORT))
         except OSError as exc:
-            raise DemoError(f"{API_HOST}:{API_PORT} is in use ({exc.strerror}); "
-                            "is a demo or an agent already running?") from None
+            raise DemoError(
+                f"{API_HOST}:{API_PORT} is in use ({exc.strerror}); is a demo or an agent already running?"
+            ) from None
 
 
 def _write_agent_config(paths: DemoPaths, sandbox: OvnSandbox) -> str:
@@ -172,10 +177,13 @@ def _start_agent(paths: DemoPaths, sandbox: OvnSandbox) -> subprocess.Popen:
     with open(paths.agent_log, "ab") as log:
         agent = subprocess.Popen(
             [str(binary), "run", "--config", str(paths.config)],
-            stdin=subprocess.DEVNULL, stdout=log, stderr=subprocess.STDOUT,
+            stdin=subprocess.DEVNULL,
+            stdout=log,
+            stderr=subprocess.STDOUT,
             # It outlives `up` and must not get the terminal's Ctrl-C; the
             # sandbox environment keeps any OVS tool it runs on our sandbox.
-            start_new_session=True, env=sandbox.env,
+            start_new_session=True,
+            env=sandbox.env,
         )
     paths.agent_pid.write_text(f"{agent.pid}\n")
     return agent
@@ -190,14 +198,12 @@ def _agent_healthy(agent: subprocess.Popen, token: str) -> bool:
         return False
 
 
-def _api(method: str, path: str, token: str, body: bytes | None = None,
-         timeout: float = 10) -> tuple[int, Any]:
+def _api(method: str, path: str, token: str, body: bytes | None = None, timeout: float = 10) -> tuple[int, Any]:
     """One request to the agent's API; (status, decoded JSON or text)."""
     headers = {"Authorization": f"Bearer {token}"}
     if body is not None:
         headers["Content-Type"] = "application/json"
-    request = urllib.request.Request(f"http://{API_HOST}:{API_PORT}{path}", data=body,
-                                     method=method, headers=headers)
+    request = urllib.request.Request(f"http://{API_HOST}:{API_PORT}{path}", data=body, method=method, headers=headers)
     # No proxies: an http_proxy in the environment must not see the token.
     opener = urllib.request.build_opener(urllib.request.ProxyHandler({}))
     try:
@@ -220,8 +226,7 @@ def _curl_listeners(client: VpcHost, lb: dict[str, Any]) -> None:
             say(f"    {i}: {client.curl(url).strip()}")
 
 
-def _lbagent(command: str, paths: DemoPaths, env: dict[str, str] | None = None,
-             timeout: float = 120) -> str:
+def _lbagent(command: str, paths: DemoPaths, env: dict[str, str] | None = None, timeout: float = 120) -> str:
     return run(lbagent_bin(), command, "--config", paths.config, env=env, timeout=timeout)
 
 
@@ -268,12 +273,15 @@ def down(paths: DemoPaths = DemoPaths()) -> None:
     step("stopping the agent", _stop_agent, paths)
     step("lbagent cleanup (what the agent created, haproxy included)", _agent_cleanup, paths, sandbox)
     if paths.vpc_state.exists():
-        step("removing the VPC (namespaces, links, ports, HTTP servers)",
-             lambda: Vpc.restore(sandbox, paths.vpc_state).cleanup())
+        step(
+            "removing the VPC (namespaces, links, ports, HTTP servers)",
+            lambda: Vpc.restore(sandbox, paths.vpc_state).cleanup(),
+        )
     step("stopping the OVS/OVN sandbox", sandbox.stop)
     if problems:
-        raise DemoError(f"demo teardown incomplete, {paths.root} kept; fix and rerun `make demo-down`: "
-                        + "; ".join(problems))
+        raise DemoError(
+            f"demo teardown incomplete, {paths.root} kept; fix and rerun `make demo-down`: " + "; ".join(problems)
+        )
     shutil.rmtree(paths.root)
     say(f"==> removed {paths.root}")
 
@@ -311,8 +319,7 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m devtools.demo", description=__doc__.splitlines()[0])
     sub = parser.add_subparsers(dest="command", required=True)
     up_parser = sub.add_parser("up", help="set up the demo and show it working")
-    up_parser.add_argument("--keep-on-failure", action="store_true",
-                           help="leave a failed demo in place for inspection")
+    up_parser.add_argument("--keep-on-failure", action="store_true", help="leave a failed demo in place for inspection")
     sub.add_parser("down", help="tear the demo down (idempotent)")
     args = parser.parse_args(argv)
     if os.geteuid() != 0:

@@ -29,9 +29,10 @@ import signal
 import subprocess
 import time
 import uuid
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Callable, Iterable, TypeVar
+from typing import Any, TypeVar
 
 __all__ = [
     "CommandError",
@@ -106,9 +107,18 @@ def which(tool: str) -> str | None:
 def required_tools() -> list[str]:
     """The executables the sandbox and topology need (for skip checks)."""
     return [
-        "ovsdb-tool", "ovsdb-server", "ovs-vswitchd", "ovs-vsctl", "ovs-appctl",
-        "ovn-northd", "ovn-controller", "ovn-nbctl", "ovn-sbctl",
-        "ip", "ethtool", "curl",
+        "ovsdb-tool",
+        "ovsdb-server",
+        "ovs-vswitchd",
+        "ovs-vsctl",
+        "ovs-appctl",
+        "ovn-northd",
+        "ovn-controller",
+        "ovn-nbctl",
+        "ovn-sbctl",
+        "ip",
+        "ethtool",
+        "curl",
     ]
 
 
@@ -123,21 +133,20 @@ def skip_reason(euid: int, missing: list[str]) -> str | None:
     if euid != 0:
         return "functional tests need root (network namespaces, OVS, iptables)"
     if missing:
-        raise MissingTools(f"functional tests need {', '.join(missing)}, missing although running as root "
-                           "(run `make deps`)")
+        raise MissingTools(
+            f"functional tests need {', '.join(missing)}, missing although running as root (run `make deps`)"
+        )
     return None
 
 
-def run(*argv: str | os.PathLike, env: dict[str, str] | None = None, timeout: float = 30,
-        check: bool = True) -> str:
+def run(*argv: str | os.PathLike, env: dict[str, str] | None = None, timeout: float = 30, check: bool = True) -> str:
     """Run a command, return its stdout; raise CommandError (with stderr) on failure."""
     args = [os.fspath(a) for a in argv]
     args[0] = which(args[0]) or args[0]
     if env is None:  # the command may look up more tools (ip netns exec ethtool ...)
         env = {**os.environ, "PATH": TOOL_PATH}
     try:
-        proc = subprocess.run(args, env=env, capture_output=True, text=True, timeout=timeout,
-                              stdin=subprocess.DEVNULL)
+        proc = subprocess.run(args, env=env, capture_output=True, text=True, timeout=timeout, stdin=subprocess.DEVNULL)
     except subprocess.TimeoutExpired as exc:
         raise CommandError(args, -1, "", f"timed out after {timeout}s") from exc
     if check and proc.returncode != 0:
@@ -258,8 +267,14 @@ class _Daemon:
     def argv(self, *args: str) -> list[str]:
         # No --monitor: the pidfile then names the daemon itself, so stopping
         # it by pid stops exactly what we started.
-        argv = [which(self.binary) or self.binary, *args, "--detach", "--no-chdir", f"--pidfile={self.pidfile}",
-                f"--log-file={self.logfile}"]
+        argv = [
+            which(self.binary) or self.binary,
+            *args,
+            "--detach",
+            "--no-chdir",
+            f"--pidfile={self.pidfile}",
+            f"--log-file={self.logfile}",
+        ]
         return argv + [f"--unixctl={self.ctl}"] if self.own_unixctl else argv
 
     def pid(self) -> int | None:
@@ -294,8 +309,7 @@ class OvnSandbox:
         self._nb = _Daemon("ovnnb_db", "ovsdb-server", ovn_run, ovn_log)
         self._sb = _Daemon("ovnsb_db", "ovsdb-server", ovn_run, ovn_log)
         self._northd = _Daemon("ovn-northd", "ovn-northd", ovn_run, ovn_log)
-        self._controller = _Daemon("ovn-controller", "ovn-controller", ovn_run, ovn_log,
-                                   own_unixctl=False)
+        self._controller = _Daemon("ovn-controller", "ovn-controller", ovn_run, ovn_log, own_unixctl=False)
 
     # -- addresses and environment -------------------------------------------
 
@@ -327,19 +341,21 @@ class OvnSandbox:
     def env(self) -> dict[str, str]:
         """Environment for anything that talks to this sandbox (daemons, ctl tools, the agent)."""
         env = _clean_env()
-        env.update({
-            "PATH": TOOL_PATH,
-            "OVS_RUNDIR": str(self.ovs_dirs["run"]),
-            "OVS_DBDIR": str(self.ovs_dirs["db"]),
-            "OVS_LOGDIR": str(self.ovs_dirs["log"]),
-            "OVS_SYSCONFDIR": str(self.ovs_dirs["etc"]),
-            "OVN_RUNDIR": str(self.ovn_dirs["run"]),
-            "OVN_DBDIR": str(self.ovn_dirs["db"]),
-            "OVN_LOGDIR": str(self.ovn_dirs["log"]),
-            "OVN_SYSCONFDIR": str(self.ovn_dirs["etc"]),
-            "OVN_NB_DB": self.nb_db,
-            "OVN_SB_DB": self.sb_db,
-        })
+        env.update(
+            {
+                "PATH": TOOL_PATH,
+                "OVS_RUNDIR": str(self.ovs_dirs["run"]),
+                "OVS_DBDIR": str(self.ovs_dirs["db"]),
+                "OVS_LOGDIR": str(self.ovs_dirs["log"]),
+                "OVS_SYSCONFDIR": str(self.ovs_dirs["etc"]),
+                "OVN_RUNDIR": str(self.ovn_dirs["run"]),
+                "OVN_DBDIR": str(self.ovn_dirs["db"]),
+                "OVN_LOGDIR": str(self.ovn_dirs["log"]),
+                "OVN_SYSCONFDIR": str(self.ovn_dirs["etc"]),
+                "OVN_NB_DB": self.nb_db,
+                "OVN_SB_DB": self.sb_db,
+            }
+        )
         return env
 
     @property
@@ -350,16 +366,19 @@ class OvnSandbox:
     # -- ctl helpers ---------------------------------------------------------
 
     def vsctl(self, *args: str, timeout: float = 30) -> str:
-        return run("ovs-vsctl", f"--db={self.ovs_db}", f"--timeout={int(timeout)}", *args,
-                   env=self.env, timeout=timeout + 5)
+        return run(
+            "ovs-vsctl", f"--db={self.ovs_db}", f"--timeout={int(timeout)}", *args, env=self.env, timeout=timeout + 5
+        )
 
     def nbctl(self, *args: str, timeout: float = 30) -> str:
-        return run("ovn-nbctl", f"--db={self.nb_db}", f"--timeout={int(timeout)}", *args,
-                   env=self.env, timeout=timeout + 5)
+        return run(
+            "ovn-nbctl", f"--db={self.nb_db}", f"--timeout={int(timeout)}", *args, env=self.env, timeout=timeout + 5
+        )
 
     def sbctl(self, *args: str, timeout: float = 30) -> str:
-        return run("ovn-sbctl", f"--db={self.sb_db}", f"--timeout={int(timeout)}", *args,
-                   env=self.env, timeout=timeout + 5)
+        return run(
+            "ovn-sbctl", f"--db={self.sb_db}", f"--timeout={int(timeout)}", *args, env=self.env, timeout=timeout + 5
+        )
 
     def appctl(self, daemon: str, *args: str, timeout: float = 30) -> str:
         """`ovs-appctl` against one of our daemons, by its control socket."""
@@ -454,11 +473,11 @@ class OvnSandbox:
         # Its early stderr goes to a file, not a pipe a detached child could hold open.
         errfile = daemon.logdir / f"{daemon.name}.stderr"
         with open(errfile, "w") as err:
-            proc = subprocess.run(daemon.argv(*args), env=self.env, stdin=subprocess.DEVNULL,
-                                  stdout=err, stderr=err, timeout=60)
+            proc = subprocess.run(
+                daemon.argv(*args), env=self.env, stdin=subprocess.DEVNULL, stdout=err, stderr=err, timeout=60
+            )
         if proc.returncode != 0:
-            raise CommandError(daemon.argv(*args), proc.returncode, "",
-                               errfile.read_text() + _tail(daemon.logfile))
+            raise CommandError(daemon.argv(*args), proc.returncode, "", errfile.read_text() + _tail(daemon.logfile))
 
     def _create_db(self, path: Path, schema: Path) -> Path:
         # Always fresh: a chassis left in an old southbound database with the
@@ -471,18 +490,28 @@ class OvnSandbox:
         db = self._create_db(self.ovs_dirs["db"] / "conf.db", OVS_SCHEMA)
         self._start_daemon(self._ovsdb, str(db), f"--remote=punix:{self.ovs_sock}")
         system_id = f"lbagent-sbx-{uuid.uuid4().hex[:12]}"
-        self.vsctl("--no-wait", "init", "--", "set", "Open_vSwitch", ".",
-                   f"external_ids:system-id={system_id}",
-                   f"external_ids:hostname={system_id}",
-                   f"external_ids:ovn-remote={self.sb_db}",
-                   "external_ids:ovn-encap-type=geneve",
-                   "external_ids:ovn-encap-ip=127.0.0.1",
-                   f"external_ids:ovn-bridge={INTEGRATION_BRIDGE}",
-                   "external_ids:ovn-bridge-datapath-type=netdev")
+        self.vsctl(
+            "--no-wait",
+            "init",
+            "--",
+            "set",
+            "Open_vSwitch",
+            ".",
+            f"external_ids:system-id={system_id}",
+            f"external_ids:hostname={system_id}",
+            f"external_ids:ovn-remote={self.sb_db}",
+            "external_ids:ovn-encap-type=geneve",
+            "external_ids:ovn-encap-ip=127.0.0.1",
+            f"external_ids:ovn-bridge={INTEGRATION_BRIDGE}",
+            "external_ids:ovn-bridge-datapath-type=netdev",
+        )
         # Record before starting ovs-vswitchd: from its first moment on, it may
         # create host-wide devices that stop() has to remove.
-        self._save_state(system_id=system_id, preexisting_links=sorted(link_names()),
-                         created_links=[NETDEV_DEVICE, INTEGRATION_BRIDGE])
+        self._save_state(
+            system_id=system_id,
+            preexisting_links=sorted(link_names()),
+            created_links=[NETDEV_DEVICE, INTEGRATION_BRIDGE],
+        )
         self._start_daemon(self._vswitchd, self.ovs_db)
 
     def _start_ovn(self) -> None:
@@ -497,11 +526,16 @@ class OvnSandbox:
 
     def _wait_ready(self, timeout: float) -> None:
         system_id = self._load_state()["system_id"]
-        wait_for(lambda: self._bridge_datapath_type() == "netdev", timeout,
-                 f"ovn-controller to create {INTEGRATION_BRIDGE} with datapath_type=netdev "
-                 f"(see {self._controller.logfile})")
-        wait_for(lambda: system_id in self.sbctl("--bare", "--columns=name", "list", "Chassis"),
-                 timeout, f"chassis {system_id} in the southbound database")
+        wait_for(
+            lambda: self._bridge_datapath_type() == "netdev",
+            timeout,
+            f"ovn-controller to create {INTEGRATION_BRIDGE} with datapath_type=netdev (see {self._controller.logfile})",
+        )
+        wait_for(
+            lambda: system_id in self.sbctl("--bare", "--columns=name", "list", "Chassis"),
+            timeout,
+            f"chassis {system_id} in the southbound database",
+        )
         # A full round trip NB -> northd -> SB -> ovn-controller.
         self.nbctl("--wait=hv", "sync", timeout=timeout)
 

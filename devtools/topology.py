@@ -59,7 +59,9 @@ HTTPD_MARKER = "lbagent-devtools-httpd"
 #   proxy_protocol: true  every connection starts with a PROXY protocol v1 line
 #   tls: [cert, key]      serve HTTPS with these PEM files
 #   http11: true          answer HTTP/1.1 (persistent connections) instead of HTTP/1.0
-HTTPD_CODE = f"# {HTTPD_MARKER}\n" + """
+HTTPD_CODE = (
+    f"# {HTTPD_MARKER}\n"
+    + """
 import http.server, json, ssl, sys
 TEXT = sys.argv[1]
 OPTIONS = json.loads(sys.argv[3]) if len(sys.argv) > 3 else {}
@@ -110,6 +112,7 @@ if OPTIONS.get("tls"):
     server.socket = context.wrap_socket(server.socket, server_side=True)
 server.serve_forever()
 """
+)
 
 
 def self_signed_certificate(common_name: str, alt_names: tuple[str, ...] = (), days: int = 2) -> tuple[str, str]:
@@ -127,7 +130,7 @@ def self_signed_certificate(common_name: str, alt_names: tuple[str, ...] = (), d
 
     key = rsa.generate_private_key(public_exponent=65537, key_size=2048)
     name = x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, common_name)])
-    now = datetime.datetime.now(datetime.timezone.utc)
+    now = datetime.datetime.now(datetime.UTC)
     certificate = (
         x509.CertificateBuilder()
         .subject_name(name)
@@ -136,12 +139,14 @@ def self_signed_certificate(common_name: str, alt_names: tuple[str, ...] = (), d
         .serial_number(x509.random_serial_number())
         .not_valid_before(now - datetime.timedelta(minutes=5))
         .not_valid_after(now + datetime.timedelta(days=days))
-        .add_extension(x509.SubjectAlternativeName([x509.DNSName(n) for n in (common_name, *alt_names)]),
-                       critical=False)
+        .add_extension(
+            x509.SubjectAlternativeName([x509.DNSName(n) for n in (common_name, *alt_names)]), critical=False
+        )
         .sign(key, hashes.SHA256())
     )
-    key_pem = key.private_bytes(serialization.Encoding.PEM, serialization.PrivateFormat.PKCS8,
-                                serialization.NoEncryption())
+    key_pem = key.private_bytes(
+        serialization.Encoding.PEM, serialization.PrivateFormat.PKCS8, serialization.NoEncryption()
+    )
     return certificate.public_bytes(serialization.Encoding.PEM).decode(), key_pem.decode()
 
 
@@ -237,30 +242,45 @@ class VpcHost:
     def curl(self, url: str, timeout: float = 5) -> str:
         """GET `url` from inside the namespace; return the body (CommandError on failure)."""
         # --noproxy: an http_proxy in the environment must not divert VPC traffic.
-        return self.run("curl", "-sS", "--fail", "--noproxy", "*", "--max-time", str(timeout), url,
-                        timeout=timeout + 5)
+        return self.run("curl", "-sS", "--fail", "--noproxy", "*", "--max-time", str(timeout), url, timeout=timeout + 5)
 
     def ping(self, ip: str, timeout: float = 5) -> str:
         """Ping until one reply arrives (the first may wait for ARP) or `timeout` passes."""
         return self.run(sys.executable, "-c", PING_CODE, ip, str(timeout), timeout=timeout + 5)
 
-    def start_http(self, text: str, port: int = 8000, timeout: float = 10, *, echo: bool = False,
-                   set_cookie: str | None = None, proxy_protocol: bool = False,
-                   tls: tuple[str, str] | None = None, http11: bool = False) -> None:
+    def start_http(
+        self,
+        text: str,
+        port: int = 8000,
+        timeout: float = 10,
+        *,
+        echo: bool = False,
+        set_cookie: str | None = None,
+        proxy_protocol: bool = False,
+        tls: tuple[str, str] | None = None,
+        http11: bool = False,
+    ) -> None:
         """Start the HTTP server answering `text` + newline; return once it answers.
 
         The keyword options are HTTPD_CODE's (all off: a plain HTTP server);
         `tls` is (certificate file, key file).
         """
         self.stop_http()
-        options = {"echo": echo, "set_cookie": set_cookie, "proxy_protocol": proxy_protocol,
-                   "tls": list(tls) if tls else None, "http11": http11}
+        options = {
+            "echo": echo,
+            "set_cookie": set_cookie,
+            "proxy_protocol": proxy_protocol,
+            "tls": list(tls) if tls else None,
+            "http11": http11,
+        }
         argv = [sys.executable, "-c", HTTPD_CODE, text, str(port)]
         if any(options.values()):
             argv.append(json.dumps({key: value for key, value in options.items() if value}))
         self._proc = subprocess.Popen(
             [which("ip") or "ip", "netns", "exec", self.netns, *argv],
-            stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+            stdin=subprocess.DEVNULL,
+            stdout=subprocess.DEVNULL,
+            stderr=subprocess.DEVNULL,
             # Its own session: a Ctrl-C meant for the test runner must not
             # take it down mid-test, and the demo's servers outlive `up`.
             start_new_session=True,
@@ -300,12 +320,21 @@ class Vpc:
     created, for `Vpc.restore`.
     """
 
-    def __init__(self, sandbox: OvnSandbox, prefix: str, cidr: str = "198.18.0.0/24",
-                 gateway: str = "198.18.0.1", *, state_file: Path | None = None,
-                 _record: dict[str, Any] | None = None):
+    def __init__(
+        self,
+        sandbox: OvnSandbox,
+        prefix: str,
+        cidr: str = "198.18.0.0/24",
+        gateway: str = "198.18.0.1",
+        *,
+        state_file: Path | None = None,
+        _record: dict[str, Any] | None = None,
+    ):
         if not PREFIX_RE.match(prefix):
-            raise ValueError(f"prefix {prefix!r} must be 1-8 of [a-z0-9], starting with a letter "
-                             "(it goes into 15-character interface names)")
+            raise ValueError(
+                f"prefix {prefix!r} must be 1-8 of [a-z0-9], starting with a letter "
+                "(it goes into 15-character interface names)"
+            )
         self.sandbox = sandbox
         self.prefix = prefix
         self.router = f"{prefix}-lr"
@@ -371,19 +400,41 @@ class Vpc:
         net, gw = _parse_subnet(cidr, gateway)
         index = len(self.subnets)
         suffix = "" if index == 0 else str(index)
-        subnet = _Subnet(cidr=str(net), gateway=str(gw), switch=f"{self.prefix}-ls{suffix}",
-                         router_port=f"{self.prefix}-lrp{index}",
-                         switch_router_port=f"{self.prefix}-ls{suffix}-rp")
+        subnet = _Subnet(
+            cidr=str(net),
+            gateway=str(gw),
+            switch=f"{self.prefix}-ls{suffix}",
+            router_port=f"{self.prefix}-lrp{index}",
+            switch_router_port=f"{self.prefix}-ls{suffix}-rp",
+        )
         self.subnets.append(subnet)
         self._save()
         mac = ROUTER_MAC[:-2] + f"{index + 1:02x}"
         self.sandbox.nbctl(
-            "ls-add", subnet.switch,
-            "--", "lrp-add", self.router, subnet.router_port, mac, f"{gw}/{net.prefixlen}",
-            "--", "lsp-add", subnet.switch, subnet.switch_router_port,
-            "--", "lsp-set-type", subnet.switch_router_port, "router",
-            "--", "lsp-set-addresses", subnet.switch_router_port, "router",
-            "--", "lsp-set-options", subnet.switch_router_port, f"router-port={subnet.router_port}",
+            "ls-add",
+            subnet.switch,
+            "--",
+            "lrp-add",
+            self.router,
+            subnet.router_port,
+            mac,
+            f"{gw}/{net.prefixlen}",
+            "--",
+            "lsp-add",
+            subnet.switch,
+            subnet.switch_router_port,
+            "--",
+            "lsp-set-type",
+            subnet.switch_router_port,
+            "router",
+            "--",
+            "lsp-set-addresses",
+            subnet.switch_router_port,
+            "router",
+            "--",
+            "lsp-set-options",
+            subnet.switch_router_port,
+            f"router-port={subnet.router_port}",
         )
         return index
 
@@ -393,8 +444,7 @@ class Vpc:
         name = lb_port_name(lb_id)
         self.lb_ports[lb_id] = self.subnets[subnet].switch
         self._save()
-        self.sandbox.nbctl("lsp-add", self.subnets[subnet].switch, name,
-                           "--", "lsp-set-addresses", name, f"{mac} {ip}")
+        self.sandbox.nbctl("lsp-add", self.subnets[subnet].switch, name, "--", "lsp-set-addresses", name, f"{mac} {ip}")
         return name
 
     def del_lb_port(self, lb_id: str) -> None:
@@ -404,8 +454,16 @@ class Vpc:
 
     # -- hosts ---------------------------------------------------------------
 
-    def add_host(self, name: str, ip: str, mac: str | None = None, http_text: str | None = None,
-                 http_port: int = 8000, subnet: int = 0, timeout: float = 30) -> VpcHost:
+    def add_host(
+        self,
+        name: str,
+        ip: str,
+        mac: str | None = None,
+        http_text: str | None = None,
+        http_port: int = 8000,
+        subnet: int = 0,
+        timeout: float = 30,
+    ) -> VpcHost:
         """A namespace `<prefix>-<name>` on the VPC, bound through OVN, optionally serving HTTP."""
         if name in self.hosts:
             raise ValueError(f"host {name!r} already exists in VPC {self.prefix}")
@@ -415,9 +473,15 @@ class Vpc:
         if addr not in ipaddress.ip_network(net.cidr):
             raise ValueError(f"{addr} is not in subnet {net.cidr}")
         digest = hashlib.sha1(f"{self.prefix}-{name}".encode()).hexdigest()[:6]
-        host = VpcHost(name=name, netns=f"{self.prefix}-{name}", ip=str(addr),
-                       mac=mac or _mac_for(addr), lsp=f"{self.prefix}-{name}",
-                       host_if=f"{self.prefix}{digest}h", subnet=subnet)
+        host = VpcHost(
+            name=name,
+            netns=f"{self.prefix}-{name}",
+            ip=str(addr),
+            mac=mac or _mac_for(addr),
+            lsp=f"{self.prefix}-{name}",
+            host_if=f"{self.prefix}{digest}h",
+            subnet=subnet,
+        )
         self.hosts[name] = host
         self._save()  # before creating anything, so cleanup() knows what to look for
         self._plumb(host, net)
@@ -430,8 +494,7 @@ class Vpc:
     def _plumb(self, host: VpcHost, net: _Subnet) -> None:
         """Namespace, veth pair (namespace end created directly inside it), addresses, route."""
         run("ip", "netns", "add", host.netns)
-        run("ip", "link", "add", host.host_if, "type", "veth",
-            "peer", "name", NS_IFNAME, "netns", host.netns)
+        run("ip", "link", "add", host.host_if, "type", "veth", "peer", "name", NS_IFNAME, "netns", host.netns)
         ns = ("ip", "-n", host.netns)
         run(*ns, "link", "set", NS_IFNAME, "address", host.mac)
         run(*ns, "addr", "add", f"{host.ip}/{net.prefixlen}", "dev", NS_IFNAME)
@@ -446,13 +509,29 @@ class Vpc:
 
     def _bind(self, host: VpcHost, net: _Subnet, timeout: float) -> None:
         """LSP with the host's addresses, OVS port with its iface-id; wait for ovn-installed."""
-        self.sandbox.nbctl("lsp-add", net.switch, host.lsp,
-                           "--", "lsp-set-addresses", host.lsp, f"{host.mac} {host.ip}")
-        self.sandbox.vsctl("add-port", INTEGRATION_BRIDGE, host.host_if,
-                           "--", "set", "Interface", host.host_if, f"external_ids:iface-id={host.lsp}")
-        wait_for(lambda: self.sandbox.vsctl("--if-exists", "get", "Interface", host.host_if,
-                                            "external_ids:ovn-installed").strip() == '"true"',
-                 timeout, f"ovn-installed=true on {host.host_if} ({host.lsp})")
+        self.sandbox.nbctl(
+            "lsp-add", net.switch, host.lsp, "--", "lsp-set-addresses", host.lsp, f"{host.mac} {host.ip}"
+        )
+        self.sandbox.vsctl(
+            "add-port",
+            INTEGRATION_BRIDGE,
+            host.host_if,
+            "--",
+            "set",
+            "Interface",
+            host.host_if,
+            f"external_ids:iface-id={host.lsp}",
+        )
+        wait_for(
+            lambda: (
+                self.sandbox.vsctl(
+                    "--if-exists", "get", "Interface", host.host_if, "external_ids:ovn-installed"
+                ).strip()
+                == '"true"'
+            ),
+            timeout,
+            f"ovn-installed=true on {host.host_if} ({host.lsp})",
+        )
 
     # -- teardown ------------------------------------------------------------
 
@@ -476,8 +555,14 @@ class Vpc:
         for host in list(self.hosts.values()):
             attempt(f"HTTP server of {host.name}", host.stop_http)
             if ovs_up:
-                attempt(f"OVS port {host.host_if}", self.sandbox.vsctl,
-                        "--if-exists", "del-port", INTEGRATION_BRIDGE, host.host_if)
+                attempt(
+                    f"OVS port {host.host_if}",
+                    self.sandbox.vsctl,
+                    "--if-exists",
+                    "del-port",
+                    INTEGRATION_BRIDGE,
+                    host.host_if,
+                )
             attempt(f"link {host.host_if}", _del_link, host.host_if)
             attempt(f"netns {host.netns}", _del_netns, host.netns)
         ovn_cmd: list[str] = []
@@ -519,4 +604,3 @@ def _del_netns(name: str) -> None:
     for pid in run("ip", "netns", "pids", name).split():
         stop_pid(int(pid), expect="", what=f"process {pid} left in netns {name}")
     run("ip", "netns", "del", name)
-

@@ -14,7 +14,7 @@ import functools
 import logging
 import random
 from dataclasses import dataclass, field
-from datetime import datetime, timezone
+from datetime import UTC, datetime
 from typing import Any
 
 from lbagent.config import Config
@@ -51,12 +51,12 @@ QUEUE_STOP_TIMEOUT = 30.0  # seconds a running handler may take to finish on sto
 class LoadBalancerView:
     """What the agent knows of one load balancer, for its status document."""
 
-    task: Any                    # its LbTask: state, generation, errors, retries
-    lb: Any                      # its desired model (None while deleting)
-    allocation: Any              # its address pair and ports (None before allocation)
-    names: Any                   # its interface names (None before allocation)
+    task: Any  # its LbTask: state, generation, errors, retries
+    lb: Any  # its desired model (None while deleting)
+    allocation: Any  # its address pair and ports (None before allocation)
+    names: Any  # its interface names (None before allocation)
     netns: str
-    observation: Any             # what its last pass observed (None before one)
+    observation: Any  # what its last pass observed (None before one)
     members: dict = field(default_factory=dict)
     udp_health: dict[str, str] = field(default_factory=dict)  # server name -> health word
 
@@ -65,28 +65,39 @@ class Agent:
     def __init__(self, config: Config):
         self.config = config
         self.host_name = config.agent.host
-        self.started_at = datetime.now(timezone.utc).isoformat(timespec="seconds")
+        self.started_at = datetime.now(UTC).isoformat(timespec="seconds")
         self.store = StateStore(config.agent.state_dir)
         self.ovs = OvsClient(config.ovs.db, config.ovs.integration_bridge, config.agent.host)
         self.namespaces = NamespaceExecutor("netns", NAMESPACE_THREADS)
         self.iptc = NamespaceExecutor("iptc", 1)
-        self.haproxy = HaproxyManager(config.haproxy.binary, config.agent.run_dir,
-                                      prometheus_listen=config.haproxy.prometheus_listen)
+        self.haproxy = HaproxyManager(
+            config.haproxy.binary, config.agent.run_dir, prometheus_listen=config.haproxy.prometheus_listen
+        )
         self.host = OvnHost(self.ovs, self.namespaces, self.iptc)
         self.queue: WorkQueue[str] = WorkQueue("controllers", kind_of=kind_of)
-        self.worker = OvnWorker(self.host, self.haproxy, self.store, config.agent.resync_interval,
-                                config.agent.resync_rate,
-                                requeue=requeue_loadbalancers(self.queue))
+        self.worker = OvnWorker(
+            self.host,
+            self.haproxy,
+            self.store,
+            config.agent.resync_interval,
+            config.agent.resync_rate,
+            requeue=requeue_loadbalancers(self.queue),
+        )
         self.worker.udp_health = UdpHealthChecker(self.namespaces, self.worker.kick)
         self.provider_networks = ProviderNetworkController(
-            ProviderBridges(self.ovs), self.namespaces, config.agent.host, config.agent.resync_interval,
-            queue=self.queue)
+            ProviderBridges(self.ovs),
+            self.namespaces,
+            config.agent.host,
+            config.agent.resync_interval,
+            queue=self.queue,
+        )
         self.controllers = wire(self.queue, self.worker, self.provider_networks)
         # A pass under way, or a load balancer queued for one (retries waiting
         # out their backoff are not coming soon; a task kicked in this very loop
         # step is missed, and its change at worst reloads on its own).
         self.haproxy.expect_changes_while(
-            lambda: self.worker.haproxy_changes_coming() or self.queue.unfinished_of(LOADBALANCER) > 0)
+            lambda: self.worker.haproxy_changes_coming() or self.queue.unfinished_of(LOADBALANCER) > 0
+        )
         self.gc = GarbageCollector(self.host, self.haproxy, config.agent.gc_max_deletions_per_pass)
         self.gc_stats = {"passes": 0, "skipped": 0, "deleted": 0}
         self.state_error: str | None = None
@@ -236,12 +247,15 @@ class Agent:
         lb = worker.desired.loadbalancer(lb_id) if worker.desired and not task.deleting else None
         runtime = worker.runtime.get(lb_id)
         return LoadBalancerView(
-            task=task, lb=lb, allocation=allocation,
+            task=task,
+            lb=lb,
+            allocation=allocation,
             names=interface_names(lb_id, allocation.salt) if allocation else None,
             netns=netns_name(lb_id),
             observation=runtime.observation if runtime else None,
             members=worker.members(lb) if lb is not None and allocation is not None else {},
-            udp_health={server_name(key): word for key, word in worker.udp_health.health(lb_id).items()})
+            udp_health={server_name(key): word for key, word in worker.udp_health.health(lb_id).items()},
+        )
 
     async def server_states(self) -> dict[tuple[str, str], str]:
         return await self.haproxy.server_states()

@@ -15,13 +15,13 @@ import socket
 import tomllib
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Annotated, Any, Literal, Optional
+from typing import Annotated, Any, Literal
 
 from pydantic import AfterValidator, BaseModel, ConfigDict, Field, Strict, ValidationError, model_validator
 
-from lbagent.errors import ConfigError
 from lbagent.desired.details import clean_message, preview
 from lbagent.desired.fields import Hostname, InterfaceName, check_hostname, parse_ipv4
+from lbagent.errors import ConfigError
 
 DEFAULT_CONFIG_PATH = Path("/etc/lbagent/lbagent.toml")
 DEFAULT_LISTEN = "127.0.0.1:9680"
@@ -123,8 +123,8 @@ class ApiSection(_Section):
     listen: Annotated[str, Strict(), AfterValidator(_listen)] = DEFAULT_LISTEN
     token_file: AbsolutePath = Path("/etc/lbagent/token")
     max_body_bytes: Annotated[int, Strict(), Field(ge=1)] = DEFAULT_MAX_BODY_BYTES
-    tls_cert_file: Optional[AbsolutePath] = None
-    tls_key_file: Optional[AbsolutePath] = None
+    tls_cert_file: AbsolutePath | None = None
+    tls_key_file: AbsolutePath | None = None
 
     @model_validator(mode="after")
     def check_tls_pair(self) -> ApiSection:

@@ -18,9 +18,7 @@ from collections.abc import Iterable
 REDACTED = "[REDACTED]"
 # A whole key block, or from BEGIN to the end when the END line is missing (a
 # truncated repr still holds key material).
-_PRIVATE_KEY = re.compile(
-    r"-----BEGIN ([A-Z0-9 ]*)PRIVATE KEY-----.*?(?:-----END \1PRIVATE KEY-----|\Z)", re.DOTALL
-)
+_PRIVATE_KEY = re.compile(r"-----BEGIN ([A-Z0-9 ]*)PRIVATE KEY-----.*?(?:-----END \1PRIVATE KEY-----|\Z)", re.DOTALL)
 # key=value with a bare value or a Python-repr quoted one ('..' or "..").
 _FIELD = re.compile(r"""(?:^|\s)([a-z_][a-z0-9_]*)=('(?:[^'\\]|\\.)*'|"(?:[^"\\]|\\.)*"|\S*)""")
 _BASE_FIELDS = frozenset({"ts", "level", "logger", "msg", "exc", "stack"})

@@ -14,8 +14,8 @@ from __future__ import annotations
 
 import logging
 import threading
+from collections.abc import Callable
 from contextvars import ContextVar
-from typing import Callable
 
 from prometheus_client import REGISTRY, Counter, Gauge, Histogram
 from prometheus_client.metrics_core import CounterMetricFamily, GaugeMetricFamily
@@ -52,9 +52,9 @@ def count_write(kind: str, amount: int = 1, what: str = "") -> None:
 
 def write_counts() -> dict[str, int]:
     return {
-        kind: int(REGISTRY.get_sample_value("lbagent_host_writes_total", {"kind": kind}) or 0)
-        for kind in WRITE_KINDS
+        kind: int(REGISTRY.get_sample_value("lbagent_host_writes_total", {"kind": kind}) or 0) for kind in WRITE_KINDS
     }
+
 
 LB_STATES = ("pending", "ready", "error", "deleting")
 LOADBALANCERS = Gauge("lbagent_loadbalancers", "Load balancers by state", ["state"])
@@ -87,8 +87,9 @@ def note_ovsdb_session() -> None:
 
 # --- work queues -----------------------------------------------------------------
 
-QUEUE_RETRIES = Counter("lbagent_queue_retries_total", "Items a work queue put back to retry after a failure",
-                        ["queue"])
+QUEUE_RETRIES = Counter(
+    "lbagent_queue_retries_total", "Items a work queue put back to retry after a failure", ["queue"]
+)
 _queues: dict[str, Callable[[], int]] = {}
 
 
@@ -128,25 +129,44 @@ class AgentCollector:
         generation = agent.generation
         haproxy = agent.haproxy_status()
         yield _counter("lbagent_haproxy_reloads", "haproxy reloads that succeeded", haproxy.get("reloads", 0))
-        yield _counter("lbagent_haproxy_failed_reloads", "haproxy reloads refused or failed (rolled back)",
-                       haproxy.get("failed_reloads", 0))
-        yield _counter("lbagent_haproxy_live_updates", "server-only changes applied to the running haproxy "
-                       "without a reload", haproxy.get("live_updates", 0))
-        yield _counter("lbagent_haproxy_starts", "haproxy master processes started by this agent",
-                       haproxy.get("starts", 0))
+        yield _counter(
+            "lbagent_haproxy_failed_reloads",
+            "haproxy reloads refused or failed (rolled back)",
+            haproxy.get("failed_reloads", 0),
+        )
+        yield _counter(
+            "lbagent_haproxy_live_updates",
+            "server-only changes applied to the running haproxy without a reload",
+            haproxy.get("live_updates", 0),
+        )
+        yield _counter(
+            "lbagent_haproxy_starts", "haproxy master processes started by this agent", haproxy.get("starts", 0)
+        )
         yield _gauge("lbagent_haproxy_up", "1 while the haproxy master runs", 1 if haproxy.get("running") else 0)
-        yield _gauge("lbagent_reconcile_retries", "Consecutive failed passes, summed over load balancers",
-                     sum(t.retries for t in tasks))
-        yield _gauge("lbagent_loadbalancers_in_backoff", "Load balancers waiting to retry after a failed pass",
-                     sum(1 for t in tasks if t.last_error is not None))
-        yield _gauge("lbagent_generation", "Generation of the accepted desired state (-1: none yet)",
-                     -1 if generation is None else generation)
-        yield _gauge("lbagent_ready", "1 once the agent is ready (see /readyz)",
-                     1 if agent.not_ready_reason() is None else 0)
+        yield _gauge(
+            "lbagent_reconcile_retries",
+            "Consecutive failed passes, summed over load balancers",
+            sum(t.retries for t in tasks),
+        )
+        yield _gauge(
+            "lbagent_loadbalancers_in_backoff",
+            "Load balancers waiting to retry after a failed pass",
+            sum(1 for t in tasks if t.last_error is not None),
+        )
+        yield _gauge(
+            "lbagent_generation",
+            "Generation of the accepted desired state (-1: none yet)",
+            -1 if generation is None else generation,
+        )
+        yield _gauge(
+            "lbagent_ready", "1 once the agent is ready (see /readyz)", 1 if agent.not_ready_reason() is None else 0
+        )
         depths = GaugeMetricFamily("lbagent_queue_depth", "Items waiting in a work queue", labels=["queue"])
         # Load balancers not yet reconciled at the accepted generation, or still being deleted.
-        depths.add_metric(["loadbalancers"], sum(
-            1 for t in tasks if t.deleting or t.state == "pending" or t.attempted_generation != generation))
+        depths.add_metric(
+            ["loadbalancers"],
+            sum(1 for t in tasks if t.deleting or t.state == "pending" or t.attempted_generation != generation),
+        )
         for name, depth in sorted(queue_depths().items()):
             depths.add_metric([name], depth)
         yield depths

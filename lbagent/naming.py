@@ -17,7 +17,7 @@ NETNS_PREFIX = "lb-"
 IFACE_ID_PREFIX = "iface/lb/"
 HASH_CHARS = 8
 # o<hash>0 / h<hash>0 live in the namespace, o<hash>1 / h<hash>1 on the host.
-INTERFACE_RE = re.compile(r"^[oh][0-9a-f]{%d}[01]$" % HASH_CHARS)
+INTERFACE_RE = re.compile(rf"^[oh][0-9a-f]{{{HASH_CHARS}}}[01]$")
 
 
 @dataclass(frozen=True)

@@ -15,8 +15,8 @@ from dataclasses import dataclass, field
 from functools import cached_property
 from pathlib import Path
 
-from lbagent.metrics import STATE_WRITES
 from lbagent.errors import LbAgentError
+from lbagent.metrics import STATE_WRITES
 
 FORMAT = "lbagent-state"
 VERSION = 1
@@ -44,7 +44,7 @@ class Allocation:
         return json.dumps(self.to_json(), separators=(",", ":"))
 
     @classmethod
-    def from_json(cls, data: dict) -> "Allocation":
+    def from_json(cls, data: dict) -> Allocation:
         ports = data.get("ports", {})
         if not isinstance(ports, dict) or not all(isinstance(p, int) for p in ports.values()):
             raise StateFileError("allocation ports must map keys to integers")
@@ -100,10 +100,12 @@ class StateStore:
         desired = state.desired_text
         if desired is None:
             desired = json.dumps(state.desired, separators=(",", ":"))
-        allocations = ",".join(f"{json.dumps(lb_id)}:{allocation.json_text}"
-                               for lb_id, allocation in sorted(state.allocations.items()))
-        return (f'{{"format":{json.dumps(FORMAT)},"version":{VERSION},'
-                f'"desired":{desired},"allocations":{{{allocations}}}}}').encode()
+        allocations = ",".join(
+            f"{json.dumps(lb_id)}:{allocation.json_text}" for lb_id, allocation in sorted(state.allocations.items())
+        )
+        return (
+            f'{{"format":{json.dumps(FORMAT)},"version":{VERSION},"desired":{desired},"allocations":{{{allocations}}}}}'
+        ).encode()
 
     def save(self, state: PersistedState) -> None:
         data = self._encode(state)

@@ -60,8 +60,7 @@ def error_response(status: int, code: str, message: str, details: list | None = 
 def create_app(agent, token: str | None, max_body_bytes: int, reporter=None) -> web.Application:
     """The application over `agent`; `reporter` answers the status documents (default: a
     StatusReporter reading the agent)."""
-    app = web.Application(client_max_size=max_body_bytes,
-                          middlewares=[_count_requests, _errors_as_json, _auth(token)])
+    app = web.Application(client_max_size=max_body_bytes, middlewares=[_count_requests, _errors_as_json, _auth(token)])
     app[AGENT] = agent
     app[REPORTER] = reporter if reporter is not None else StatusReporter(agent)
     app[METRICS] = AgentRegistry(agent)
@@ -156,15 +155,20 @@ async def refresh(request: web.Request) -> web.Response:
         wait = _wait_seconds(request)
     except InvalidParameter as exc:
         # "?name" marks a query parameter; a detail about the body has a JSON pointer path.
-        return error_response(400, "invalid_parameter", f"query parameter {exc.name} {exc}",
-                              [{"path": f"?{exc.name}", "message": str(exc)}])
+        return error_response(
+            400,
+            "invalid_parameter",
+            f"query parameter {exc.name} {exc}",
+            [{"path": f"?{exc.name}", "message": str(exc)}],
+        )
     raw = await request.read()
     try:
         body, comparable = decode(raw)
     except (ValueError, RecursionError) as exc:  # UnicodeDecodeError is a ValueError
         message = "nested too deeply" if isinstance(exc, RecursionError) else str(exc)
-        return error_response(400, "invalid_json", f"the body is not JSON: {message}",
-                              [{"path": "", "message": f"not JSON: {message}"}])
+        return error_response(
+            400, "invalid_json", f"the body is not JSON: {message}", [{"path": "", "message": f"not JSON: {message}"}]
+        )
     try:
         desired = request.app[PARSER].parse(body, comparable)
     except InvalidDesiredState as exc:

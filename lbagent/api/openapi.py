@@ -19,8 +19,8 @@ from typing import Any
 from pydantic.json_schema import models_json_schema
 
 from lbagent import __version__
-from lbagent.desired.model import json_schema
 from lbagent.api.responses import ANSWERS
+from lbagent.desired.model import json_schema
 
 REF = "#/components/schemas/"
 OPEN: list[dict[str, list[str]]] = []  # `security` of an operation that needs no token
@@ -47,19 +47,24 @@ PATHS: dict[str, dict[str, dict]] = {
             "operationId": "refresh",
             "summary": "Replace the whole desired state of this host",
             "description": "Validated completely before anything changes; accepted once persisted. "
-                           "Reconciliation is asynchronous unless `wait` is given.",
-            "parameters": [{
-                "name": "wait", "in": "query", "required": False,
-                "description": "answer only when every load balancer reached the generation or failed, "
-                               "at most this many seconds (capped at 300)",
-                "schema": {"type": "number", "minimum": 0},
-            }],
+            "Reconciliation is asynchronous unless `wait` is given.",
+            "parameters": [
+                {
+                    "name": "wait",
+                    "in": "query",
+                    "required": False,
+                    "description": "answer only when every load balancer reached the generation or failed, "
+                    "at most this many seconds (capped at 300)",
+                    "schema": {"type": "number", "minimum": 0},
+                }
+            ],
             "requestBody": {"required": True, "content": {"application/json": {"schema": _ref("DesiredState")}}},
             "responses": {
                 "200": _json("with wait: every load balancer settled; per-load-balancer results", "Results"),
                 "202": _json("accepted and persisted", "Accepted"),
-                "400": _error("not JSON, an invalid body (every problem with its JSON path) or a bad `wait`; "
-                              "nothing was applied"),
+                "400": _error(
+                    "not JSON, an invalid body (every problem with its JSON path) or a bad `wait`; nothing was applied"
+                ),
                 "401": UNAUTHORIZED,
                 "409": _error("a generation lower than the one already accepted"),
                 "413": _error("body over the configured limit"),
@@ -94,8 +99,9 @@ PATHS: dict[str, dict[str, dict]] = {
             "operationId": "openapi",
             "summary": "This document",
             "security": OPEN,
-            "responses": {"200": {"description": "OpenAPI 3.1",
-                                  "content": {"application/json": {"schema": {"type": "object"}}}}},
+            "responses": {
+                "200": {"description": "OpenAPI 3.1", "content": {"application/json": {"schema": {"type": "object"}}}}
+            },
         },
     },
     "/healthz": {
@@ -119,8 +125,10 @@ PATHS: dict[str, dict[str, dict]] = {
             "operationId": "metrics",
             "summary": "Prometheus metrics",
             "responses": {
-                "200": {"description": "Prometheus text exposition format",
-                        "content": {"text/plain": {"schema": {"type": "string"}}}},
+                "200": {
+                    "description": "Prometheus text exposition format",
+                    "content": {"text/plain": {"schema": {"type": "string"}}},
+                },
                 "401": UNAUTHORIZED,
                 "500": INTERNAL,
             },
@@ -131,14 +139,15 @@ PATHS: dict[str, dict[str, dict]] = {
 
 def open_paths() -> set[str]:
     """Paths whose every operation is documented as needing no token."""
-    return {path for path, operations in PATHS.items()
-            if all(op.get("security") == OPEN for op in operations.values())}
+    return {path for path, operations in PATHS.items() if all(op.get("security") == OPEN for op in operations.values())}
 
 
 def _rewrite_refs(node: Any) -> Any:
     if isinstance(node, dict):
-        return {k: (v.replace("#/$defs/", REF) if k == "$ref" and isinstance(v, str) else _rewrite_refs(v))
-                for k, v in node.items()}
+        return {
+            k: (v.replace("#/$defs/", REF) if k == "$ref" and isinstance(v, str) else _rewrite_refs(v))
+            for k, v in node.items()
+        }
     if isinstance(node, list):
         return [_rewrite_refs(item) for item in node]
     return node
@@ -164,7 +173,7 @@ def document() -> dict:
             "title": "lbagent",
             "version": __version__,
             "description": "Host agent for VPC load balancers on OVN gateway hosts. The region controller "
-                           "pushes the complete desired state of this host; the agent converges and reports.",
+            "pushes the complete desired state of this host; the agent converges and reports.",
         },
         "security": [{"bearerAuth": []}],
         "paths": PATHS,

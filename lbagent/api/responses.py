@@ -9,7 +9,7 @@ do not know, and the agent may report more than this minimum.
 
 from __future__ import annotations
 
-from typing import Literal, Optional
+from typing import Literal
 
 from pydantic import BaseModel, ConfigDict
 
@@ -38,8 +38,8 @@ class Accepted(_Answer):
 class LoadBalancerResult(_Answer):
     id: str
     state: LbState
-    generation: Optional[int]
-    last_error: Optional[str]
+    generation: int | None
+    last_error: str | None
 
 
 class Results(_Answer):
@@ -53,13 +53,13 @@ class Health(_Answer):
 
 class Readiness(_Answer):
     ready: bool
-    reason: Optional[str] = None
+    reason: str | None = None
 
 
 class HaproxyStatus(_Answer):
-    pid: Optional[int]
+    pid: int | None
     running: bool
-    last_reload_at: Optional[str]
+    last_reload_at: str | None
     reloads: int
     failed_reloads: int = 0
     live_updates: int = 0  # server-only changes applied through the stats socket, without a reload
@@ -79,7 +79,7 @@ class AgentStatus(_Answer):
     version: str
     host: str
     synced: bool
-    generation: Optional[int]
+    generation: int | None
     started_at: str
     ready: bool = False
     haproxy: HaproxyStatus
@@ -95,8 +95,8 @@ class RuleStatus(_Answer):
     id: str
     domain: str
     path: str
-    backend_group_id: Optional[str] = None
-    redirect: Optional[dict] = None
+    backend_group_id: str | None = None
+    redirect: dict | None = None
 
 
 class ListenerStatus(_Answer):
@@ -104,7 +104,7 @@ class ListenerStatus(_Answer):
     listener_type: str
     listener_port: int
     state: str  # a load balancer state, or "disabled"
-    backend_group_id: Optional[str] = None
+    backend_group_id: str | None = None
     rules: list[RuleStatus] = []
 
 
@@ -112,25 +112,25 @@ class BackendStatus(_Answer):
     id: str
     address: str
     port: int
-    mapped_port: Optional[int]
+    mapped_port: int | None
     health: str  # up | down | draining | maint | unchecked | unknown
 
 
 class LoadBalancerStatus(_Answer):
     id: str
     state: LbState
-    generation: Optional[int]
+    generation: int | None
     netns: str
-    inner: Optional[str]
-    outer: Optional[str]
-    interfaces: Optional[Interfaces]
-    ovs_port: Optional[str]
+    inner: str | None
+    outer: str | None
+    interfaces: Interfaces | None
+    ovs_port: str | None
     ovn_installed: bool
     listeners: list[ListenerStatus]
     backends: list[BackendStatus]
-    last_error: Optional[str]
+    last_error: str | None
     retries: int
-    last_reconciled_at: Optional[str]
+    last_reconciled_at: str | None
 
 
 class SubnetRoute(_Answer):
@@ -142,21 +142,21 @@ class SubnetStatus(_Answer):
     id: str
     state: Literal["pending", "ready", "error"]
     loadbalancers: int  # how many load balancers are on it
-    cidr: Optional[str] = None
-    gateway: Optional[str] = None
-    mtu: Optional[int] = None
+    cidr: str | None = None
+    gateway: str | None = None
+    mtu: int | None = None
     routes: list[SubnetRoute] = []
     retries: int = 0
-    error: Optional[str] = None  # its change failed to reach its load balancers, or some of them failed
+    error: str | None = None  # its change failed to reach its load balancers, or some of them failed
 
 
 class ProviderNetworkStatus(_Answer):
     name: str
     state: str  # pending | ready | error | excluded
-    bridge: Optional[str] = None
-    interface: Optional[str] = None
-    mtu: Optional[int] = None
-    error: Optional[str] = None
+    bridge: str | None = None
+    interface: str | None = None
+    mtu: int | None = None
+    error: str | None = None
     retries: int = 0
 
 
@@ -185,5 +185,11 @@ class Status(_Answer):
 
 
 ANSWERS: tuple[type[BaseModel], ...] = (
-    Error, Accepted, Results, Health, Readiness, Status, LoadBalancerStatus,
+    Error,
+    Accepted,
+    Results,
+    Health,
+    Readiness,
+    Status,
+    LoadBalancerStatus,
 )

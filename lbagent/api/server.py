@@ -23,9 +23,9 @@ from aiohttp import web
 
 from lbagent.agent import Agent
 from lbagent.api.app import create_app
+from lbagent.api.sdnotify import Notifier, SystemdLink
 from lbagent.config import Config
 from lbagent.errors import ConfigError
-from lbagent.api.sdnotify import Notifier, SystemdLink
 
 log = logging.getLogger(__name__)
 
@@ -38,8 +38,7 @@ async def serve(config: Config) -> None:
     systemd = SystemdLink(notifier, agent.not_ready_reason)
     # api.md: a unix socket relies on its file mode instead of a token.
     token = None if config.api.address.is_unix else config.read_token()
-    runner = web.AppRunner(create_app(agent, token, config.api.max_body_bytes),
-                           access_log=None, handle_signals=False)
+    runner = web.AppRunner(create_app(agent, token, config.api.max_body_bytes), access_log=None, handle_signals=False)
     await runner.setup()
     stop = asyncio.Event()
     loop = asyncio.get_running_loop()

@@ -41,30 +41,50 @@ def health_by_loadbalancer(server_states: dict[tuple[str, str], str]) -> dict[st
 
 def _rule_status(rule) -> dict:
     redirect = rule.redirect.model_dump(mode="json") if rule.redirect is not None else None
-    return {"id": rule.id, "domain": rule.domain, "path": rule.path, "backend_group_id": rule.backend_group_id,
-            "redirect": redirect}
+    return {
+        "id": rule.id,
+        "domain": rule.domain,
+        "path": rule.path,
+        "backend_group_id": rule.backend_group_id,
+        "redirect": redirect,
+    }
 
 
-def loadbalancer_status(task, lb, allocation, names, netns: str, observation, health: dict[str, str],
-                        members: dict) -> dict:
+def loadbalancer_status(
+    task, lb, allocation, names, netns: str, observation, health: dict[str, str], members: dict
+) -> dict:
     listeners = []
     backends = []
     if lb is not None:
         for listener in lb.listeners:
             state = task.state if listener.enabled and lb.enabled else "disabled"
-            listeners.append({"id": listener.id, "listener_type": listener.listener_type,
-                              "listener_port": listener.listener_port, "state": state,
-                              "backend_group_id": listener.backend_group_id,
-                              "rules": [_rule_status(rule) for rule in listener.rules]})
+            listeners.append(
+                {
+                    "id": listener.id,
+                    "listener_type": listener.listener_type,
+                    "listener_port": listener.listener_port,
+                    "state": state,
+                    "backend_group_id": listener.backend_group_id,
+                    "rules": [_rule_status(rule) for rule in listener.rules],
+                }
+            )
         seen = set()
         for group_id, group in members.items():
             for member in group:
                 if member.key in seen:
                     continue
                 seen.add(member.key)
-                backends.append({"id": member.key, "group": group_id, "address": member.address,
-                                 "port": member.port, "weight": member.weight, "mapped_port": member.mapped_port,
-                                 "health": health.get(server_name(member.key), "unknown")})
+                backends.append(
+                    {
+                        "id": member.key,
+                        "group": group_id,
+                        "address": member.address,
+                        "port": member.port,
+                        "weight": member.weight,
+                        "mapped_port": member.mapped_port,
+                        "health": health.get(server_name(member.key), "unknown"),
+                    }
+                )
     return {
         "id": task.lb_id,
         "state": task.state,
@@ -75,7 +95,8 @@ def loadbalancer_status(task, lb, allocation, names, netns: str, observation, he
         "inner": allocation.inner if allocation else None,
         "outer": allocation.outer if allocation else None,
         "interfaces": {"ovn": [names.ovn_ns, names.ovn_host], "haproxy": [names.haproxy_ns, names.haproxy_host]}
-        if names else None,
+        if names
+        else None,
         "ovs_port": observation.ovs_port if observation else None,
         "ovn_installed": observation.ovn_installed if observation else False,
         "listeners": listeners,
@@ -122,8 +143,11 @@ class StatusReporter:
         source = self._source
         health = await self._server_health()
         installed = await self._installed_ports()
-        lbs = [self._document(view, health, installed)
-               for view in map(source.loadbalancer_view, source.loadbalancer_ids()) if view is not None]
+        lbs = [
+            self._document(view, health, installed)
+            for view in map(source.loadbalancer_view, source.loadbalancer_ids())
+            if view is not None
+        ]
         return {
             "agent": {
                 "version": __version__,
@@ -177,8 +201,9 @@ class StatusReporter:
     @staticmethod
     def _document(view: LoadBalancerView, health: dict, installed: set[str] | None) -> dict:
         member_health = {**health.get(view.task.lb_id, {}), **view.udp_health}
-        document = loadbalancer_status(view.task, view.lb, view.allocation, view.names, view.netns,
-                                       view.observation, member_health, view.members)
+        document = loadbalancer_status(
+            view.task, view.lb, view.allocation, view.names, view.netns, view.observation, member_health, view.members
+        )
         if installed is not None and view.names is not None:
             document["ovn_installed"] = view.names.ovn_host in installed
         return document

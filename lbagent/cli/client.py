@@ -47,8 +47,7 @@ def connection(config: Config, timeout: float) -> http.client.HTTPConnection:
     return http.client.HTTPConnection(address.host, address.port, timeout=timeout)
 
 
-def request(config: Config, method: str, path: str, body: object = None,
-            timeout: float = 10.0) -> tuple[int, object]:
+def request(config: Config, method: str, path: str, body: object = None, timeout: float = 10.0) -> tuple[int, object]:
     """(status, decoded JSON or text) of one request with the configured token."""
     conn = connection(config, timeout)
     headers = {"Accept": "application/json"}

@@ -14,7 +14,10 @@ from lbagent.config import DEFAULT_CONFIG_PATH, load_config
 from lbagent.errors import ConfigError
 
 CONFIG_OPTION = click.option(
-    "--config", "config_path", type=click.Path(path_type=Path), default=None,
+    "--config",
+    "config_path",
+    type=click.Path(path_type=Path),
+    default=None,
     help=f"configuration file (default {DEFAULT_CONFIG_PATH} if it exists)",
 )
 
@@ -38,8 +41,8 @@ def main() -> None:
 @CONFIG_OPTION
 def run(config_path: Path | None) -> None:
     """Run the agent in the foreground (what the systemd unit starts)."""
-    from lbagent.logs import setup_logging
     from lbagent.api.server import serve
+    from lbagent.logs import setup_logging
 
     config = _load(config_path)
     # The token is redacted from every log line, whichever module writes it.

@@ -45,11 +45,17 @@ def parse_save(text: str) -> list[CountedRule]:
         comment = args.get("--comment", "")
         if comment_hash(comment) is None:
             continue  # not one of ours (a jump someone else added to PREROUTING, say)
-        rules.append(CountedRule(
-            chain=match.group(3), tag=comment.partition(":")[2], hash=comment_hash(comment),
-            target=args.get("-j", ""), to=args.get("--to-destination") or args.get("--to-source", ""),
-            packets=int(match.group(1)), bytes=int(match.group(2)),
-        ))
+        rules.append(
+            CountedRule(
+                chain=match.group(3),
+                tag=comment.partition(":")[2],
+                hash=comment_hash(comment),
+                target=args.get("-j", ""),
+                to=args.get("--to-destination") or args.get("--to-source", ""),
+                packets=int(match.group(1)),
+                bytes=int(match.group(2)),
+            )
+        )
     return rules
 
 

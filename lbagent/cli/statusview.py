@@ -14,14 +14,22 @@ from urllib.parse import quote
 import click
 
 from lbagent.cli.client import AgentUnreachable, get_json
+from lbagent.cli.natcounters import read_counters
 from lbagent.config import Config
 from lbagent.naming import netns_name
-from lbagent.cli.natcounters import read_counters
 from lbagent.ovnhost.netns import netns_exists
 from lbagent.state import StateFileError, StateStore
 
-STATE_COLORS = {"ready": "green", "up": "green", "error": "red", "down": "red",
-                "pending": "yellow", "deleting": "yellow", "draining": "yellow", "unknown": "yellow"}
+STATE_COLORS = {
+    "ready": "green",
+    "up": "green",
+    "error": "red",
+    "down": "red",
+    "pending": "yellow",
+    "deleting": "yellow",
+    "draining": "yellow",
+    "unknown": "yellow",
+}
 OFFLINE = "state directory (the agent is not running)"
 
 
@@ -80,25 +88,43 @@ def offline_status(config: Config, why: str) -> dict:
     for lb in (persisted.desired or {}).get("loadbalancers", []):
         allocation = persisted.allocations.get(lb.get("id"))
         ports = allocation.ports if allocation else {}
-        lbs.append({
-            "id": lb.get("id"),
-            "state": "unknown",
-            "netns": netns_name(lb.get("id", "")),
-            "netns_present": netns_exists(netns_name(lb.get("id", ""))),
-            "vip": lb.get("network", {}).get("ip"),
-            "inner": allocation.inner if allocation else None,
-            "outer": allocation.outer if allocation else None,
-            "listeners": [{"id": ls.get("id"), "listener_type": ls.get("listener_type"),
-                           "listener_port": ls.get("listener_port"), "state": "unknown"}
-                          for ls in lb.get("listeners", [])],
-            "backends": [{"id": b.get("id"), "address": b.get("address"), "port": b.get("port"),
-                          "mapped_port": ports.get(b.get("id")), "health": "unknown"}
-                         for g in lb.get("backend_groups", []) for b in g.get("backends", [])],
-            "last_error": None,
-        })
+        lbs.append(
+            {
+                "id": lb.get("id"),
+                "state": "unknown",
+                "netns": netns_name(lb.get("id", "")),
+                "netns_present": netns_exists(netns_name(lb.get("id", ""))),
+                "vip": lb.get("network", {}).get("ip"),
+                "inner": allocation.inner if allocation else None,
+                "outer": allocation.outer if allocation else None,
+                "listeners": [
+                    {
+                        "id": ls.get("id"),
+                        "listener_type": ls.get("listener_type"),
+                        "listener_port": ls.get("listener_port"),
+                        "state": "unknown",
+                    }
+                    for ls in lb.get("listeners", [])
+                ],
+                "backends": [
+                    {
+                        "id": b.get("id"),
+                        "address": b.get("address"),
+                        "port": b.get("port"),
+                        "mapped_port": ports.get(b.get("id")),
+                        "health": "unknown",
+                    }
+                    for g in lb.get("backend_groups", [])
+                    for b in g.get("backends", [])
+                ],
+                "last_error": None,
+            }
+        )
     generation = (persisted.desired or {}).get("generation")
-    return {"agent": {"host": config.agent.host, "running": False, "generation": generation, "reason": why},
-            "loadbalancers": lbs}
+    return {
+        "agent": {"host": config.agent.host, "running": False, "generation": generation, "reason": why},
+        "loadbalancers": lbs,
+    }
 
 
 # --- rendering ---------------------------------------------------------------------
@@ -122,15 +148,19 @@ def table(rows: list[tuple], color: bool = False, colored: tuple[int, ...] = (),
 
 def _header(document: dict, source: str) -> list[str]:
     agent = document.get("agent", {})
-    lines = [f"source: {source}",
-             f"host: {agent.get('host')}  generation: {agent.get('generation')}  synced: {agent.get('synced', '-')}"]
+    lines = [
+        f"source: {source}",
+        f"host: {agent.get('host')}  generation: {agent.get('generation')}  synced: {agent.get('synced', '-')}",
+    ]
     if agent.get("running") is False:
         lines.append(f"agent: not running ({agent.get('reason') or agent.get('error')})")
     haproxy = agent.get("haproxy")
     if haproxy:
-        lines.append(f"haproxy: pid {haproxy.get('pid')} running={haproxy.get('running')} "
-                     f"reloads={haproxy.get('reloads')} failed_reloads={haproxy.get('failed_reloads', 0)} "
-                     f"live_updates={haproxy.get('live_updates', 0)}")
+        lines.append(
+            f"haproxy: pid {haproxy.get('pid')} running={haproxy.get('running')} "
+            f"reloads={haproxy.get('reloads')} failed_reloads={haproxy.get('failed_reloads', 0)} "
+            f"live_updates={haproxy.get('live_updates', 0)}"
+        )
     return lines
 
 
@@ -148,8 +178,12 @@ def _siblings(document: dict) -> list[str]:
         lines.append(f"pods: {pods['count']} ({pods.get('ready', '-')} ready)")
     queues = document.get("agent", {}).get("queues") or {}
     if queues:
-        lines.append("queue (waiting/delayed/running/retrying): " + "  ".join(
-            f"{kind} {q['depth']}/{q['delayed']}/{q['processing']}/{q['retrying']}" for kind, q in queues.items()))
+        lines.append(
+            "queue (waiting/delayed/running/retrying): "
+            + "  ".join(
+                f"{kind} {q['depth']}/{q['delayed']}/{q['processing']}/{q['retrying']}" for kind, q in queues.items()
+            )
+        )
     return lines
 
 
@@ -162,10 +196,20 @@ def render_status(document: dict, source: str, color: bool = False, detail: bool
     rows = [("ID", "STATE", "VIP", "INNER/OUTER", "LISTENERS", "BACKENDS", "LAST ERROR")]
     for lb in lbs:
         listeners = ",".join(f"{ls['listener_type']}/{ls['listener_port']}" for ls in lb.get("listeners", []))
-        backends = ",".join(f"{b['address']}:{b['port']}→{b.get('mapped_port')}({b.get('health', '?')})"
-                            for b in lb.get("backends", []))
-        rows.append((lb["id"], lb["state"], lb.get("vip"), f"{lb.get('inner')}/{lb.get('outer')}",
-                     listeners, backends, lb.get("last_error")))
+        backends = ",".join(
+            f"{b['address']}:{b['port']}→{b.get('mapped_port')}({b.get('health', '?')})" for b in lb.get("backends", [])
+        )
+        rows.append(
+            (
+                lb["id"],
+                lb["state"],
+                lb.get("vip"),
+                f"{lb.get('inner')}/{lb.get('outer')}",
+                listeners,
+                backends,
+                lb.get("last_error"),
+            )
+        )
     lines += table(rows, color, colored=(1,))
     if detail:
         for lb in lbs:
@@ -175,31 +219,54 @@ def render_status(document: dict, source: str, color: bool = False, detail: bool
 
 def render_detail(lb: dict, color: bool = False) -> list[str]:
     present = lb.get("netns_present")
-    lines = [f"{lb['id']}: state {lb['state']} generation {lb.get('generation')} retries {lb.get('retries', '-')} "
-             f"last pass {lb.get('last_reconciled_at') or '-'}",
-             f"  netns {lb.get('netns')}{'' if present is None else (' (present)' if present else ' (absent)')}"
-             f"  ovs_port {lb.get('ovs_port') or '-'}  ovn_installed={lb.get('ovn_installed', '-')}"]
+    lines = [
+        f"{lb['id']}: state {lb['state']} generation {lb.get('generation')} retries {lb.get('retries', '-')} "
+        f"last pass {lb.get('last_reconciled_at') or '-'}",
+        f"  netns {lb.get('netns')}{'' if present is None else (' (present)' if present else ' (absent)')}"
+        f"  ovs_port {lb.get('ovs_port') or '-'}  ovn_installed={lb.get('ovn_installed', '-')}",
+    ]
     if lb.get("last_error"):
         lines.append(f"  last error: {lb['last_error']}")
     lines.append("  listeners:")
-    lines += table([("ID", "TYPE", "PORT", "STATE")]
-                   + [(ls["id"], ls["listener_type"], ls["listener_port"], ls["state"])
-                      for ls in lb.get("listeners", [])], color, colored=(3,), indent="    ")
-    rules = [(ls["id"], r["id"], r.get("domain") or "*", r.get("path") or "/",
-              r.get("backend_group_id") or f"redirect {(r.get('redirect') or {}).get('code', '')}".strip())
-             for ls in lb.get("listeners", []) for r in ls.get("rules", [])]
+    lines += table(
+        [("ID", "TYPE", "PORT", "STATE")]
+        + [(ls["id"], ls["listener_type"], ls["listener_port"], ls["state"]) for ls in lb.get("listeners", [])],
+        color,
+        colored=(3,),
+        indent="    ",
+    )
+    rules = [
+        (
+            ls["id"],
+            r["id"],
+            r.get("domain") or "*",
+            r.get("path") or "/",
+            r.get("backend_group_id") or f"redirect {(r.get('redirect') or {}).get('code', '')}".strip(),
+        )
+        for ls in lb.get("listeners", [])
+        for r in ls.get("rules", [])
+    ]
     if rules:
         lines.append("  rules (the most specific match wins):")
         lines += table([("LISTENER", "RULE", "DOMAIN", "PATH", "TO")] + rules, indent="    ")
     lines.append("  backends:")
-    lines += table([("ID", "ADDRESS", "MAPPED PORT", "WEIGHT", "HEALTH")]
-                   + [(b["id"], f"{b['address']}:{b['port']}", b.get("mapped_port"), b.get("weight"), b.get("health"))
-                      for b in lb.get("backends", [])], color, colored=(4,), indent="    ")
+    lines += table(
+        [("ID", "ADDRESS", "MAPPED PORT", "WEIGHT", "HEALTH")]
+        + [
+            (b["id"], f"{b['address']}:{b['port']}", b.get("mapped_port"), b.get("weight"), b.get("health"))
+            for b in lb.get("backends", [])
+        ],
+        color,
+        colored=(4,),
+        indent="    ",
+    )
     lines.append(f"  NAT rules in {lb.get('netns')} (packets, bytes since the rule was added):")
     if lb.get("nat_rules_error"):
         lines.append(f"    unavailable: {lb['nat_rules_error']}")
     else:
-        lines += table([("CHAIN", "PACKETS", "BYTES", "TARGET", "TO", "RULE")]
-                       + [(r["chain"], r["packets"], r["bytes"], r["target"], r["to"], r["tag"])
-                          for r in lb.get("nat_rules", [])], indent="    ")
+        lines += table(
+            [("CHAIN", "PACKETS", "BYTES", "TARGET", "TO", "RULE")]
+            + [(r["chain"], r["packets"], r["bytes"], r["target"], r["to"], r["tag"]) for r in lb.get("nat_rules", [])],
+            indent="    ",
+        )
     return lines

@@ -12,7 +12,7 @@ from __future__ import annotations
 from collections.abc import Callable, Hashable, Iterable, Sequence
 from functools import lru_cache
 from ipaddress import IPv4Address, IPv4Network
-from typing import TYPE_CHECKING, Any, Optional
+from typing import TYPE_CHECKING, Any
 
 from pydantic import BaseModel
 
@@ -23,7 +23,7 @@ if TYPE_CHECKING:  # the models call these rules from their validators
     from lbagent.desired.model import DesiredState, Listener, LoadBalancer, Rule, Subnet
 
 # A problem: where, what, and where the value it repeats was first used (or None).
-Problem = tuple[Location, str, Optional[Location]]
+Problem = tuple[Location, str, Location | None]
 
 
 class _Problems:
@@ -54,9 +54,13 @@ class _Problems:
 
     @property
     def details(self) -> list[dict[str, str]]:
-        return [{"path": json_pointer(location),
-                 "message": message if first is None else f"{message} {json_pointer(first)}"}
-                for location, message, first in self.found]
+        return [
+            {
+                "path": json_pointer(location),
+                "message": message if first is None else f"{message} {json_pointer(first)}",
+            }
+            for location, message, first in self.found
+        ]
 
 
 def _keyed(items: Sequence[BaseModel], at: Location, field: str = "id") -> Iterable[tuple[Hashable, Location]]:

@@ -133,7 +133,8 @@ Namespace = pattern_type(
 )
 LabelKey = pattern_type(
     rf"(?:[A-Za-z0-9_.-]{{1,{MAX_LABEL_PREFIX_LEN}}}/)?[A-Za-z0-9_.-]{{1,{MAX_LABEL_NAME_LEN}}}",
-    f"a label key: 1-{MAX_LABEL_NAME_LEN} characters of letters, digits, '_', '.' and '-', optionally after one 'prefix/'",
+    f"a label key: 1-{MAX_LABEL_NAME_LEN} characters of letters, digits, '_', '.' and '-', "
+    "optionally after one 'prefix/'",
 )
 LabelValue = pattern_type(
     rf"[A-Za-z0-9_.-]{{0,{MAX_LABEL_NAME_LEN}}}",
@@ -197,9 +198,7 @@ def _check_uri_path(value: str) -> None:
         raise ValueError("may only contain printable ASCII without spaces, quotes, '#' or backslashes")
 
 
-UriPath = text_type(
-    _check_uri_path, {"pattern": f"^(/{_URI_CHAR}*)?$", "maxLength": MAX_URI_LEN}, allow_empty=True
-)
+UriPath = text_type(_check_uri_path, {"pattern": f"^(/{_URI_CHAR}*)?$", "maxLength": MAX_URI_LEN}, allow_empty=True)
 ProbePayload = pattern_type(
     rf"[ -~]{{0,{MAX_PROBE_PAYLOAD_LEN}}}",
     f"at most {MAX_PROBE_PAYLOAD_LEN} characters of printable ASCII",

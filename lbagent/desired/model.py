@@ -16,7 +16,7 @@ from __future__ import annotations
 import json
 from functools import cached_property
 from ipaddress import IPv4Network
-from typing import Any, Literal, Optional
+from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
 
@@ -84,7 +84,6 @@ TlsCipherPolicy = Literal[
 ]
 
 
-
 def many(max_items: int) -> Any:
     """An optional JSON array (omitted means empty) of at most max_items entries."""
     return Field(default_factory=list, max_length=max_items)
@@ -125,7 +124,7 @@ class CustomInterface(_Model):
 
 class ProviderNetwork(_Model):
     name: BridgeSuffix
-    default_interface: Optional[InterfaceName] = None
+    default_interface: InterfaceName | None = None
     custom_interfaces: list[CustomInterface] = many(MAX_CUSTOM_INTERFACES)
     exclude_hosts: list[Hostname] = many(MAX_HOSTS_PER_LIST)
 
@@ -140,7 +139,7 @@ class ProviderNetwork(_Model):
 
 
 class PodPort(_Model):
-    name: Optional[PortName] = None
+    name: PortName | None = None
     port: Port
     protocol: Literal["tcp", "udp", "sctp"] = "tcp"
 
@@ -177,7 +176,7 @@ class PodSelector(_Model):
 class BackendGroup(_Model):
     id: Id
     backends: list[Backend] = many(MAX_BACKENDS_PER_GROUP)
-    pod_selector: Optional[PodSelector] = None
+    pod_selector: PodSelector | None = None
 
 
 # --- listeners -------------------------------------------------------------------
@@ -199,7 +198,7 @@ class HealthCheck(_Model):
 class StickySession(_Model):
     type: Literal["insert", "server"] = "insert"
     cookie: Cookie = "SERVERID"
-    cookie_timeout: Optional[CookieTimeout] = None  # None or 0: a session cookie
+    cookie_timeout: CookieTimeout | None = None  # None or 0: a session cookie
 
 
 class Acl(_Model):
@@ -225,10 +224,10 @@ class Redirect(_Model):
 class Timeouts(_Model):
     """Seconds; None takes the agent's default."""
 
-    client_request: Optional[TimeoutSeconds] = None
-    client_idle: Optional[TimeoutSeconds] = None
-    backend_connect: Optional[TimeoutSeconds] = None
-    backend_idle: Optional[TimeoutSeconds] = None
+    client_request: TimeoutSeconds | None = None
+    client_idle: TimeoutSeconds | None = None
+    backend_connect: TimeoutSeconds | None = None
+    backend_idle: TimeoutSeconds | None = None
 
 
 class Certificate(_Model):
@@ -241,8 +240,8 @@ class Rule(_Model):
     id: Id
     domain: DomainPatternOrEmpty = ""
     path: UriPath = ""  # a prefix
-    backend_group_id: Optional[Id] = None
-    redirect: Optional[Redirect] = None
+    backend_group_id: Id | None = None
+    redirect: Redirect | None = None
     # api.md: "a rule may carry more" certificates (added to the listener's SNI set).
     certificates: list[Certificate] = many(MAX_CERTIFICATES_PER_LISTENER)
 
@@ -255,17 +254,17 @@ class Listener(_Model):
     listener_port: Port
     backend_group_id: Id
     scheduler: Scheduler = "rr"
-    health_check: Optional[HealthCheck] = None
-    sticky_session: Optional[StickySession] = None
-    acl: Optional[Acl] = None
+    health_check: HealthCheck | None = None
+    sticky_session: StickySession | None = None
+    acl: Acl | None = None
     x_forwarded_for: bool = False
     gzip: bool = False
     http2: bool = False
     send_proxy: SendProxy = "off"
-    timeouts: Optional[Timeouts] = None
+    timeouts: Timeouts | None = None
     http_request_rate: Rate = 0
     http_request_rate_per_src: Rate = 0
-    redirect: Optional[Redirect] = None
+    redirect: Redirect | None = None
     certificates: list[Certificate] = many(MAX_CERTIFICATES_PER_LISTENER)
     tls_cipher_policy: TlsCipherPolicy = "tls_cipher_policy_1_2"
     rules: list[Rule] = many(MAX_RULES_PER_LISTENER)
@@ -362,6 +361,7 @@ class DesiredState(_Model):
 
 # Input under these fields is never repeated in a message: it holds private keys.
 _UNECHOED_FIELDS = frozenset({"certificates"})
+
 
 def parse_desired_state(data: object) -> DesiredState:
     """Validate a decoded POST /v1/refresh body completely.

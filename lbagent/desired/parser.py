@@ -55,9 +55,14 @@ class RefreshParser:
                 reusing[name] = [self._model_for(name, entry, text) for entry, text in zip(entries, texts[name])]
         state = parse_desired_state(reusing)
         # Only the last valid body's entries: the memory never outgrows one state.
-        self._known = {name: {model.id: (text, model) for model, text in zip(getattr(state, name), texts.get(name, ()))
-                              if text is not None}
-                       for name in REUSED_LISTS}
+        self._known = {
+            name: {
+                model.id: (text, model)
+                for model, text in zip(getattr(state, name), texts.get(name, ()))
+                if text is not None
+            }
+            for name in REUSED_LISTS
+        }
         return state
 
     def _model_for(self, name: str, entry: object, text: bytes | None) -> object:

@@ -27,9 +27,10 @@
 from __future__ import annotations
 
 import asyncio
+from collections.abc import Awaitable, Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass, field
-from typing import Awaitable, Callable, Generic, Iterator, TypeVar
+from typing import Generic, TypeVar
 
 from lbagent.support.coalesce import resolve
 from lbagent.support.waits import wait_event
@@ -51,8 +52,14 @@ class _Change(Generic[S]):
 
 
 class ReloadBatcher(Generic[S]):
-    def __init__(self, commit: Callable[[list[S]], Awaitable[float]], debounce: float, max_delay: float,
-                 reload_pace: float = RELOAD_PACE, coming: Callable[[], bool] = lambda: True):
+    def __init__(
+        self,
+        commit: Callable[[list[S]], Awaitable[float]],
+        debounce: float,
+        max_delay: float,
+        reload_pace: float = RELOAD_PACE,
+        coming: Callable[[], bool] = lambda: True,
+    ):
         self._commit = commit  # installs and reloads a batch; returns the seconds the reload took
         self._debounce = debounce
         self._max_delay = max_delay  # a steady trickle of changes must not postpone every reload forever

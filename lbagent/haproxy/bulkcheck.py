@@ -12,12 +12,12 @@ only the culprits are refused and each hears its own error.
 from __future__ import annotations
 
 import asyncio
+from collections.abc import Awaitable, Callable
 from pathlib import Path
-from typing import Awaitable, Callable
 
-from lbagent.support.coalesce import Coalescer
 from lbagent.haproxy.candidate import StagedChange
 from lbagent.haproxy.errors import HaproxyCheckError
+from lbagent.support.coalesce import Coalescer
 
 MAX_BATCH = 250  # candidates in one haproxy -c: its error output stays readable
 
@@ -26,8 +26,9 @@ class BulkChecker:
     def __init__(self, check: Callable[[list[Path]], Awaitable[None]], slots: asyncio.Semaphore):
         self._check = check  # runs `haproxy -c` on these files (off the event loop)
         # slots: shared with every other haproxy -c
-        self._checks = Coalescer("haproxy-checks", self._check_together, self._check_alone, HaproxyCheckError,
-                                 MAX_BATCH, slots)
+        self._checks = Coalescer(
+            "haproxy-checks", self._check_together, self._check_alone, HaproxyCheckError, MAX_BATCH, slots
+        )
 
     async def check(self, staged: StagedChange) -> None:
         """Return once haproxy accepts `staged` (with the base); HaproxyCheckError if it refuses it."""

@@ -27,8 +27,16 @@ from pathlib import Path
 
 from lbagent.haproxy.errors import HaproxyError
 from lbagent.haproxy.files import (
-    HaproxyPaths, check_file_name, install, read_or_none, read_tree, remove_tree, replace_text, restore_tree,
-    swap_tree, write_tree,
+    HaproxyPaths,
+    check_file_name,
+    install,
+    read_or_none,
+    read_tree,
+    remove_tree,
+    replace_text,
+    restore_tree,
+    swap_tree,
+    write_tree,
 )
 
 CHECK_BASE = "haproxy.cfg"
@@ -70,8 +78,14 @@ def current(paths: HaproxyPaths, lb_id: str) -> tuple[str | None, dict[str, byte
     return read_or_none(paths.lb_file(lb_id)), read_tree(paths.lb_files_dir(lb_id))
 
 
-def stage(paths: HaproxyPaths, lb_id: str, text: str | None, files: Mapping[str, bytes],
-          base_for: Callable[[Path], str], previous_text: str | None) -> StagedChange:
+def stage(
+    paths: HaproxyPaths,
+    lb_id: str,
+    text: str | None,
+    files: Mapping[str, bytes],
+    base_for: Callable[[Path], str],
+    previous_text: str | None,
+) -> StagedChange:
     """Write the change into a new private staging directory; `base_for(crt_base)` renders the base file."""
     for name in files:
         check_file_name(name)
@@ -79,8 +93,9 @@ def stage(paths: HaproxyPaths, lb_id: str, text: str | None, files: Mapping[str,
         raise HaproxyError("files without a configuration that uses them")
     paths.make_dirs()
     work = Path(tempfile.mkdtemp(dir=paths.staging_dir, prefix=".change-"))
-    change = StagedChange(lb_id, paths.lb_file(lb_id), paths.lb_files_dir(lb_id), work, text, bool(files),
-                          previous_text)
+    change = StagedChange(
+        lb_id, paths.lb_file(lb_id), paths.lb_files_dir(lb_id), work, text, bool(files), previous_text
+    )
     try:
         staged_files = work / STAGED_FILES
         staged_files.mkdir(mode=0o700)

@@ -38,8 +38,14 @@ class PreparedChange:
 
 
 class Changes(Part):
-    def __init__(self, shared: Shared, locks: LockMap, batches: ReloadBatcher[StagedChange], live: LiveApplier,
-                 check_base: Callable[[Path], str]):
+    def __init__(
+        self,
+        shared: Shared,
+        locks: LockMap,
+        batches: ReloadBatcher[StagedChange],
+        live: LiveApplier,
+        check_base: Callable[[Path], str],
+    ):
         super().__init__(shared)
         self._locks = locks
         self._batches = batches
@@ -47,16 +53,18 @@ class Changes(Part):
         self._check_base = check_base  # the base file a candidate is checked with, for its crt-base
         self._bulk_checks: BulkChecker | None = None
 
-    async def submit(self, lb_id: str, text: str | None,
-                     files: Mapping[str, bytes] | None = None) -> asyncio.Future | None:
+    async def submit(
+        self, lb_id: str, text: str | None, files: Mapping[str, bytes] | None = None
+    ) -> asyncio.Future | None:
         """`prepare`, then `queue`, as one check in flight for the batcher (see `HaproxyManager.submit`)."""
         # The batcher waits for a change being checked: it joins the batch at once.
         with self._batches.checking():
             prepared = await self.prepare(lb_id, text, files)
             return None if prepared is None else self.queue(prepared)
 
-    async def prepare(self, lb_id: str, text: str | None,
-                      files: Mapping[str, bytes] | None = None) -> PreparedChange | None:
+    async def prepare(
+        self, lb_id: str, text: str | None, files: Mapping[str, bytes] | None = None
+    ) -> PreparedChange | None:
         """The change staged and checked, holding its load balancer's lock (see `HaproxyManager.prepare`)."""
         self._work.bind()
         files = dict(files or {})
@@ -92,11 +100,11 @@ class Changes(Part):
         finally:
             self._locks.release(prepared.staged.lb_id)
 
-    async def _checked_candidate(self, lb_id: str, text: str | None, files: dict[str, bytes],
-                                 previous_text: str | None) -> StagedChange:
+    async def _checked_candidate(
+        self, lb_id: str, text: str | None, files: dict[str, bytes], previous_text: str | None
+    ) -> StagedChange:
         """The change staged with its files, and accepted by haproxy next to the base file."""
-        staged = await self._work.lb_work.run(stage, self._paths, lb_id, text, files, self._check_base,
-                                              previous_text)
+        staged = await self._work.lb_work.run(stage, self._paths, lb_id, text, files, self._check_base, previous_text)
         if text is None:
             return staged  # a removal needs no check
         try:
@@ -109,14 +117,16 @@ class Changes(Part):
             await self._work.lb_work.run(discard, staged)
             if isinstance(exc, HaproxyCheckError):
                 # Name the load balancer, not the temporary files haproxy saw.
-                raise HaproxyCheckError(staged.hide_paths(exc.output),
-                                        f"configuration of load balancer {lb_id}") from None
+                raise HaproxyCheckError(
+                    staged.hide_paths(exc.output), f"configuration of load balancer {lb_id}"
+                ) from None
             raise
         return staged
 
     def _bulk_checker(self) -> BulkChecker:
         """Made on first use: it shares `check_slots`, which `bind` makes."""
         if self._bulk_checks is None:
-            self._bulk_checks = BulkChecker(lambda paths: self._work.lb_work.run(self._process.check, paths),
-                                            self._work.check_slots)
+            self._bulk_checks = BulkChecker(
+                lambda paths: self._work.lb_work.run(self._process.check, paths), self._work.check_slots
+            )
         return self._bulk_checks

@@ -114,9 +114,7 @@ class HaproxyPaths:
 
     def lb_ids_on_disk(self) -> set[str]:
         """Load balancers with a config file or a files directory here."""
-        configs = {
-            name[: -len(LB_SUFFIX)] for name in _listdir(self.conf_dir) if name.endswith(LB_SUFFIX)
-        }
+        configs = {name[: -len(LB_SUFFIX)] for name in _listdir(self.conf_dir) if name.endswith(LB_SUFFIX)}
         with_files = {name for name in _listdir(self.certs_dir) if (self.certs_dir / name).is_dir()}
         return {lb_id for lb_id in configs | with_files if _LB_ID_RE.fullmatch(lb_id)}
 

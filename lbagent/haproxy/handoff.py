@@ -22,7 +22,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
-from typing import Awaitable, Callable
+from collections.abc import Awaitable, Callable
 
 from lbagent.haproxy.render import HaproxyConfig
 from lbagent.support.waits import InFlight

@@ -113,8 +113,10 @@ class Lifecycle(Part):
             for lb_id in lb_ids:
                 replace_text(self._paths.lb_file(lb_id), None, self._paths.staging_dir)
             self._process.start()
-            self._counters.last_error = (f"haproxy did not start on the files on disk ({exc}); started without "
-                                         f"them, their load balancers re-apply them: {', '.join(sorted(lb_ids))}")
+            self._counters.last_error = (
+                f"haproxy did not start on the files on disk ({exc}); started without "
+                f"them, their load balancers re-apply them: {', '.join(sorted(lb_ids))}"
+            )
             outcome = "started bare"
         if outcome != "adopted":
             self._worker.clear_marker()  # a new master loaded whatever is on disk
@@ -124,8 +126,14 @@ class Lifecycle(Part):
         """Remove every file of ours under <run_dir>/haproxy (after stop()); the removed paths."""
         directories = (self._paths.conf_dir, self._paths.staging_dir, self._paths.certs_dir)
         removed = [path for directory in directories for path in empty_dir(directory)]
-        for path in (self._paths.base_cfg, self._paths.joined_cfg, self._paths.pidfile, self._worker.marker,
-                     self._paths.master_sock, self._paths.stats_sock):
+        for path in (
+            self._paths.base_cfg,
+            self._paths.joined_cfg,
+            self._paths.pidfile,
+            self._worker.marker,
+            self._paths.master_sock,
+            self._paths.stats_sock,
+        ):
             if path.exists() or path.is_symlink():
                 path.unlink()
                 removed.append(str(path))

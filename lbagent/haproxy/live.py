@@ -158,8 +158,14 @@ class LiveServers:
     """Edits of the current haproxy worker, and the servers still draining in it.
     Blocking (sockets): called on the manager's process thread, under its lock."""
 
-    def __init__(self, master_sock: Path, show_proc: Callable[[], ProcTable | None], drain_limit: float,
-                 readd_patience: float = 0.5, clock: Callable[[], float] = time.monotonic):
+    def __init__(
+        self,
+        master_sock: Path,
+        show_proc: Callable[[], ProcTable | None],
+        drain_limit: float,
+        readd_patience: float = 0.5,
+        clock: Callable[[], float] = time.monotonic,
+    ):
         self._master_sock = master_sock
         self._show_proc = show_proc
         self._drain_limit = drain_limit  # seconds a removed server may keep its sessions
@@ -216,8 +222,7 @@ class LiveServers:
             except LiveEditError as exc:
                 gone = "No such server" in str(exc)  # dropped meanwhile: nothing left to delete
                 if not gone:
-                    log.warning("object=haproxy action=delete_server server=%s result=error error=%r", target,
-                                str(exc))
+                    log.warning("object=haproxy action=delete_server server=%s result=error error=%r", target, str(exc))
             if gone:
                 del self._draining[target]
 

@@ -36,7 +36,6 @@ among it), `lifecycle` (start, adopt, supervise, stop), `counters` (status)
 and `work` (the thread pools and the process lock).
 """
 
-
 from __future__ import annotations
 
 import asyncio
@@ -60,8 +59,15 @@ __all__ = ["HaproxyManager", "PreparedChange"]
 
 
 class HaproxyManager:
-    def __init__(self, binary: str, run_dir: Path, prometheus_listen: str = "", debounce: float = 0.05,
-                 max_delay: float | None = None, reload_pace: float = RELOAD_PACE):
+    def __init__(
+        self,
+        binary: str,
+        run_dir: Path,
+        prometheus_listen: str = "",
+        debounce: float = 0.05,
+        max_delay: float | None = None,
+        reload_pace: float = RELOAD_PACE,
+    ):
         self.paths = HaproxyPaths(Path(run_dir))
         self.process = HaproxyProcess(binary, Path(run_dir))
         shared = Shared(self.paths, self.process)
@@ -69,8 +75,11 @@ class HaproxyManager:
         self._lb_locks = LockMap()
         self._reloader = Reloader(shared, prometheus_listen)
         self._batches: ReloadBatcher[StagedChange] = ReloadBatcher(
-            self._reloader.reload_batch, debounce, max_delay if max_delay is not None else max(1.0, 20 * debounce),
-            reload_pace)
+            self._reloader.reload_batch,
+            debounce,
+            max_delay if max_delay is not None else max(1.0, 20 * debounce),
+            reload_pace,
+        )
         self._changes = Changes(shared, self._lb_locks, self._batches, LiveApplier(shared), self._reloader.check_base)
         self._lifecycle = Lifecycle(shared, self._reloader)
 
@@ -133,15 +142,17 @@ class HaproxyManager:
         reloaded = await self.submit(lb_id, text, files)
         return False if reloaded is None else await reloaded
 
-    async def submit(self, lb_id: str, text: str | None,
-                     files: Mapping[str, bytes] | None = None) -> asyncio.Future | None:
+    async def submit(
+        self, lb_id: str, text: str | None, files: Mapping[str, bytes] | None = None
+    ) -> asyncio.Future | None:
         """`apply` up to the point where the change is checked and queued: None if
         the disk already holds it, else the future of its reload (see `apply`).
         The load balancer's next change waits until this one's reload is over."""
         return await self._changes.submit(lb_id, text, files)
 
-    async def prepare(self, lb_id: str, text: str | None,
-                      files: Mapping[str, bytes] | None = None) -> PreparedChange | None:
+    async def prepare(
+        self, lb_id: str, text: str | None, files: Mapping[str, bytes] | None = None
+    ) -> PreparedChange | None:
         """The first half of `submit`: the change staged and accepted by `haproxy -c`
         (HaproxyCheckError if refused), or None if the disk already holds it.
         Nothing live changes until it is `queue`d. A prepared change must be

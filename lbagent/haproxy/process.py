@@ -111,10 +111,17 @@ class HaproxyProcess:
         """Start a master on the files on disk and wait for its first worker."""
         with self._lock:
             command = [
-                self._resolved_binary(), "-W", "-D",
-                "-S", f"{self.paths.master_sock},mode,600",
-                "-p", str(self.paths.pidfile),
-                "-f", str(self.paths.base_cfg), "-f", str(self.paths.joined_cfg),
+                self._resolved_binary(),
+                "-W",
+                "-D",
+                "-S",
+                f"{self.paths.master_sock},mode,600",
+                "-p",
+                str(self.paths.pidfile),
+                "-f",
+                str(self.paths.base_cfg),
+                "-f",
+                str(self.paths.joined_cfg),
             ]
             join_lb_files(self.paths)
             # A file, not a pipe: the daemon keeps the launcher's stdio for a
@@ -122,8 +129,13 @@ class HaproxyProcess:
             with tempfile.TemporaryFile() as output:
                 try:
                     result = subprocess.run(
-                        command, stdin=subprocess.DEVNULL, stdout=output, stderr=output,
-                        timeout=START_TIMEOUT, start_new_session=True, check=False,
+                        command,
+                        stdin=subprocess.DEVNULL,
+                        stdout=output,
+                        stderr=output,
+                        timeout=START_TIMEOUT,
+                        start_new_session=True,
+                        check=False,
                     )
                 except subprocess.TimeoutExpired:
                     raise HaproxyReloadError(f"haproxy did not daemonize within {START_TIMEOUT:.0f}s") from None
@@ -203,8 +215,10 @@ class HaproxyProcess:
         if table.workers - before.workers:
             return "ok"
         if table.failed > 0:
-            return (f"haproxy could not load the new configuration (a bind conflict?); its previous "
-                    f"workers keep serving ({table.failed} failed reload(s) in a row)")
+            return (
+                f"haproxy could not load the new configuration (a bind conflict?); its previous "
+                f"workers keep serving ({table.failed} failed reload(s) in a row)"
+            )
         return None
 
     def _worker_pids(self, master_pid: int) -> set[int]:
@@ -244,8 +258,9 @@ class HaproxyProcess:
         for path in paths:
             command += ["-f", str(path)]
         try:
-            result = subprocess.run(command, stdin=subprocess.DEVNULL, capture_output=True,
-                                    timeout=CHECK_TIMEOUT, check=False)
+            result = subprocess.run(
+                command, stdin=subprocess.DEVNULL, capture_output=True, timeout=CHECK_TIMEOUT, check=False
+            )
         except subprocess.TimeoutExpired:
             raise HaproxyCheckError(f"haproxy -c took longer than {CHECK_TIMEOUT:.0f}s") from None
         if result.returncode != 0:

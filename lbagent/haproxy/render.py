@@ -43,14 +43,27 @@ DEFAULT_TIMEOUTS = {"client_request": 10, "client_idle": 90, "backend_connect": 
 HARD_STOP_AFTER = 1800
 
 BALANCE = {"rr": "roundrobin", "wrr": "roundrobin", "wlc": "leastconn", "sch": "source", "tch": "source"}
-SEND_PROXY = {"off": None, "v1": "send-proxy", "v2": "send-proxy-v2",
-              "v2-ssl": "send-proxy-v2-ssl", "v2-ssl-cn": "send-proxy-v2-ssl-cn"}
+SEND_PROXY = {
+    "off": None,
+    "v1": "send-proxy",
+    "v2": "send-proxy-v2",
+    "v2-ssl": "send-proxy-v2-ssl",
+    "v2-ssl-cn": "send-proxy-v2-ssl-cn",
+}
 # Sticky sessions: the agent's own cookie, or a prefix on the backend's cookie
 # (haproxy strips it again before the request reaches the backend).
 COOKIE_METHODS = {"insert": "insert", "server": "prefix"}
 # What gzip compresses: text, not already-compressed images or archives.
-COMPRESSIBLE_TYPES = ("text/html", "text/plain", "text/css", "text/xml", "text/javascript",
-                      "application/javascript", "application/json", "application/xml")
+COMPRESSIBLE_TYPES = (
+    "text/html",
+    "text/plain",
+    "text/css",
+    "text/xml",
+    "text/javascript",
+    "application/javascript",
+    "application/json",
+    "application/xml",
+)
 ACL_CIDRS_PER_LINE = 16  # haproxy reads at most 64 words a line
 # Per-source request rates are kept this long after a source's last request
 # (well over the 1 s they measure), for at most this many sources per listener.
@@ -143,8 +156,12 @@ def _listener_view(lb_id: str, listener, outer: str, inner: str, members: dict[s
 
     def backend(name: str, group_id: str) -> BackendView:
         return BackendView(
-            name=name, mode=mode, balance=_lookup(BALANCE, listener.scheduler, "scheduler"),
-            timeouts=backend_timeouts, health=health, cookie=cookie,
+            name=name,
+            mode=mode,
+            balance=_lookup(BALANCE, listener.scheduler, "scheduler"),
+            timeouts=backend_timeouts,
+            health=health,
+            cookie=cookie,
             servers=_servers(members.get(group_id, []), inner, listener, use_ssl=http, cookies=cookie is not None),
         )
 
@@ -232,7 +249,7 @@ def _acl(acl) -> AclView | None:
     if kind == "black" and not acl.cidrs:
         return None  # denies no one
     cidrs = list(acl.cidrs)
-    lines = tuple(tuple(cidrs[i:i + ACL_CIDRS_PER_LINE]) for i in range(0, len(cidrs), ACL_CIDRS_PER_LINE))
+    lines = tuple(tuple(cidrs[i : i + ACL_CIDRS_PER_LINE]) for i in range(0, len(cidrs), ACL_CIDRS_PER_LINE))
     return AclView(cidr_lines=lines, reject_listed=kind == "black")
 
 
@@ -249,15 +266,17 @@ def _servers(members: list[Member], inner: str, listener, use_ssl: bool, cookies
                 # haproxy would refuse the whole directory, not just this load balancer.
                 raise RenderError(f"two members with the {what} {value!r} in one backend")
             seen[what].add(value)
-        servers.append(ServerView(
-            name=name,
-            address=inner,
-            port=member.mapped_port,
-            weight=_weight(member.weight, scheduler),
-            send_proxy=listener_keyword or _lookup(SEND_PROXY, member.send_proxy, "send_proxy"),
-            ssl=use_ssl and member.ssl,
-            cookie=cookie,
-        ))
+        servers.append(
+            ServerView(
+                name=name,
+                address=inner,
+                port=member.mapped_port,
+                weight=_weight(member.weight, scheduler),
+                send_proxy=listener_keyword or _lookup(SEND_PROXY, member.send_proxy, "send_proxy"),
+                ssl=use_ssl and member.ssl,
+                cookie=cookie,
+            )
+        )
     return tuple(servers)
 
 

@@ -86,12 +86,14 @@ def rule_views(rules, backend_name_of, own_scheme: str) -> tuple[RuleView, ...]:
     for rule in ordered:
         domain = rule.domain or None
         wildcard = domain is not None and domain.startswith("*.")
-        views.append(RuleView(
-            id=rule.id,
-            host_exact=None if wildcard else domain,
-            host_suffix=domain[1:] if wildcard else None,
-            path_prefix=rule.path or None,
-            backend=backend_name_of(rule) if rule.redirect is None else None,
-            redirect=redirect_view(rule.redirect, own_scheme) if rule.redirect is not None else None,
-        ))
+        views.append(
+            RuleView(
+                id=rule.id,
+                host_exact=None if wildcard else domain,
+                host_suffix=domain[1:] if wildcard else None,
+                path_prefix=rule.path or None,
+                backend=backend_name_of(rule) if rule.redirect is None else None,
+                redirect=redirect_view(rule.redirect, own_scheme) if rule.redirect is not None else None,
+            )
+        )
     return tuple(views)

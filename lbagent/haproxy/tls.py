@@ -21,19 +21,37 @@ from lbagent.haproxy.errors import HaproxyError, RenderError
 from lbagent.haproxy.files import check_file_name
 
 # Strong: forward secrecy (ECDHE) and AEAD ciphers only.
-STRICT_CIPHERS = ":".join([
-    "ECDHE-ECDSA-AES128-GCM-SHA256", "ECDHE-RSA-AES128-GCM-SHA256",
-    "ECDHE-ECDSA-AES256-GCM-SHA384", "ECDHE-RSA-AES256-GCM-SHA384",
-    "ECDHE-ECDSA-CHACHA20-POLY1305", "ECDHE-RSA-CHACHA20-POLY1305",
-])
+STRICT_CIPHERS = ":".join(
+    [
+        "ECDHE-ECDSA-AES128-GCM-SHA256",
+        "ECDHE-RSA-AES128-GCM-SHA256",
+        "ECDHE-ECDSA-AES256-GCM-SHA384",
+        "ECDHE-RSA-AES256-GCM-SHA384",
+        "ECDHE-ECDSA-CHACHA20-POLY1305",
+        "ECDHE-RSA-CHACHA20-POLY1305",
+    ]
+)
 # Compatible: the strict list first, then CBC and RSA key exchange for older
 # clients (no RC4, 3DES, MD5, export or anonymous ciphers).
-COMPATIBLE_CIPHERS = ":".join([
-    STRICT_CIPHERS,
-    "ECDHE-ECDSA-AES128-SHA256", "ECDHE-RSA-AES128-SHA256", "ECDHE-ECDSA-AES256-SHA384", "ECDHE-RSA-AES256-SHA384",
-    "ECDHE-ECDSA-AES128-SHA", "ECDHE-RSA-AES128-SHA", "ECDHE-ECDSA-AES256-SHA", "ECDHE-RSA-AES256-SHA",
-    "AES128-GCM-SHA256", "AES256-GCM-SHA384", "AES128-SHA256", "AES256-SHA256", "AES128-SHA", "AES256-SHA",
-])
+COMPATIBLE_CIPHERS = ":".join(
+    [
+        STRICT_CIPHERS,
+        "ECDHE-ECDSA-AES128-SHA256",
+        "ECDHE-RSA-AES128-SHA256",
+        "ECDHE-ECDSA-AES256-SHA384",
+        "ECDHE-RSA-AES256-SHA384",
+        "ECDHE-ECDSA-AES128-SHA",
+        "ECDHE-RSA-AES128-SHA",
+        "ECDHE-ECDSA-AES256-SHA",
+        "ECDHE-RSA-AES256-SHA",
+        "AES128-GCM-SHA256",
+        "AES256-GCM-SHA384",
+        "AES128-SHA256",
+        "AES256-SHA256",
+        "AES128-SHA",
+        "AES256-SHA",
+    ]
+)
 # OpenSSL 3 refuses TLS 1.0 and 1.1 at any security level above 0 (their
 # handshake signs with SHA-1): a policy that admits them must lower it.
 LEGACY_LEVEL = ":@SECLEVEL=0"

@@ -21,10 +21,10 @@ last ports of a burst, or a port on its own, go at once.
 from __future__ import annotations
 
 from lbagent.errors import LbAgentError
-from lbagent.support.blocking import BlockingPool
-from lbagent.support.coalesce import Coalescer
 from lbagent.ovnhost.errors import OvsdbError, OvsdbUnavailable
 from lbagent.ovnhost.ovs import OvsClient, PortState, PortWant
+from lbagent.support.blocking import BlockingPool
+from lbagent.support.coalesce import Coalescer
 from lbagent.support.waits import InFlight
 
 MAX_PORTS = 200  # ports in one turn: an error in a shared transaction stays readable
@@ -46,8 +46,9 @@ class BridgePorts:
         self._ovs = ovs
         self._pool = pool  # the OVSDB thread
         self._building = building  # passes whose ports are still to come
-        self._turns = Coalescer("ovsdb-ports", self._converge_together, self._converge_alone, OvsdbError,
-                                MAX_PORTS, gather=self._gather)
+        self._turns = Coalescer(
+            "ovsdb-ports", self._converge_together, self._converge_alone, OvsdbError, MAX_PORTS, gather=self._gather
+        )
 
     async def converge(self, name: str, external_ids: dict[str, str], reattach: bool = False) -> PortState | None:
         """`OvsClient.converge_ports` for one port, in a turn shared with others."""

@@ -24,13 +24,13 @@ import ipaddress
 import json
 import logging
 import time
+from collections.abc import Callable
 from contextlib import AbstractContextManager
 from dataclasses import asdict, dataclass
-from typing import Callable
 
 from lbagent.ovnhost.errors import HostError
-from lbagent.ovnhost.iplib import Address, Link, MovableRoute, Netlink
 from lbagent.ovnhost.inventory import OWNER_KEY
+from lbagent.ovnhost.iplib import Address, Link, MovableRoute, Netlink
 from lbagent.ovnhost.ovs import OvsClient
 from lbagent.ovnhost.provider_ovs import BridgeState
 
@@ -106,8 +106,12 @@ def _same_address(addresses: set[Address], addr: Address) -> bool:
 
 
 class ProviderBridges:
-    def __init__(self, ovs: OvsClient, netlink: Callable[[], AbstractContextManager[Netlink]] = Netlink.open,
-                 device_timeout: float = DEVICE_TIMEOUT):
+    def __init__(
+        self,
+        ovs: OvsClient,
+        netlink: Callable[[], AbstractContextManager[Netlink]] = Netlink.open,
+        device_timeout: float = DEVICE_TIMEOUT,
+    ):
         self._ovs = ovs
         self._netlink = netlink
         self._device_timeout = device_timeout
@@ -117,7 +121,8 @@ class ProviderBridges:
     def owned_networks(self) -> set[str]:
         """Provider networks that have a bridge of ours on this host."""
         return {
-            ids[NETWORK_KEY] for name, ids in self._ovs.owned_bridges().items()
+            ids[NETWORK_KEY]
+            for name, ids in self._ovs.owned_bridges().items()
             if ids.get(NETWORK_KEY) and name == bridge_name(ids[NETWORK_KEY])
         }
 
@@ -148,11 +153,12 @@ class ProviderBridges:
             port = self._ovs.observe_port(interface)
             if port is not None and port.on_bridge not in (None, bridge):
                 raise ProviderBridgeError(f"interface {interface} is already a port of bridge {port.on_bridge}")
-            on_uplink = Moved(frozenset(addresses_to_move(nl.addresses(uplink.index))),
-                              frozenset(routes_to_move(nl.movable_routes(uplink.index))))
+            on_uplink = Moved(
+                frozenset(addresses_to_move(nl.addresses(uplink.index))),
+                frozenset(routes_to_move(nl.movable_routes(uplink.index))),
+            )
             record = (Moved.from_external_ids(observed.external_ids) if observed else Moved()) | on_uplink
-            ids = {OWNER_KEY: self._ovs.owner, NETWORK_KEY: network, INTERFACE_KEY: interface,
-                   **record.external_ids()}
+            ids = {OWNER_KEY: self._ovs.owner, NETWORK_KEY: network, INTERFACE_KEY: interface, **record.external_ids()}
             # Recorded before anything moves: a pass cut short still knows what to give back.
             changed |= self._ovs.ensure_bridge(bridge, datapath_type, ids, uplink.mac, uplink.mtu, observed)
             device = self._wait_for_device(nl, bridge)
@@ -166,8 +172,9 @@ class ProviderBridges:
         deadline = time.monotonic() + self._device_timeout
         while (device := nl.link(bridge)) is None:
             if time.monotonic() >= deadline:
-                raise ProviderBridgeError(f"ovs-vswitchd did not create device {bridge} "
-                                          f"within {self._device_timeout:g}s")
+                raise ProviderBridgeError(
+                    f"ovs-vswitchd did not create device {bridge} within {self._device_timeout:g}s"
+                )
             time.sleep(0.02)  # ovs-vswitchd creates it asynchronously after the transaction
         return device
 
@@ -233,14 +240,18 @@ class ProviderBridges:
         if uplink is not None:
             writes += self._return_to(nl, uplink, record)
         elif interface:
-            log.warning("object=provider_bridge bridge=%s action=give_back result=skipped "
-                        "reason=uplink_gone interface=%s", bridge, interface)
+            log.warning(
+                "object=provider_bridge bridge=%s action=give_back result=skipped reason=uplink_gone interface=%s",
+                bridge,
+                interface,
+            )
         device = nl.link(bridge)
         if device is not None:
             writes += self._take_off(nl, device, record)
         if forget:
             writes += self._ovs.update_bridge_external_ids(
-                bridge, {INTERFACE_KEY: None, MOVED_ADDRESSES_KEY: None, MOVED_ROUTES_KEY: None})
+                bridge, {INTERFACE_KEY: None, MOVED_ADDRESSES_KEY: None, MOVED_ROUTES_KEY: None}
+            )
         return writes > 0
 
     @staticmethod

@@ -28,11 +28,20 @@ class _EthtoolValue(ctypes.Structure):
 
 
 class _EthtoolDrvinfo(ctypes.Structure):
-    _fields_ = [("cmd", ctypes.c_uint32), ("driver", ctypes.c_char * 32), ("version", ctypes.c_char * 32),
-                ("fw_version", ctypes.c_char * 32), ("bus_info", ctypes.c_char * 32),
-                ("erom_version", ctypes.c_char * 32), ("reserved2", ctypes.c_char * 12),
-                ("n_priv_flags", ctypes.c_uint32), ("n_stats", ctypes.c_uint32), ("testinfo_len", ctypes.c_uint32),
-                ("eedump_len", ctypes.c_uint32), ("regdump_len", ctypes.c_uint32)]
+    _fields_ = [
+        ("cmd", ctypes.c_uint32),
+        ("driver", ctypes.c_char * 32),
+        ("version", ctypes.c_char * 32),
+        ("fw_version", ctypes.c_char * 32),
+        ("bus_info", ctypes.c_char * 32),
+        ("erom_version", ctypes.c_char * 32),
+        ("reserved2", ctypes.c_char * 12),
+        ("n_priv_flags", ctypes.c_uint32),
+        ("n_stats", ctypes.c_uint32),
+        ("testinfo_len", ctypes.c_uint32),
+        ("eedump_len", ctypes.c_uint32),
+        ("regdump_len", ctypes.c_uint32),
+    ]
 
 
 def _ioctl(ifname: str, request: ctypes.Structure) -> None:

@@ -15,17 +15,17 @@ import socket
 from contextlib import nullcontext
 from dataclasses import dataclass
 
-from lbagent.support.blocking import BlockingPool
-from lbagent.ovnhost.inventory import LB_KEY, Inventory
 from lbagent.naming import INTERFACE_RE, NETNS_PREFIX, InterfaceNames, iface_id, names_from_interface, netns_name
 from lbagent.ovnhost import ethtool, iptables, links
 from lbagent.ovnhost.bridgeports import BridgePorts
-from lbagent.ovnhost.links import LinkSpec
 from lbagent.ovnhost.errors import AlreadyExists, NetlinkError
+from lbagent.ovnhost.inventory import LB_KEY, Inventory
 from lbagent.ovnhost.iplib import Netlink
+from lbagent.ovnhost.links import LinkSpec
 from lbagent.ovnhost.nat import NatRule
 from lbagent.ovnhost.netns import NamespaceExecutor, list_netns, netns_exists, netns_path
 from lbagent.ovnhost.ovs import OvsClient
+from lbagent.support.blocking import BlockingPool
 from lbagent.support.waits import InFlight
 
 log = logging.getLogger(__name__)
@@ -90,8 +90,9 @@ class OvnHost:
         # The NAT rules need only the namespace (they name links, not indexes):
         # they go in on the iptables thread while the links are finished (a
         # resync's check of the table shares the namespace threads with them).
-        created, nat = await asyncio.gather(self._finish_links(spec, built), self._converge_nat(spec),
-                                            return_exceptions=True)
+        created, nat = await asyncio.gather(
+            self._finish_links(spec, built), self._converge_nat(spec), return_exceptions=True
+        )
         if isinstance(created, BaseException):
             raise created
         if isinstance(nat, BaseException):
@@ -124,7 +125,8 @@ class OvnHost:
 
     async def _converge_nat(self, spec: HostSpec) -> None:
         _, self._nat_states[spec.lb_id] = await iptables.converge_nat(
-            self._namespaces, self._iptc, spec.netns, list(spec.nat), self._nat_states.get(spec.lb_id))
+            self._namespaces, self._iptc, spec.netns, list(spec.nat), self._nat_states.get(spec.lb_id)
+        )
 
     async def _converge_links(self, spec: HostSpec) -> set[str]:
         try:
@@ -162,8 +164,9 @@ class OvnHost:
         marked = await self._namespaces.run(None, _read_marked_links)
         rules = await self._namespaces.run(None, links.reply_rule_sources)
         ports = await self.ovsdb.run(self._ovs.owned_ports)
-        return Inventory(frozenset(list_netns(NETNS_PREFIX)), frozenset(marked), frozenset(ports),
-                         reply_rules=frozenset(rules))
+        return Inventory(
+            frozenset(list_netns(NETNS_PREFIX)), frozenset(marked), frozenset(ports), reply_rules=frozenset(rules)
+        )
 
     async def delete_orphan(self, kind: str, name: str) -> None:
         if kind == "netns":

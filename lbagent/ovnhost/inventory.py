@@ -30,7 +30,7 @@ class Inventory:
     haproxy: frozenset[str] = frozenset()
     reply_rules: frozenset[str] = frozenset()  # OUTER addresses with a policy rule
 
-    def minus(self, used: "Inventory") -> set[tuple[str, str]]:
+    def minus(self, used: Inventory) -> set[tuple[str, str]]:
         return {
             (kind, name)
             for kind in ("netns", "links", "ovs_ports", "haproxy", "reply_rules")

@@ -16,9 +16,9 @@ from __future__ import annotations
 
 import errno
 import socket
+from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
-from typing import Iterator
 
 from pyroute2 import IPRoute
 from pyroute2.netlink.exceptions import NetlinkError as PyrouteNetlinkError
@@ -91,7 +91,7 @@ class Netlink:
 
     @classmethod
     @contextmanager
-    def open(cls) -> Iterator["Netlink"]:
+    def open(cls) -> Iterator[Netlink]:
         """A socket in the calling thread's current namespace, closed on exit."""
         # strict_check: the kernel filters dumps (by index, table) instead of
         # sending everything for pyroute2 to decode and drop.
@@ -193,8 +193,15 @@ class Netlink:
         """`not from src/len goto target` at `first`, and a no-op rule at `target`
         for it to land on; either one already there is left alone."""
         self._add_rule_once(f"nop at {target}", priority=target, action="FR_ACT_NOP")
-        self._add_rule_once(f"not from {src}/{src_len} goto {target}", priority=first, src=src, src_len=src_len,
-                            flags=FIB_RULE_INVERT, action="FR_ACT_GOTO", goto=target)
+        self._add_rule_once(
+            f"not from {src}/{src_len} goto {target}",
+            priority=first,
+            src=src,
+            src_len=src_len,
+            flags=FIB_RULE_INVERT,
+            action="FR_ACT_GOTO",
+            goto=target,
+        )
 
     def _add_rule_once(self, description: str, **rule) -> bool:
         """Add a policy rule unless an identical one exists; True if it was added.
@@ -214,12 +221,22 @@ class Netlink:
 
     def add_source_rule(self, rule: SourceRule) -> bool:
         """Add `rule` unless it is there already; True if it was added."""
-        return self._add_rule_once(f"from {rule.src} lookup {rule.table}", src=rule.src, src_len=32,
-                                   table=rule.table, priority=rule.priority)
+        return self._add_rule_once(
+            f"from {rule.src} lookup {rule.table}", src=rule.src, src_len=32, table=rule.table, priority=rule.priority
+        )
 
     def delete_source_rule(self, rule: SourceRule) -> None:
-        self._call("delete rule", f"from {rule.src} lookup {rule.table}", self._ipr.rule, "del", write=True,
-                   src=rule.src, src_len=32, table=rule.table, priority=rule.priority)
+        self._call(
+            "delete rule",
+            f"from {rule.src} lookup {rule.table}",
+            self._ipr.rule,
+            "del",
+            write=True,
+            src=rule.src,
+            src_len=32,
+            table=rule.table,
+            priority=rule.priority,
+        )
 
     # --- writes ----------------------------------------------------------
 
@@ -247,15 +264,28 @@ class Netlink:
         if addr.broadcast:
             extra["broadcast"] = addr.broadcast
         self._call(
-            "add address", f"{addr.cidr} {link.name}", self._ipr.addr, "add",
-            index=link.index, address=addr.address, prefixlen=addr.prefixlen, write=True, **extra,
+            "add address",
+            f"{addr.cidr} {link.name}",
+            self._ipr.addr,
+            "add",
+            index=link.index,
+            address=addr.address,
+            prefixlen=addr.prefixlen,
+            write=True,
+            **extra,
         )
 
     def delete_address(self, link: Link, addr: Address) -> None:
         """Deletes the address `addr.cidr`, whatever its broadcast and flags."""
         self._call(
-            "delete address", f"{addr.cidr} {link.name}", self._ipr.addr, "del",
-            index=link.index, address=addr.address, prefixlen=addr.prefixlen, write=True,
+            "delete address",
+            f"{addr.cidr} {link.name}",
+            self._ipr.addr,
+            "del",
+            index=link.index,
+            address=addr.address,
+            prefixlen=addr.prefixlen,
+            write=True,
         )
 
     def replace_route(self, route: KernelRoute) -> None:
@@ -269,18 +299,31 @@ class Netlink:
     def movable_routes(self, index: int) -> set[MovableRoute]:
         """Main-table unicast routes out of this link, except those the kernel derives from addresses."""
         return {
-            _to_movable_route(m) for m in self._route_dump(MAIN_TABLE, oif=index)
+            _to_movable_route(m)
+            for m in self._route_dump(MAIN_TABLE, oif=index)
             if m.get("type") == RTN_UNICAST and m.get("RTA_OIF") == index and m["proto"] != RTPROT_KERNEL
         }
 
     def replace_movable_route(self, link: Link, route: MovableRoute) -> None:
         """Add `route` out of `link`; a route with the same key elsewhere is moved here."""
-        self._call("replace route", f"{route.dst} {link.name}", self._ipr.route, "replace", write=True,
-                   **_movable_route_args(link, route))
+        self._call(
+            "replace route",
+            f"{route.dst} {link.name}",
+            self._ipr.route,
+            "replace",
+            write=True,
+            **_movable_route_args(link, route),
+        )
 
     def delete_movable_route(self, link: Link, route: MovableRoute) -> None:
-        self._call("delete route", f"{route.dst} {link.name}", self._ipr.route, "del", write=True,
-                   **_movable_route_args(link, route))
+        self._call(
+            "delete route",
+            f"{route.dst} {link.name}",
+            self._ipr.route,
+            "del",
+            write=True,
+            **_movable_route_args(link, route),
+        )
 
 
 def _to_link(msg) -> Link:
@@ -299,8 +342,12 @@ def _to_link(msg) -> Link:
 def _to_address(msg) -> Address:
     # NOPREFIXROUTE (0x200) is only in IFA_FLAGS: the header's flags field has 8 bits.
     flags = msg.get("IFA_FLAGS") or msg["flags"]
-    return Address(msg.get("IFA_LOCAL") or msg.get("IFA_ADDRESS"), msg["prefixlen"],
-                   msg.get("IFA_BROADCAST"), bool(flags & IFA_F_NOPREFIXROUTE))
+    return Address(
+        msg.get("IFA_LOCAL") or msg.get("IFA_ADDRESS"),
+        msg["prefixlen"],
+        msg.get("IFA_BROADCAST"),
+        bool(flags & IFA_F_NOPREFIXROUTE),
+    )
 
 
 def _to_route(msg) -> KernelRoute:
@@ -360,8 +407,7 @@ def _to_movable_route(msg) -> MovableRoute:
 
 
 def _movable_route_args(link: Link, route: MovableRoute) -> dict:
-    args: dict = {"dst": route.dst, "table": MAIN_TABLE, "oif": link.index, "scope": route.scope,
-                  "proto": route.proto}
+    args: dict = {"dst": route.dst, "table": MAIN_TABLE, "oif": link.index, "scope": route.scope, "proto": route.proto}
     optional = {"gateway": route.gateway, "prefsrc": route.prefsrc, "priority": route.metric}
     args.update({k: v for k, v in optional.items() if v is not None})
     return args

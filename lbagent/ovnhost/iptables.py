@@ -68,8 +68,9 @@ def write_nat(rules: list[NatRule]) -> tuple[int, str]:
     return sync_nat(rules), nat_state(rules)
 
 
-async def converge_nat(readers: NamespaceExecutor, writer: NamespaceExecutor, netns: str, rules: list[NatRule],
-                       last_state: str | None) -> tuple[int, str]:
+async def converge_nat(
+    readers: NamespaceExecutor, writer: NamespaceExecutor, netns: str, rules: list[NatRule], last_state: str | None
+) -> tuple[int, str]:
     """`write_nat` on the iptables thread (`writer`), unless the table is byte for
     byte what the last pass left for these same rules (`last_state`, as returned
     then). That check is read on `readers`: the iptables thread, which every

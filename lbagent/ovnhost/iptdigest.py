@@ -41,7 +41,7 @@ def nat_table_digest() -> str:
         next_offset = struct.unpack_from("H", entries, offset + NEXT_OFFSET)[0]
         if next_offset <= 0:
             raise IptablesError("iptables nat: malformed table from the kernel")
-        entry = bytearray(entries[offset:offset + next_offset])
+        entry = bytearray(entries[offset : offset + next_offset])
         entry[VOLATILE] = bytes(VOLATILE.stop - VOLATILE.start)
         digest.update(entry)
         offset += next_offset
@@ -58,4 +58,4 @@ def _getsockopt(sock: socket.socket, option: int, length: int, size: int | None 
     if _libc.getsockopt(sock.fileno(), SOL_IP, option, buf, ctypes.byref(buflen)) != 0:
         code = ctypes.get_errno()
         raise IptablesError(f"iptables nat: reading the table from the kernel: {os.strerror(code)}")
-    return buf.raw[:buflen.value]
+    return buf.raw[: buflen.value]

@@ -197,8 +197,10 @@ def build_host(spec: LinkSpec) -> None:
 
 def _reply_routes(spec: LinkSpec, oif: int, table: int) -> list[KernelRoute]:
     """The reply table: INNER on the link, then the default route via INNER."""
-    return [KernelRoute(f"{spec.inner}/32", None, oif, spec.outer, table),
-            KernelRoute(DEFAULT_ROUTE, spec.inner, oif, None, table)]
+    return [
+        KernelRoute(f"{spec.inner}/32", None, oif, spec.outer, table),
+        KernelRoute(DEFAULT_ROUTE, spec.inner, oif, None, table),
+    ]
 
 
 def _reply_path_ok(nl: Netlink, spec: LinkSpec, haproxy: int) -> bool:

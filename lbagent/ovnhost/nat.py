@@ -35,8 +35,20 @@ class NatRule:
 
     @property
     def hash(self) -> str:
-        material = repr((self.chain, self.target, self.to, self.in_interface, self.out_interface,
-                         self.protocol, self.dst, self.dport, self.probability, self.tag))
+        material = repr(
+            (
+                self.chain,
+                self.target,
+                self.to,
+                self.in_interface,
+                self.out_interface,
+                self.protocol,
+                self.dst,
+                self.dport,
+                self.probability,
+                self.tag,
+            )
+        )
         return hashlib.sha256(material.encode()).hexdigest()[:HASH_CHARS]
 
     @property
@@ -54,7 +66,7 @@ BACKEND_TAG = "backend "
 
 def backend_key_from_comment(comment: str) -> str | None:
     _, sep, tag = comment.partition(":")
-    return tag[len(BACKEND_TAG):] if sep and tag.startswith(BACKEND_TAG) else None
+    return tag[len(BACKEND_TAG) :] if sep and tag.startswith(BACKEND_TAG) else None
 
 
 def jump_rules() -> list[NatRule]:
@@ -78,12 +90,31 @@ class NatPlan:
 def nat_rules(plan: NatPlan) -> list[NatRule]:
     rules = jump_rules()
     for port in plan.tcp_ports:
-        rules.append(NatRule(PRE_CHAIN, f"listener tcp/{port}", "DNAT", f"{plan.outer}:{port}",
-                             in_interface=plan.ovn_ns, protocol="tcp", dst=plan.vip, dport=port))
+        rules.append(
+            NatRule(
+                PRE_CHAIN,
+                f"listener tcp/{port}",
+                "DNAT",
+                f"{plan.outer}:{port}",
+                in_interface=plan.ovn_ns,
+                protocol="tcp",
+                dst=plan.vip,
+                dport=port,
+            )
+        )
     for member in plan.members:
-        rules.append(NatRule(PRE_CHAIN, f"{BACKEND_TAG}{member.key}", "DNAT", f"{member.address}:{member.port}",
-                             in_interface=plan.haproxy_ns, protocol="tcp", dst=plan.inner,
-                             dport=member.mapped_port))
+        rules.append(
+            NatRule(
+                PRE_CHAIN,
+                f"{BACKEND_TAG}{member.key}",
+                "DNAT",
+                f"{member.address}:{member.port}",
+                in_interface=plan.haproxy_ns,
+                protocol="tcp",
+                dst=plan.inner,
+                dport=member.mapped_port,
+            )
+        )
     for port, members in plan.udp:
         rules += udp_listener_rules(plan, port, members)
     rules.append(NatRule(POST_CHAIN, "to vpc", "SNAT", plan.vip, out_interface=plan.ovn_ns))
@@ -105,7 +136,17 @@ def udp_listener_rules(plan: NatPlan, port: int, members: tuple[Member, ...]) ->
         last = index == len(live) - 1
         probability = "" if last else f"{member.weight / remaining:.6f}"
         remaining -= member.weight
-        rules.append(NatRule(PRE_CHAIN, f"listener udp/{port} {set_tag} {index}", "DNAT",
-                             f"{member.address}:{member.port}", in_interface=plan.ovn_ns, protocol="udp",
-                             dst=plan.vip, dport=port, probability=probability))
+        rules.append(
+            NatRule(
+                PRE_CHAIN,
+                f"listener udp/{port} {set_tag} {index}",
+                "DNAT",
+                f"{member.address}:{member.port}",
+                in_interface=plan.ovn_ns,
+                protocol="udp",
+                dst=plan.vip,
+                dport=port,
+                probability=probability,
+            )
+        )
     return rules

@@ -14,12 +14,13 @@ import ctypes
 import errno
 import logging
 import os
-from typing import Callable, TypeVar
+from collections.abc import Callable
+from typing import TypeVar
 
 from pyroute2 import netns as pyroute_netns
 
-from lbagent.support.blocking import BlockingPool
 from lbagent.ovnhost.errors import NamespaceError
+from lbagent.support.blocking import BlockingPool
 
 log = logging.getLogger(__name__)
 

@@ -104,9 +104,23 @@ class _BridgeDatapath(command.ReadOnlyCommand):
 # and that nothing here reads: with a thousand ports, parsing their updates
 # kept the IDL thread, which every OVSDB call waits on, busy.
 CHURNING_COLUMNS = {
-    "Interface": {"statistics", "status", "link_resets", "link_speed", "link_state", "duplex", "admin_state",
-                  "lacp_current", "bfd_status", "cfm_fault", "cfm_fault_status", "cfm_health", "cfm_remote_mpids",
-                  "cfm_remote_opstate", "cfm_flap_count"},
+    "Interface": {
+        "statistics",
+        "status",
+        "link_resets",
+        "link_speed",
+        "link_state",
+        "duplex",
+        "admin_state",
+        "lacp_current",
+        "bfd_status",
+        "cfm_fault",
+        "cfm_fault_status",
+        "cfm_health",
+        "cfm_remote_mpids",
+        "cfm_remote_opstate",
+        "cfm_flap_count",
+    },
     "Port": {"statistics", "status"},
     "Bridge": {"status"},
     "Open_vSwitch": {"statistics"},
@@ -212,19 +226,23 @@ class OvsClient(ProviderBridgeCommands):
         observed = [self.observe_port(want.name) for want in wants]
         stale = [index for index, want in enumerate(wants) if want.reattach and observed[index] is not None]
         if stale:
-            self._transact_for([(wants[i], f"delete port {wants[i].name}") for i in stale],
-                               f"delete {len(stale)} ports",
-                               [self.api.del_port(wants[i].name, if_exists=True) for i in stale],
-                               wait_for_vswitchd=True)
+            self._transact_for(
+                [(wants[i], f"delete port {wants[i].name}") for i in stale],
+                f"delete {len(stale)} ports",
+                [self.api.del_port(wants[i].name, if_exists=True) for i in stale],
+                wait_for_vswitchd=True,
+            )
             for index in stale:
                 observed[index] = None
         plans = [self._port_plan(want, seen) for want, seen in zip(wants, observed)]
         written = [(want, plan[0]) for want, plan in zip(wants, plans) if plan is not None]
         if written:
-            self._transact_for(written, f"write {len(written)} ports",
-                               [cmd for plan in plans if plan is not None for cmd in plan[1]])
-        return [seen if plan is None else self.observe_port(want.name)
-                for want, seen, plan in zip(wants, observed, plans)]
+            self._transact_for(
+                written, f"write {len(written)} ports", [cmd for plan in plans if plan is not None for cmd in plan[1]]
+            )
+        return [
+            seen if plan is None else self.observe_port(want.name) for want, seen, plan in zip(wants, observed, plans)
+        ]
 
     def _port_plan(self, want: PortWant, observed: PortState | None) -> tuple[str, list] | None:
         """What to write for one port, and the commands; None if it is as wanted."""
@@ -245,14 +263,16 @@ class OvsClient(ProviderBridgeCommands):
     def delete_port(self, name: str, wait_for_vswitchd: bool = False) -> bool:
         if self.observe_port(name) is None:
             return False
-        self._transact(f"delete port {name}", self.api.del_port(name, if_exists=True),
-                       wait_for_vswitchd=wait_for_vswitchd)
+        self._transact(
+            f"delete port {name}", self.api.del_port(name, if_exists=True), wait_for_vswitchd=wait_for_vswitchd
+        )
         return True
 
     def _transact(self, what: str, *commands, wait_for_vswitchd: bool = False, count: bool = True) -> None:
         try:
-            with self.api.transaction(check_error=True, log_errors=False, nested=False,
-                                      wait_for_vswitchd=wait_for_vswitchd) as txn:
+            with self.api.transaction(
+                check_error=True, log_errors=False, nested=False, wait_for_vswitchd=wait_for_vswitchd
+            ) as txn:
                 for cmd in commands:
                     txn.add(cmd)
         except ovsdbapp_exceptions.TimeoutException as exc:
@@ -262,8 +282,9 @@ class OvsClient(ProviderBridgeCommands):
         if count:
             count_write("ovsdb", what=what)
 
-    def _transact_for(self, changes: list[tuple[PortWant, str]], many: str, commands: list,
-                      wait_for_vswitchd: bool = False) -> None:
+    def _transact_for(
+        self, changes: list[tuple[PortWant, str]], many: str, commands: list, wait_for_vswitchd: bool = False
+    ) -> None:
         """One transaction for the port changes of several load balancers, each
         counted and logged as its own load balancer's change."""
         what = changes[0][1] if len(changes) == 1 else many

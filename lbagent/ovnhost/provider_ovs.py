@@ -42,8 +42,12 @@ class BridgeState:
     ports: frozenset = frozenset()  # names of its ports, its local port excepted
 
     def matches(self, datapath_type: str, external_ids: dict[str, str], hwaddr: str, mtu: int) -> bool:
-        return (self.datapath_type == datapath_type and self.hwaddr == hwaddr and self.mtu_request == mtu
-                and all(self.external_ids.get(k) == v for k, v in external_ids.items()))
+        return (
+            self.datapath_type == datapath_type
+            and self.hwaddr == hwaddr
+            and self.mtu_request == mtu
+            and all(self.external_ids.get(k) == v for k, v in external_ids.items())
+        )
 
 
 class ProviderBridgeCommands:
@@ -66,8 +70,15 @@ class ProviderBridgeCommands:
         """The raw `ovn-bridge-mappings` of the Open_vSwitch row ("" when unset)."""
         return self._execute(_BridgeMappings(self.api))
 
-    def ensure_bridge(self, name: str, datapath_type: str, external_ids: dict[str, str], hwaddr: str, mtu: int,
-                      observed: BridgeState | None) -> bool:
+    def ensure_bridge(
+        self,
+        name: str,
+        datapath_type: str,
+        external_ids: dict[str, str],
+        hwaddr: str,
+        mtu: int,
+        observed: BridgeState | None,
+    ) -> bool:
         """Make `name` a bridge of this datapath type whose local port has this MAC and MTU.
 
         external_ids are merged (other keys stay). Returns True if anything was written.
@@ -167,7 +178,8 @@ def merge_bridge_mapping(text: str, physnet: str, bridge: str, present: bool = T
         return text
     if other is not None:
         raise BridgeMappingConflict(
-            f"{BRIDGE_MAPPINGS_KEY} maps {physnet} to {other}, not {bridge}: not overwriting it")
+            f"{BRIDGE_MAPPINGS_KEY} maps {physnet} to {other}, not {bridge}: not overwriting it"
+        )
     return _format_bridge_mappings([*pairs, (physnet, bridge)])
 
 
@@ -193,8 +205,12 @@ class _ObserveBridge(command.ReadOnlyCommand):
         local = next((i for p in br.ports if p.name == self.name for i in p.interfaces if i.name == self.name), None)
         mtu_request = local.mtu_request[0] if local is not None and local.mtu_request else None
         self.result = BridgeState(
-            self.name, br.datapath_type or "system", dict(br.external_ids), br.other_config.get("hwaddr"),
-            mtu_request, frozenset(p.name for p in br.ports if p.name != self.name),
+            self.name,
+            br.datapath_type or "system",
+            dict(br.external_ids),
+            br.other_config.get("hwaddr"),
+            mtu_request,
+            frozenset(p.name for p in br.ports if p.name != self.name),
         )
 
 

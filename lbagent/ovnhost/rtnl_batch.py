@@ -30,7 +30,13 @@ from pyroute2.netlink.rtnl.rtmsg import rtmsg
 from lbagent.metrics import count_write
 from lbagent.ovnhost.errors import NetlinkError, netlink_error
 from lbagent.ovnhost.iplib import (
-    FIB_RULE_INVERT, IFA_F_NOPREFIXROUTE, IFF_UP, MAIN_TABLE, RT_SCOPE_LINK, RT_TABLE_COMPAT, RTN_UNICAST,
+    FIB_RULE_INVERT,
+    IFA_F_NOPREFIXROUTE,
+    IFF_UP,
+    MAIN_TABLE,
+    RT_SCOPE_LINK,
+    RT_TABLE_COMPAT,
+    RTN_UNICAST,
     KernelRoute,
 )
 
@@ -69,17 +75,37 @@ class RtnlBatch:
         msg.encode()
         self._requests.append(_Request(op, target, bytes(msg.data), exists_ok))
 
-    def add_veth(self, name: str, peer: str, peer_netns_fd: int, *, mtu: int | None = None,
-                 mac: str | None = None, peer_mtu: int | None = None, peer_mac: str | None = None,
-                 index: int = 0, peer_index: int = 0) -> None:
+    def add_veth(
+        self,
+        name: str,
+        peer: str,
+        peer_netns_fd: int,
+        *,
+        mtu: int | None = None,
+        mac: str | None = None,
+        peer_mtu: int | None = None,
+        peer_mac: str | None = None,
+        index: int = 0,
+        peer_index: int = 0,
+    ) -> None:
         """A veth pair, `name` up, `peer` made directly in the namespace of
         `peer_netns_fd` (and down: the kernel cannot open a peer before the
         pair is complete, so it is set up by a later request). Index 0 lets
         the kernel choose; a chosen one lets the same batch name the link."""
-        peer_attrs: list = [("IFLA_IFNAME", peer), ("IFLA_NET_NS_FD", peer_netns_fd), *_link_options(peer_mtu, peer_mac)]
+        peer_attrs: list = [
+            ("IFLA_IFNAME", peer),
+            ("IFLA_NET_NS_FD", peer_netns_fd),
+            *_link_options(peer_mtu, peer_mac),
+        ]
         peer_msg = {"attrs": peer_attrs, "family": 0, "index": peer_index, "flags": 0, "change": 0}
-        attrs: list = [("IFLA_IFNAME", name), *_link_options(mtu, mac), ("IFLA_LINKINFO", {"attrs": [
-            ("IFLA_INFO_KIND", "veth"), ("IFLA_INFO_DATA", {"attrs": [("VETH_INFO_PEER", peer_msg)]})]})]
+        attrs: list = [
+            ("IFLA_IFNAME", name),
+            *_link_options(mtu, mac),
+            (
+                "IFLA_LINKINFO",
+                {"attrs": [("IFLA_INFO_KIND", "veth"), ("IFLA_INFO_DATA", {"attrs": [("VETH_INFO_PEER", peer_msg)]})]},
+            ),
+        ]
         self._add("add veth", name, _link_msg(index, attrs), RTM_NEWLINK, _CREATE)
 
     def set_up(self, index: int, name: str) -> None:
@@ -95,30 +121,46 @@ class RtnlBatch:
     def replace_route(self, route: KernelRoute) -> None:
         msg = rtmsg()
         address, _, length = route.dst.partition("/")
-        msg["family"], msg["dst_len"], msg["proto"], msg["type"] = socket.AF_INET, int(length), RTPROT_STATIC, RTN_UNICAST
+        msg["family"], msg["dst_len"], msg["proto"], msg["type"] = (
+            socket.AF_INET,
+            int(length),
+            RTPROT_STATIC,
+            RTN_UNICAST,
+        )
         msg["table"] = route.table if route.table <= 255 else MAIN_TABLE
         msg["scope"] = 0 if route.gateway else RT_SCOPE_LINK
         attrs: list = [("RTA_DST", address)] if int(length) else []
-        attrs += [(name, value) for name, value in (("RTA_GATEWAY", route.gateway), ("RTA_OIF", route.oif),
-                                                    ("RTA_PREFSRC", route.prefsrc)) if value]
+        attrs += [
+            (name, value)
+            for name, value in (("RTA_GATEWAY", route.gateway), ("RTA_OIF", route.oif), ("RTA_PREFSRC", route.prefsrc))
+            if value
+        ]
         msg["attrs"] = attrs + [("RTA_TABLE", route.table)]
         self._add("replace route", route.dst, msg, RTM_NEWROUTE, _REPLACE)
 
     def add_source_rule(self, src: str, table: int, priority: int) -> None:
         """`from src/32 lookup table`; an identical rule already there is fine."""
-        msg = _rule_msg(FR_ACT_TO_TBL, [("FRA_SRC", src), ("FRA_TABLE", table), ("FRA_PRIORITY", priority)],
-                        src_len=32)
+        msg = _rule_msg(FR_ACT_TO_TBL, [("FRA_SRC", src), ("FRA_TABLE", table), ("FRA_PRIORITY", priority)], src_len=32)
         msg["table"] = table if table <= 255 else RT_TABLE_COMPAT
         self._add("add rule", f"from {src} lookup {table}", msg, RTM_NEWRULE, _CREATE, exists_ok=True)
 
     def add_skip_rules(self, src: str, src_len: int, first: int, target: int) -> None:
         """The pair `iplib.Netlink.add_skip_rules` makes; either one already there is fine."""
-        self._add("add rule", f"nop at {target}", _rule_msg(FR_ACT_NOP, [("FRA_PRIORITY", target)]), RTM_NEWRULE, _CREATE,
-                  exists_ok=True)
-        skip = _rule_msg(FR_ACT_GOTO, [("FRA_PRIORITY", first), ("FRA_SRC", src), ("FRA_GOTO", target)],
-                         src_len=src_len, flags=FIB_RULE_INVERT)
-        self._add("add rule", f"not from {src}/{src_len} goto {target}", skip, RTM_NEWRULE, _CREATE,
-                  exists_ok=True)
+        self._add(
+            "add rule",
+            f"nop at {target}",
+            _rule_msg(FR_ACT_NOP, [("FRA_PRIORITY", target)]),
+            RTM_NEWRULE,
+            _CREATE,
+            exists_ok=True,
+        )
+        skip = _rule_msg(
+            FR_ACT_GOTO,
+            [("FRA_PRIORITY", first), ("FRA_SRC", src), ("FRA_GOTO", target)],
+            src_len=src_len,
+            flags=FIB_RULE_INVERT,
+        )
+        self._add("add rule", f"not from {src}/{src_len} goto {target}", skip, RTM_NEWRULE, _CREATE, exists_ok=True)
 
     def send(self, sock: socket.socket) -> None:
         """Send every request in one write, read every answer, count what was
@@ -217,4 +259,3 @@ def _rule_msg(action: int, attrs: list, *, src_len: int = 0, flags: int = 0):
     msg["family"], msg["action"], msg["src_len"], msg["flags"] = socket.AF_INET, action, src_len, flags
     msg["attrs"] = attrs
     return msg
-

@@ -13,8 +13,9 @@ import asyncio
 import contextvars
 import functools
 import logging
+from collections.abc import Callable
 from concurrent.futures import Future, ThreadPoolExecutor
-from typing import Callable, TypeVar
+from typing import TypeVar
 
 T = TypeVar("T")
 
@@ -42,5 +43,6 @@ class BlockingPool:
 
 def _log_failure(pool: str, fn: Callable, future: Future) -> None:
     if not future.cancelled() and future.exception() is not None:
-        log.warning("pool=%s action=%s result=error error=%r", pool, getattr(fn, "__name__", fn),
-                    str(future.exception()))
+        log.warning(
+            "pool=%s action=%s result=error error=%r", pool, getattr(fn, "__name__", fn), str(future.exception())
+        )

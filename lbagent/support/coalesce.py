@@ -15,18 +15,25 @@ from __future__ import annotations
 
 import asyncio
 import contextvars
+from collections.abc import Awaitable, Callable
 from contextlib import nullcontext
-from typing import Awaitable, Callable, Generic, TypeVar
+from typing import Generic, TypeVar
 
 I = TypeVar("I")  # noqa: E741 - an item
 R = TypeVar("R")
 
 
 class Coalescer(Generic[I, R]):
-    def __init__(self, name: str, run_batch: Callable[[list[I]], Awaitable[list[R]]],
-                 run_one: Callable[[I], Awaitable[R]], split_on: type[Exception], max_batch: int,
-                 slots: asyncio.Semaphore | None = None,
-                 gather: Callable[[list[I]], Awaitable[None]] | None = None):
+    def __init__(
+        self,
+        name: str,
+        run_batch: Callable[[list[I]], Awaitable[list[R]]],
+        run_one: Callable[[I], Awaitable[R]],
+        split_on: type[Exception],
+        max_batch: int,
+        slots: asyncio.Semaphore | None = None,
+        gather: Callable[[list[I]], Awaitable[None]] | None = None,
+    ):
         self._name = name
         self._run_batch = run_batch  # returns one result per item, in order
         self._run_one = run_one
@@ -52,8 +59,8 @@ class Coalescer(Generic[I, R]):
                 if self._gather is not None and len(self._waiting) < self._max_batch:
                     await self._gather([item for item, done in self._waiting if not done.done()])
                 async with self._slots or nullcontext():  # items keep arriving while this waits: the batch grows
-                    batch = [(item, done) for item, done in self._waiting[:self._max_batch] if not done.done()]
-                    del self._waiting[:self._max_batch]
+                    batch = [(item, done) for item, done in self._waiting[: self._max_batch] if not done.done()]
+                    del self._waiting[: self._max_batch]
                     if batch:
                         await self._run_together(batch)
         except BaseException as exc:  # cancelled, or worse: nobody may be left waiting for ever

@@ -37,8 +37,12 @@ YOUNG_THRESHOLD = 10_000  # allocations (less deallocations) between young colle
 
 
 class HeapKeeper:
-    def __init__(self, quiet: Callable[[], bool], full_interval: float = FULL_INTERVAL,
-                 clock: Callable[[], float] = time.monotonic):
+    def __init__(
+        self,
+        quiet: Callable[[], bool],
+        full_interval: float = FULL_INTERVAL,
+        clock: Callable[[], float] = time.monotonic,
+    ):
         self._quiet = quiet  # nothing being converged: a pause now delays nobody
         self._full_interval = full_interval
         self._clock = clock
@@ -51,8 +55,9 @@ class HeapKeeper:
         gc.collect()
         gc.freeze()
         gc.set_threshold(YOUNG_THRESHOLD, *gc.get_threshold()[1:])
-        log.debug("object=heap action=freeze frozen=%d seconds=%.3f", gc.get_freeze_count(),
-                  time.perf_counter() - started)
+        log.debug(
+            "object=heap action=freeze frozen=%d seconds=%.3f", gc.get_freeze_count(), time.perf_counter() - started
+        )
 
     def tick(self) -> str | None:
         """Collect and freeze if the agent is quiet; which collection ran, or None."""
@@ -67,6 +72,11 @@ class HeapKeeper:
         gc.freeze()
         kind = "full" if full else "young"
         self.collections[kind] += 1
-        log.debug("object=heap action=collect kind=%s unreachable=%d frozen=%d seconds=%.3f",
-                  kind, unreachable, gc.get_freeze_count(), time.perf_counter() - started)
+        log.debug(
+            "object=heap action=collect kind=%s unreachable=%d frozen=%d seconds=%.3f",
+            kind,
+            unreachable,
+            gc.get_freeze_count(),
+            time.perf_counter() - started,
+        )
         return kind

@@ -11,8 +11,8 @@ else's, so every wait of that kind goes through here.
 from __future__ import annotations
 
 import asyncio
+from collections.abc import Iterator
 from contextlib import contextmanager
-from typing import Iterator
 
 
 async def wait_event(event: asyncio.Event, timeout: float) -> bool:

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import ipaddress
 from dataclasses import dataclass
+
 from lbagent.errors import LbAgentError
 
 LINK_LOCAL = ipaddress.IPv4Network("169.254.0.0/16")

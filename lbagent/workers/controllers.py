@@ -13,8 +13,9 @@ This module owns who is wired to whom, and nothing else:
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Callable, Protocol
+from typing import Protocol
 
 from lbagent.desired.model import DesiredState, ProviderNetwork
 from lbagent.workers.dispatch import LOADBALANCER, POD, PROVIDER_NETWORK, SUBNET, Dispatcher, key
@@ -56,12 +57,14 @@ def wire(queue: WorkQueue[str], worker: OvnWorker, provider_networks: ProviderNe
     """
     subnets = SubnetController(queue, worker.dependency_changed, worker.state_of)
     pods = PodController(queue, worker.dependency_changed)
-    dispatcher = Dispatcher({
-        LOADBALANCER: worker.kick,
-        SUBNET: subnets.reconcile,
-        POD: pods.reconcile,
-        PROVIDER_NETWORK: provider_networks.reconcile,
-    })
+    dispatcher = Dispatcher(
+        {
+            LOADBALANCER: worker.kick,
+            SUBNET: subnets.reconcile,
+            POD: pods.reconcile,
+            PROVIDER_NETWORK: provider_networks.reconcile,
+        }
+    )
     controllers = Controllers(subnets, pods, provider_networks, dispatcher)
     worker.on_accept.append(controllers.accept)
     return controllers

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import inspect
 import logging
-from typing import Callable, Mapping
+from collections.abc import Callable, Mapping
 
 log = logging.getLogger(__name__)
 

@@ -11,8 +11,9 @@ desired state is known: a half-known world never triggers cleanup.
 from __future__ import annotations
 
 import logging
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field, replace
-from typing import Callable, Iterable, Protocol
+from typing import Protocol
 
 from lbagent.ovnhost.inventory import Inventory
 

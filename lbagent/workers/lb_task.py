@@ -13,8 +13,8 @@ import asyncio
 import logging
 import random
 import time
-from datetime import datetime, timezone
-from typing import Awaitable, Callable
+from collections.abc import Awaitable, Callable
+from datetime import UTC, datetime
 
 from lbagent.metrics import CURRENT_LB, RECONCILE_ERRORS, RECONCILE_SECONDS
 from lbagent.support.waits import wait_event
@@ -32,7 +32,7 @@ def backoff_delay(retries: int, start: float = BACKOFF_START, cap: float = BACKO
 
 
 def now_iso() -> str:
-    return datetime.now(timezone.utc).isoformat(timespec="milliseconds")
+    return datetime.now(UTC).isoformat(timespec="milliseconds")
 
 
 class LbTask:
@@ -40,7 +40,7 @@ class LbTask:
         self,
         lb_id: str,
         reconcile: Callable[[str], Awaitable[int]],
-        on_pass: Callable[["LbTask"], None],
+        on_pass: Callable[[LbTask], None],
         resync_interval: Callable[[], float],
     ):
         self.lb_id = lb_id
@@ -97,8 +97,13 @@ class LbTask:
             self.state = "error"
             self.attempted_generation = getattr(exc, "generation", self.attempted_generation)
             RECONCILE_ERRORS.inc()
-            log.warning("lb=%s action=reconcile result=error retries=%d error=%r", self.lb_id, self.retries,
-                        self.last_error, exc_info=log.isEnabledFor(logging.DEBUG))
+            log.warning(
+                "lb=%s action=reconcile result=error retries=%d error=%r",
+                self.lb_id,
+                self.retries,
+                self.last_error,
+                exc_info=log.isEnabledFor(logging.DEBUG),
+            )
             self._finish(started)
             return None
         if generation != DONE:

@@ -22,20 +22,20 @@ import functools
 import json
 import logging
 import operator
+from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Callable
 
 from lbagent.config import DEFAULT_RESYNC_RATE
-from lbagent.errors import LbAgentError, StaleGeneration
-from lbagent.haproxy.render import HaproxyConfig, render_config
-from lbagent.ovnhost.inventory import Inventory
 from lbagent.desired.model import DesiredState, LoadBalancer
+from lbagent.errors import LbAgentError, StaleGeneration
+from lbagent.haproxy.handoff import HaproxyHandoff
+from lbagent.haproxy.render import HaproxyConfig, render_config
 from lbagent.naming import interface_names, lb_id_from_netns, netns_name
 from lbagent.ovnhost.host import HostObservation, OvnHost
+from lbagent.ovnhost.inventory import Inventory
 from lbagent.state import Allocation, PersistedState, StateStore
 from lbagent.workers import plan
 from lbagent.workers.allocator import AddressPair, PairAllocator, assign_ports
-from lbagent.haproxy.handoff import HaproxyHandoff
 from lbagent.workers.lb_task import DONE, LbTask
 
 log = logging.getLogger(__name__)
@@ -102,9 +102,16 @@ class LbRuntime:
 
 
 class OvnWorker:
-    def __init__(self, host: OvnHost, haproxy, store: StateStore, resync_interval: float,
-                 resync_rate: float = DEFAULT_RESYNC_RATE, udp_health=None,
-                 requeue: Callable[[str], None] | None = None):
+    def __init__(
+        self,
+        host: OvnHost,
+        haproxy,
+        store: StateStore,
+        resync_interval: float,
+        resync_rate: float = DEFAULT_RESYNC_RATE,
+        udp_health=None,
+        requeue: Callable[[str], None] | None = None,
+    ):
         self._host = host
         # How a load balancer whose own inputs changed gets its pass: the agent
         # queues its key (handled by `kick`); alone, the worker kicks it itself.
@@ -188,8 +195,9 @@ class OvnWorker:
         last refresh derived for them still holds. With a thousand load
         balancers, deriving it again for each took 10 ms of every refresh."""
         previous = self.desired
-        if previous is None or not (_same_models(previous.subnets, desired.subnets)
-                                    and _same_models(previous.pods, desired.pods)):
+        if previous is None or not (
+            _same_models(previous.subnets, desired.subnets) and _same_models(previous.pods, desired.pods)
+        ):
             return frozenset()
         before = {id(lb) for lb in previous.loadbalancers}
         return frozenset(lb.id for lb in desired.loadbalancers if id(lb) in before)
@@ -211,8 +219,11 @@ class OvnWorker:
                 continue  # the same members as before, so the same ports
             old = allocations[lb.id]
             targets = self._targets(lb, desired.pods)
-            ports = self._derived.get(("ports", lb.id), (targets, old),
-                                      lambda: assign_ports(old.ports, plan.member_keys(targets)))
+            ports = self._derived.get(
+                ("ports", lb.id),
+                (targets, old),
+                functools.partial(_ports_for, old.ports, targets),
+            )
             if ports != old.ports:
                 allocations[lb.id] = Allocation(old.inner, old.outer, old.salt, ports)
         return allocations
@@ -268,15 +279,21 @@ class OvnWorker:
         """A load balancer's own inputs: its desired state and its allocation
         (whose backend ports follow the pods its groups select)."""
         lb, allocation = self._state().loadbalancer(lb_id), self.allocations[lb_id]
-        return self._derived.get(("own", lb_id), (lb, allocation),
-                                 lambda: json.dumps([lb.canonical_json, allocation.json_text]))
+        return self._derived.get(
+            ("own", lb_id), (lb, allocation), lambda: json.dumps([lb.canonical_json, allocation.json_text])
+        )
 
     def _deps_fingerprint(self, lb_id: str) -> str:
         """What a load balancer uses of others: its subnet and its groups' pod targets."""
         lb = self._state().loadbalancer(lb_id)
         subnet, targets = self._subnet_json(lb.network.subnet_id), self._targets(lb, self._state().pods)
-        return self._derived.get(("deps", lb_id), (subnet, targets), lambda: json.dumps(
-            [subnet, {g: [list(vars(t).values()) for t in ts] for g, ts in targets.items()}], sort_keys=True))
+        return self._derived.get(
+            ("deps", lb_id),
+            (subnet, targets),
+            lambda: json.dumps(
+                [subnet, {g: [list(vars(t).values()) for t in ts] for g, ts in targets.items()}], sort_keys=True
+            ),
+        )
 
     def _subnet_json(self, subnet_id: str) -> dict:
         """The subnet as JSON: one per subnet object, not one per load balancer on it."""
@@ -286,8 +303,9 @@ class OvnWorker:
     def _targets(self, lb: LoadBalancer, pods: list) -> dict[str, list[plan.Target]]:
         """The groups' members before ports; the pods matter only to a load balancer that selects some."""
         selects = any(group.pod_selector is not None for group in lb.backend_groups)
-        return self._derived.get(("targets", lb.id), (lb, pods if selects else None),
-                                 lambda: plan.group_targets(lb, pods))
+        return self._derived.get(
+            ("targets", lb.id), (lb, pods if selects else None), lambda: plan.group_targets(lb, pods)
+        )
 
     def dependency_changed(self, lb_id: str) -> None:
         """A subnet or pod this load balancer uses changed: kick it, unless a pass
@@ -378,9 +396,15 @@ class OvnWorker:
             self._netdev = await self._host.bridge_is_netdev()
         unhealthy = {}
         if self.udp_health is not None:
-            self.udp_health.sync(lb.id, netns_name(lb.id), [
-                (ls.id, ls.health_check, members.get(ls.backend_group_id, []))
-                for ls in plan.udp_listeners(lb) if ls.health_check is not None])
+            self.udp_health.sync(
+                lb.id,
+                netns_name(lb.id),
+                [
+                    (ls.id, ls.health_check, members.get(ls.backend_group_id, []))
+                    for ls in plan.udp_listeners(lb)
+                    if ls.health_check is not None
+                ],
+            )
             unhealthy = self.udp_health.unhealthy(lb.id)
         spec = plan.host_spec(lb, subnet, allocation, members, self._netdev, unhealthy)
         self.runtime[lb.id].observation = await self._host.converge(spec)
@@ -406,8 +430,9 @@ class OvnWorker:
         await self._handoff.remove(lb_id)
         if allocation is not None:
             async with self._pass_slots:
-                await self._host.remove(lb_id, netns_name(lb_id), interface_names(lb_id, allocation.salt),
-                                        allocation.outer)
+                await self._host.remove(
+                    lb_id, netns_name(lb_id), interface_names(lb_id, allocation.salt), allocation.outer
+                )
 
     async def _teardown(self, lb_id: str) -> bool:
         await self._remove_data_path(lb_id)
@@ -418,8 +443,7 @@ class OvnWorker:
             self.tasks.pop(lb_id, None)
             self.runtime.pop(lb_id, None)
             self._derived.forget(lb_id)
-            await asyncio.to_thread(self._store.save,
-                                    PersistedState(self._raw, dict(self.allocations), self._raw_text))
+            await asyncio.to_thread(self._store.save, PersistedState(self._raw, dict(self.allocations), self._raw_text))
             log.info("lb=%s action=deleted", lb_id)
             return True
 
@@ -477,3 +501,8 @@ def _same_models(before: list, now: list) -> bool:
     """The very same objects, in the same order (the parser hands over the
     models of unchanged entries, so an unchanged list holds the same ones)."""
     return len(before) == len(now) and all(map(operator.is_, before, now))
+
+
+def _ports_for(ports: dict[str, int], targets: dict[str, list[plan.Target]]) -> dict[str, int]:
+    """The backend port map of `targets`, keeping the ports of members that stay."""
+    return assign_ports(ports, plan.member_keys(targets))

@@ -40,8 +40,11 @@ def selected_pods(selector, pods) -> list[Target]:
             continue
         if any(pod.labels.get(k) != v for k, v in selector.labels.items()):
             continue
-        port = selector.port if isinstance(selector.port, int) else next(
-            (p.port for p in pod.ports if p.name == selector.port), None)
+        port = (
+            selector.port
+            if isinstance(selector.port, int)
+            else next((p.port for p in pod.ports if p.name == selector.port), None)
+        )
         if port is not None:
             targets.append(Target(pod.id, pod.ip, port, selector.weight))
     return sorted(targets, key=lambda t: t.key)
@@ -52,8 +55,10 @@ def group_targets(lb, pods) -> dict[str, list[Target]]:
     for group in lb.backend_groups:
         targets = [Target(b.id, b.address, b.port, b.weight, b.send_proxy, b.ssl) for b in group.backends]
         if group.pod_selector is not None:
-            targets += [Target(f"{group.id}/{t.key}", t.address, t.port, t.weight)
-                        for t in selected_pods(group.pod_selector, pods)]
+            targets += [
+                Target(f"{group.id}/{t.key}", t.address, t.port, t.weight)
+                for t in selected_pods(group.pod_selector, pods)
+            ]
         groups[group.id] = targets
     return groups
 
@@ -76,8 +81,14 @@ def udp_listeners(lb):
     return [ls for ls in lb.listeners if ls.enabled and not ls.kind.through_haproxy]
 
 
-def host_spec(lb, subnet, allocation: Allocation, members: dict[str, list[Member]], tx_checksum_off: bool,
-              unhealthy: dict[str, set[str]] | None = None) -> HostSpec:
+def host_spec(
+    lb,
+    subnet,
+    allocation: Allocation,
+    members: dict[str, list[Member]],
+    tx_checksum_off: bool,
+    unhealthy: dict[str, set[str]] | None = None,
+) -> HostSpec:
     """`unhealthy` names, per UDP listener id, the members its health check
     has taken out: they get no new flows."""
     unhealthy = unhealthy or {}
@@ -95,20 +106,32 @@ def host_spec(lb, subnet, allocation: Allocation, members: dict[str, list[Member
         outer=allocation.outer,
         tx_checksum_off=tx_checksum_off,
     )
-    tcp_ports = tuple(sorted(
-        listener.listener_port
-        for listener in lb.listeners
-        if listener.enabled and listener.kind.through_haproxy
-    ))
+    tcp_ports = tuple(
+        sorted(
+            listener.listener_port for listener in lb.listeners if listener.enabled and listener.kind.through_haproxy
+        )
+    )
     unique: dict[str, Member] = {}
     for group_members in members.values():
         for member in group_members:
             unique.setdefault(member.key, member)
     udp = tuple(
-        (listener.listener_port, tuple(m for m in members.get(listener.backend_group_id, [])
-                                       if m.key not in unhealthy.get(listener.id, set())))
+        (
+            listener.listener_port,
+            tuple(
+                m for m in members.get(listener.backend_group_id, []) if m.key not in unhealthy.get(listener.id, set())
+            ),
+        )
         for listener in udp_listeners(lb)
     )
-    nat = NatPlan(names.ovn_ns, names.haproxy_ns, lb.network.ip, allocation.inner, allocation.outer,
-                  tcp_ports, tuple(unique.values()), udp)
+    nat = NatPlan(
+        names.ovn_ns,
+        names.haproxy_ns,
+        lb.network.ip,
+        allocation.inner,
+        allocation.outer,
+        tcp_ports,
+        tuple(unique.values()),
+        udp,
+    )
     return HostSpec(lb.id, netns_name(lb.id), links, tuple(nat_rules(nat)))

@@ -18,7 +18,7 @@ supervisor's allocation, which keeps the port of every key that stays.
 
 from __future__ import annotations
 
-from typing import Callable
+from collections.abc import Callable
 
 from lbagent.desired.model import LoadBalancer, Pod
 from lbagent.workers import plan
@@ -76,8 +76,16 @@ class PodController:
 
     def status(self) -> dict:
         pods = self._pods or {}
-        items = [{"id": pod.id, "namespace": pod.namespace, "name": pod.name, "ip": pod.ip, "ready": pod.ready,
-                  "loadbalancers": len(self._selected.get(pod.id, {})),
-                  "pending": self._queue.is_pending(key(POD, pod.id))}
-                 for pod in sorted(pods.values(), key=lambda pod: pod.id)]
+        items = [
+            {
+                "id": pod.id,
+                "namespace": pod.namespace,
+                "name": pod.name,
+                "ip": pod.ip,
+                "ready": pod.ready,
+                "loadbalancers": len(self._selected.get(pod.id, {})),
+                "pending": self._queue.is_pending(key(POD, pod.id)),
+            }
+            for pod in sorted(pods.values(), key=lambda pod: pod.id)
+        ]
         return {"count": len(pods), "ready": sum(1 for pod in pods.values() if pod.ready), "items": items}

@@ -45,8 +45,9 @@ class Executor(Protocol):
 
 
 class ProviderNetworkController:
-    def __init__(self, bridges: Bridges, executor: Executor, host: str, resync_interval: float, *,
-                 queue: WorkQueue[str]):
+    def __init__(
+        self, bridges: Bridges, executor: Executor, host: str, resync_interval: float, *, queue: WorkQueue[str]
+    ):
         self.host = host
         self.queue = queue
         self._bridges = bridges
@@ -117,13 +118,21 @@ class ProviderNetworkController:
         if interface is not None:
             report = await self._executor.run(None, self._bridges.ensure, name, interface)
             if report.changed:
-                log.info("object=provider_network network=%s action=ensure bridge=%s interface=%s mtu=%d",
-                         name, report.bridge, interface, report.mtu)
+                log.info(
+                    "object=provider_network network=%s action=ensure bridge=%s interface=%s mtu=%d",
+                    name,
+                    report.bridge,
+                    interface,
+                    report.mtu,
+                )
             outcome = {"state": "ready", "bridge": report.bridge, "interface": interface, "mtu": report.mtu}
         else:
             if await self._executor.run(None, self._bridges.remove, name):
-                log.info("object=provider_network network=%s action=remove reason=%s", name,
-                         "excluded" if network is not None else "deleted")
+                log.info(
+                    "object=provider_network network=%s action=remove reason=%s",
+                    name,
+                    "excluded" if network is not None else "deleted",
+                )
             outcome = {"state": "excluded", "bridge": None, "interface": None, "mtu": None}
         if network is None:
             self._removing.discard(name)
@@ -140,8 +149,14 @@ class ProviderNetworkController:
     def _status_of(self, name: str, network: ProviderNetwork | None) -> dict:
         interface = network.interface_for(self.host) if network is not None else None
         has_bridge = interface is not None or network is None  # being removed: it may still be there
-        entry = {"name": name, "state": "pending", "bridge": bridge_name(name) if has_bridge else None,
-                 "interface": interface, "mtu": None, **self._results.get(name, {})}
+        entry = {
+            "name": name,
+            "state": "pending",
+            "bridge": bridge_name(name) if has_bridge else None,
+            "interface": interface,
+            "mtu": None,
+            **self._results.get(name, {}),
+        }
         queue_key = key(PROVIDER_NETWORK, name)
         error = self.queue.last_error(queue_key)
         if error is not None:

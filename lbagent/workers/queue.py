@@ -24,7 +24,8 @@ import asyncio
 import logging
 import time
 from collections import deque
-from typing import Awaitable, Callable, Collection, Generic, Hashable, Iterable, TypeVar
+from collections.abc import Awaitable, Callable, Collection, Hashable, Iterable
+from typing import Generic, TypeVar
 
 from lbagent.metrics import count_queue_retry
 from lbagent.support.waits import wait_event
@@ -238,8 +239,14 @@ class WorkQueue(Generic[K]):
             self._errors[key] = str(exc) or type(exc).__name__
             self.add_rate_limited(key)
             count_queue_retry(self._kind_of(key))
-            log.warning("queue=%s key=%s action=handle result=error retries=%d error=%r", self.name, key,
-                        self.retries(key), self._errors[key], exc_info=log.isEnabledFor(logging.DEBUG))
+            log.warning(
+                "queue=%s key=%s action=handle result=error retries=%d error=%r",
+                self.name,
+                key,
+                self.retries(key),
+                self._errors[key],
+                exc_info=log.isEnabledFor(logging.DEBUG),
+            )
         else:
             self.forget(key)
 

@@ -18,7 +18,7 @@ not finished a pass, `ready` otherwise (also with no load balancers on it).
 
 from __future__ import annotations
 
-from typing import Callable
+from collections.abc import Callable
 
 from lbagent.desired.model import LoadBalancer, Subnet
 from lbagent.workers.dispatch import SUBNET, key
@@ -28,8 +28,7 @@ NAMED_IN_ERROR = 3  # failing load balancers named in a subnet's error; the rest
 
 
 class SubnetController:
-    def __init__(self, queue: WorkQueue[str], kick: Callable[[str], None],
-                 lb_state: Callable[[str], str | None]):
+    def __init__(self, queue: WorkQueue[str], kick: Callable[[str], None], lb_state: Callable[[str], str | None]):
         self._queue = queue
         self._kick = kick  # wakes one load balancer (the supervisor's dependency_changed)
         self._lb_state = lb_state
@@ -72,7 +71,14 @@ class SubnetController:
             state = "pending"
         else:
             state = "ready"
-        return {"id": subnet.id, "state": state, "loadbalancers": len(lb_ids), "cidr": subnet.cidr,
-                "gateway": subnet.gateway, "mtu": subnet.mtu,
-                "routes": [route.model_dump(mode="json") for route in subnet.routes],
-                "retries": self._queue.retries(queue_key), "error": error}
+        return {
+            "id": subnet.id,
+            "state": state,
+            "loadbalancers": len(lb_ids),
+            "cidr": subnet.cidr,
+            "gateway": subnet.gateway,
+            "mtu": subnet.mtu,
+            "routes": [route.model_dump(mode="json") for route in subnet.routes],
+            "retries": self._queue.retries(queue_key),
+            "error": error,
+        }

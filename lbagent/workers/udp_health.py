@@ -16,8 +16,8 @@ from __future__ import annotations
 import asyncio
 import logging
 import socket
+from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Callable
 
 from lbagent.desired.members import Member
 from lbagent.desired.model import HealthCheck
@@ -62,9 +62,17 @@ class UdpHealthChecker:
         for listener_id, check, members in listeners:
             for member in members:
                 wanted[(lb_id, listener_id, member.key)] = Probe(
-                    netns, check.type if check.type in ("udp", "tcp") else "udp", member.address, member.port,
-                    check.udp_request.encode(), check.udp_expect.encode(), float(check.interval),
-                    float(check.timeout), check.rise, check.fall)
+                    netns,
+                    check.type if check.type in ("udp", "tcp") else "udp",
+                    member.address,
+                    member.port,
+                    check.udp_request.encode(),
+                    check.udp_expect.encode(),
+                    float(check.interval),
+                    float(check.timeout),
+                    check.rise,
+                    check.fall,
+                )
         for key in [k for k in self._probes if k[0] == lb_id and wanted.get(k) != self._probes[k]]:
             self._drop(key)
         for key, probe in wanted.items():

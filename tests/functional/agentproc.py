@@ -38,8 +38,15 @@ def wait_until(predicate, timeout: float, what: str, interval: float = 0.1):
 
 
 class AgentProcess:
-    def __init__(self, base: Path, ovs_db: str, host: str, resync_interval: float = 30.0, extra_config: str = "",
-                 env: dict | None = None):
+    def __init__(
+        self,
+        base: Path,
+        ovs_db: str,
+        host: str,
+        resync_interval: float = 30.0,
+        extra_config: str = "",
+        env: dict | None = None,
+    ):
         self.base = base
         self.host = host
         self.env = env
@@ -60,10 +67,11 @@ class AgentProcess:
         self.log_path = base / "agent.log"
         self.proc: subprocess.Popen | None = None
 
-    def start(self, timeout: float = 30) -> "AgentProcess":
+    def start(self, timeout: float = 30) -> AgentProcess:
         log = open(self.log_path, "ab")
-        self.proc = subprocess.Popen([LBAGENT, "run", "--config", str(self.config_path)],
-                                     stdout=log, stderr=subprocess.STDOUT, env=self.env)
+        self.proc = subprocess.Popen(
+            [LBAGENT, "run", "--config", str(self.config_path)], stdout=log, stderr=subprocess.STDOUT, env=self.env
+        )
         log.close()
         wait_until(self._healthy, timeout, "the agent's /healthz")
         return self
@@ -79,8 +87,16 @@ class AgentProcess:
     def log(self) -> str:
         return self.log_path.read_text(errors="replace") if self.log_path.exists() else ""
 
-    def request(self, method: str, path: str, body=None, token: str | None = "default",
-                content_type: str = "application/json", raw: bytes | None = None, timeout: float = 120):
+    def request(
+        self,
+        method: str,
+        path: str,
+        body=None,
+        token: str | None = "default",
+        content_type: str = "application/json",
+        raw: bytes | None = None,
+        timeout: float = 120,
+    ):
         data = raw if raw is not None else (json.dumps(body).encode() if body is not None else None)
         headers = {"Content-Type": content_type} if data is not None else {}
         token = self.token if token == "default" else token
@@ -108,8 +124,14 @@ class AgentProcess:
         return body
 
     def cli(self, *args: str, check: bool = True) -> subprocess.CompletedProcess:
-        return subprocess.run([LBAGENT, *args, "--config", str(self.config_path)], capture_output=True,
-                              text=True, check=check, timeout=60, env=self.env)
+        return subprocess.run(
+            [LBAGENT, *args, "--config", str(self.config_path)],
+            capture_output=True,
+            text=True,
+            check=check,
+            timeout=60,
+            env=self.env,
+        )
 
     def stop(self, sig: int = signal.SIGTERM, timeout: float = 30) -> int | None:
         if self.proc is None or self.proc.poll() is not None:
@@ -124,8 +146,13 @@ class AgentProcess:
     def destroy(self) -> None:
         """Stop the agent and remove everything it created (haproxy included)."""
         self.stop()
-        result = subprocess.run([LBAGENT, "cleanup", "--yes", "--config", str(self.config_path)],
-                                capture_output=True, text=True, timeout=120, env=self.env)
+        result = subprocess.run(
+            [LBAGENT, "cleanup", "--yes", "--config", str(self.config_path)],
+            capture_output=True,
+            text=True,
+            timeout=120,
+            env=self.env,
+        )
         if result.returncode != 0:
             print("lbagent cleanup failed:", result.stdout, result.stderr, file=sys.stderr)
         if os.environ.get("LBAGENT_KEEP_AGENT_DIRS") is None:

@@ -25,6 +25,7 @@ from devtools.topology import Vpc
 
 from agentproc import AgentProcess
 from helpers import MAC, VIP
+from operatorproc import BACKENDS, ConfiguredAgent
 
 HERE = Path(__file__).parent
 
@@ -78,8 +79,14 @@ def agent_factory(sandbox: OvnSandbox, prefix: str, tmp_path: Path):
 
     def start(resync_interval: float = 30.0, extra_config: str = "") -> AgentProcess:
         base = tmp_path / f"agent{len(agents)}"
-        agent = AgentProcess(base, sandbox.ovs_db, host=f"{prefix}-gw{len(agents)}",
-                             resync_interval=resync_interval, extra_config=extra_config, env=sandbox.env)
+        agent = AgentProcess(
+            base,
+            sandbox.ovs_db,
+            host=f"{prefix}-gw{len(agents)}",
+            resync_interval=resync_interval,
+            extra_config=extra_config,
+            env=sandbox.env,
+        )
         agents.append(agent)
         return agent.start()
 
@@ -97,5 +104,39 @@ def web(vpc, prefix):
     vpc.add_host("b", "198.18.0.22", http_text="backend-b")
     client = vpc.add_host("client", "198.18.0.31")
     lb_id = f"{prefix}-web"
+    vpc.add_lb_port(lb_id, MAC, VIP)
+    return lb_id, client
+
+
+@pytest.fixture
+def configured_agent(sandbox, prefix: str, tmp_path: Path):
+    """Make (not start) a ConfiguredAgent against the sandbox; destroyed after the test whatever happens."""
+    agents: list[ConfiguredAgent] = []
+
+    def make(**kwargs) -> ConfiguredAgent:
+        agent = ConfiguredAgent(
+            tmp_path / f"agent{len(agents)}",
+            sandbox.ovs_db,
+            host=f"{prefix}-op{len(agents)}",
+            env=sandbox.env,
+            **kwargs,
+        )
+        agents.append(agent)
+        return agent
+
+    try:
+        yield make
+    finally:
+        for agent in agents:
+            agent.destroy()
+
+
+@pytest.fixture
+def served_vpc(vpc, prefix: str):
+    """Two HTTP backends, a client and the OVN port of one load balancer: (lb_id, client)."""
+    for name, address in BACKENDS.items():
+        vpc.add_host(name, address, http_text=name)
+    client = vpc.add_host("client", "198.18.0.31")
+    lb_id = f"{prefix}-op"
     vpc.add_lb_port(lb_id, MAC, VIP)
     return lb_id, client

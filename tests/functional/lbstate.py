@@ -13,8 +13,7 @@ def tcp_listener(listener_id: str, port: int, group: str = "bg-1", **extra) -> d
     return {"id": listener_id, "listener_type": "tcp", "listener_port": port, "backend_group_id": group, **extra}
 
 
-def loadbalancer(lb_id: str, ip: str, mac: str, listeners: list[dict], groups: dict[str, list[dict]],
-                 **extra) -> dict:
+def loadbalancer(lb_id: str, ip: str, mac: str, listeners: list[dict], groups: dict[str, list[dict]], **extra) -> dict:
     return {
         "id": lb_id,
         "name": f"test {lb_id}",

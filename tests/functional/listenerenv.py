@@ -21,9 +21,10 @@ from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from agentproc import AgentProcess, wait_until
 from devtools.sandbox import CommandError
 from devtools.topology import Vpc, VpcHost
+
+from agentproc import AgentProcess, wait_until
 from lbstate import SUBNET
 
 APP_COOKIE = "APPSESSION"
@@ -126,8 +127,11 @@ class ListenerEnv:
         def converged():
             states = {lb["id"]: lb for lb in self.agent.status()["loadbalancers"] if lb["id"] in ids}
             return len(states) == len(ids) and all(
-                lb["state"] == "ready" and lb["generation"] == self.generation
-                and (lb["id"] not in self.vpc.lb_ports or lb["ovn_installed"]) for lb in states.values())
+                lb["state"] == "ready"
+                and lb["generation"] == self.generation
+                and (lb["id"] not in self.vpc.lb_ports or lb["ovn_installed"])
+                for lb in states.values()
+            )
 
         wait_until(converged, timeout, f"generation {self.generation} ready")
 
@@ -135,8 +139,11 @@ class ListenerEnv:
         return {b["id"]: b["health"] for b in self.agent.lb(lb_id)["backends"]}
 
     def wait_health(self, lb_id: str, expected: dict[str, str], timeout: float = 20) -> None:
-        wait_until(lambda: all(self.health(lb_id).get(k) == v for k, v in expected.items()), timeout,
-                   f"health {expected} of {lb_id} (now {self.health(lb_id)})")
+        wait_until(
+            lambda: all(self.health(lb_id).get(k) == v for k, v in expected.items()),
+            timeout,
+            f"health {expected} of {lb_id} (now {self.health(lb_id)})",
+        )
 
     def restart_backend(self, name: str) -> None:
         """Start `name`'s HTTP server again with the env's options (after stop_http)."""
@@ -150,8 +157,14 @@ def start_backend(host: VpcHost, name: str, **options) -> None:
 
 
 @contextmanager
-def listener_env(sandbox, base: Path, backends=("a", "b"), clients: int = 1, lb_ports: dict | None = None,
-                 resync_interval: float = 30.0):
+def listener_env(
+    sandbox,
+    base: Path,
+    backends=("a", "b"),
+    clients: int = 1,
+    lb_ports: dict | None = None,
+    resync_interval: float = 30.0,
+):
     """A VPC with echoing backends, `clients` clients (198.18.0.31 up), the load balancer
     ports `lb_ports` (lb id suffix -> (mac, ip)), and a running agent. Yields the env;
     the load balancer ids are "<prefix>-<suffix>" (env.vpc.prefix)."""
@@ -166,8 +179,9 @@ def listener_env(sandbox, base: Path, backends=("a", "b"), clients: int = 1, lb_
         client_hosts = [vpc.add_host(f"client{i}", f"198.18.0.{31 + i}") for i in range(clients)]
         for suffix, (mac, ip) in (lb_ports or {}).items():
             vpc.add_lb_port(f"{prefix}-{suffix}", mac, ip)
-        agent = AgentProcess(base / "agent", sandbox.ovs_db, host=f"{prefix}-gw",
-                             resync_interval=resync_interval, env=sandbox.env).start()
+        agent = AgentProcess(
+            base / "agent", sandbox.ovs_db, host=f"{prefix}-gw", resync_interval=resync_interval, env=sandbox.env
+        ).start()
         yield ListenerEnv(vpc, agent, hosts, client_hosts, base)
     finally:
         try:
@@ -181,5 +195,4 @@ def listener_env(sandbox, base: Path, backends=("a", "b"), clients: int = 1, lb_
 def openssl(client: VpcHost, port_url: str, *args: str) -> subprocess.CompletedProcess:
     """`openssl s_client` from the client's namespace; the completed process (never raises on failure)."""
     command = ["ip", "netns", "exec", client.netns, "openssl", "s_client", "-connect", port_url, *args]
-    return subprocess.run(command, stdin=subprocess.DEVNULL, capture_output=True, text=True, timeout=15,
-                          check=False)
+    return subprocess.run(command, stdin=subprocess.DEVNULL, capture_output=True, text=True, timeout=15, check=False)

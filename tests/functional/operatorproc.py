@@ -14,14 +14,13 @@ import http.client
 import json
 import re
 import subprocess
-from pathlib import Path
 
-import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
-from agentproc import LBAGENT, AgentProcess, _decode, wait_until
 from lbagent.cli.client import connection
 from lbagent.config import load_config
+
+from agentproc import LBAGENT, AgentProcess, _decode, wait_until
 
 
 class ConfiguredAgent(AgentProcess):
@@ -39,13 +38,25 @@ class ConfiguredAgent(AgentProcess):
 
     def start(self, timeout: float = 30, argv: list[str] | None = None, env: dict | None = None) -> ConfiguredAgent:
         with open(self.log_path, "ab") as log:
-            self.proc = subprocess.Popen(argv or [LBAGENT, "run", "--config", str(self.config_path)],
-                                         stdout=log, stderr=subprocess.STDOUT, env=env or self.env)
+            self.proc = subprocess.Popen(
+                argv or [LBAGENT, "run", "--config", str(self.config_path)],
+                stdout=log,
+                stderr=subprocess.STDOUT,
+                env=env or self.env,
+            )
         wait_until(self._healthy, timeout, "the agent's /healthz")
         return self
 
-    def request(self, method: str, path: str, body=None, token: str | None = "default",
-                content_type: str = "application/json", raw: bytes | None = None, timeout: float = 120):
+    def request(
+        self,
+        method: str,
+        path: str,
+        body=None,
+        token: str | None = "default",
+        content_type: str = "application/json",
+        raw: bytes | None = None,
+        timeout: float = 120,
+    ):
         """As AgentProcess.request, over whatever the configuration listens on."""
         conn = connection(self.config, timeout)
         data = raw if raw is not None else (json.dumps(body).encode() if body is not None else None)
@@ -70,41 +81,15 @@ class ConfiguredAgent(AgentProcess):
 
 def samples(text: str) -> dict[tuple[str, tuple], float]:
     """(sample name, sorted labels) -> value, through the Prometheus text parser."""
-    return {(s.name, tuple(sorted(s.labels.items()))): s.value
-            for family in text_string_to_metric_families(text) for s in family.samples}
-
-
-@pytest.fixture
-def configured_agent(sandbox, prefix: str, tmp_path: Path):
-    """Make (not start) a ConfiguredAgent against the sandbox; destroyed after the test whatever happens."""
-    agents: list[ConfiguredAgent] = []
-
-    def make(**kwargs) -> ConfiguredAgent:
-        agent = ConfiguredAgent(tmp_path / f"agent{len(agents)}", sandbox.ovs_db, host=f"{prefix}-op{len(agents)}",
-                                env=sandbox.env, **kwargs)
-        agents.append(agent)
-        return agent
-
-    try:
-        yield make
-    finally:
-        for agent in agents:
-            agent.destroy()
+    return {
+        (s.name, tuple(sorted(s.labels.items()))): s.value
+        for family in text_string_to_metric_families(text)
+        for s in family.samples
+    }
 
 
 VIP, MAC = "198.18.0.12", "00:22:0a:00:00:12"
 BACKENDS = {"be-a": "198.18.0.21", "be-b": "198.18.0.22"}
-
-
-@pytest.fixture
-def served_vpc(vpc, prefix: str):
-    """Two HTTP backends, a client and the OVN port of one load balancer: (lb_id, client)."""
-    for name, address in BACKENDS.items():
-        vpc.add_host(name, address, http_text=name)
-    client = vpc.add_host("client", "198.18.0.31")
-    lb_id = f"{prefix}-op"
-    vpc.add_lb_port(lb_id, MAC, VIP)
-    return lb_id, client
 
 
 def served_state(generation: int, lb_id: str | None) -> dict:
@@ -119,5 +104,8 @@ def served_state(generation: int, lb_id: str | None) -> dict:
 
 def wait_ready(agent: AgentProcess, lb_id: str, timeout: float = 30) -> dict:
     """Until the load balancer is ready and ovn-controller has installed its port."""
-    return wait_until(lambda: (lb := agent.lb(lb_id))["ovn_installed"] and lb["state"] == "ready" and lb,
-                      timeout, f"{lb_id} ready with ovn-installed")
+    return wait_until(
+        lambda: (lb := agent.lb(lb_id))["ovn_installed"] and lb["state"] == "ready" and lb,
+        timeout,
+        f"{lb_id} ready with ovn-installed",
+    )

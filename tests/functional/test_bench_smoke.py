@@ -15,8 +15,19 @@ from bench.run import BenchConfig, run_benchmark
 
 
 def test_benchmark_runs_at_small_n_and_produces_sane_figures(sandbox, prefix, tmp_path):
-    config = BenchConfig(ns=[3], p3_small=2, p2_seconds=2, changes=2, reloads=2, wrk_seconds=1, connections=4,
-                         converge_timeout=120, policy_rules=False, p1_runs=2, output=tmp_path / "results.json")
+    config = BenchConfig(
+        ns=[3],
+        p3_small=2,
+        p2_seconds=2,
+        changes=2,
+        reloads=2,
+        wrk_seconds=1,
+        connections=4,
+        converge_timeout=120,
+        policy_rules=False,
+        p1_runs=2,
+        output=tmp_path / "results.json",
+    )
     # Its own short working directory under /var/tmp (haproxy's sockets live there), removed afterwards.
     results = run_benchmark(config, sandbox=sandbox, prefix=prefix)
 

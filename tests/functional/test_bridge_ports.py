@@ -13,11 +13,11 @@ import logging
 
 import pytest
 
-from lbagent.support.blocking import BlockingPool
+from lbagent.ovnhost.bridgeports import BridgePorts
 from lbagent.ovnhost.errors import OvsdbError
 from lbagent.ovnhost.inventory import LB_KEY, OWNER_KEY
 from lbagent.ovnhost.ovs import OvsClient
-from lbagent.ovnhost.bridgeports import BridgePorts
+from lbagent.support.blocking import BlockingPool
 
 
 @pytest.fixture
@@ -53,8 +53,9 @@ async def test_concurrent_writes_share_transactions(sandbox, prefix, bridge, cap
     ports, transactions, _ = bridge
     names = [f"{prefix}p{i}" for i in range(12)]
     with caplog.at_level(logging.INFO, logger="lbagent.changes"):
-        seen = await asyncio.gather(*(ports.converge(name, {"iface-id": f"iface/lb/{name}", LB_KEY: name})
-                                      for name in names))
+        seen = await asyncio.gather(
+            *(ports.converge(name, {"iface-id": f"iface/lb/{name}", LB_KEY: name}) for name in names)
+        )
     for name in names:  # one shared transaction, each change logged for its own load balancer
         assert f"lb={name} object=ovsdb action=add port {name}" in caplog.text
     assert [s.on_bridge for s in seen] == ["br-int"] * len(names)
@@ -72,13 +73,27 @@ async def test_a_failing_write_fails_alone_and_the_others_land(sandbox, prefix, 
     bad = f"{prefix}bad"
     # An interface of that name already exists (in a bond on another bridge):
     # a port of the same name cannot be added, and fails the transaction it is in.
-    sandbox.vsctl("add-br", other_bridge, "--", "set", "Bridge", other_bridge, "datapath_type=netdev",
-                  "--", "add-bond", other_bridge, f"{prefix}bond", bad, f"{prefix}i2")
+    sandbox.vsctl(
+        "add-br",
+        other_bridge,
+        "--",
+        "set",
+        "Bridge",
+        other_bridge,
+        "datapath_type=netdev",
+        "--",
+        "add-bond",
+        other_bridge,
+        f"{prefix}bond",
+        bad,
+        f"{prefix}i2",
+    )
     outcomes = await asyncio.gather(
         *(ports.converge(name, {"iface-id": f"iface/lb/{name}"}) for name in names[:3]),
         ports.converge(bad, {"iface-id": "iface/lb/bad"}),
         *(ports.converge(name, {"iface-id": f"iface/lb/{name}"}) for name in names[3:]),
-        return_exceptions=True)
+        return_exceptions=True,
+    )
     assert isinstance(outcomes[3], OvsdbError) and f"add port {bad}" in str(outcomes[3])
     assert all(o.on_bridge == "br-int" for i, o in enumerate(outcomes) if i != 3)
     assert transactions[0] == f"write {len(names) + 1} ports"  # the shared one, then each alone
@@ -107,7 +122,6 @@ async def test_ports_to_reattach_together_are_deleted_in_one_transaction(sandbox
     await asyncio.gather(*(ports.converge(name, {"iface-id": f"iface/lb/{name}"}) for name in names))
     uuids = {name: sandbox.vsctl("get", "Port", name, "_uuid") for name in names}
     before = len(transactions)
-    await asyncio.gather(*(ports.converge(name, {"iface-id": f"iface/lb/{name}"}, reattach=True)
-                           for name in names))
+    await asyncio.gather(*(ports.converge(name, {"iface-id": f"iface/lb/{name}"}, reattach=True) for name in names))
     assert transactions[before:] == ["delete 3 ports", "write 3 ports"]
     assert all(sandbox.vsctl("get", "Port", name, "_uuid") != uuids[name] for name in names)

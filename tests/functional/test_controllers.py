@@ -9,9 +9,10 @@ import subprocess
 
 from openapi_schema_validator import OAS31Validator
 
+from lbagent.api.openapi import document
+
 from agentproc import wait_until
 from helpers import MAC, VIP, answers, wait_bound, web_lb
-from lbagent.api.openapi import document
 from lbstate import SUBNET, desired, loadbalancer, tcp_listener
 
 URL = f"http://{VIP}:80/"
@@ -36,8 +37,12 @@ def test_subnet_change_reshapes_the_namespace_while_traffic_flows(agent_factory,
     assert agent.refresh(desired(1, web_lb(lb_id)))[0] == 200
     status = wait_bound(agent, lb_id)
     netns, ovn_ns = status["netns"], status["interfaces"]["ovn"][0]
-    changed = {**SUBNET, "gateway": "198.18.0.254", "mtu": 1400,
-               "routes": [{"cidr": "198.19.0.0/16", "nexthop": "198.18.0.253"}]}
+    changed = {
+        **SUBNET,
+        "gateway": "198.18.0.254",
+        "mtu": 1400,
+        "routes": [{"cidr": "198.19.0.0/16", "nexthop": "198.18.0.253"}],
+    }
     code, body = agent.refresh(desired(2, web_lb(lb_id), subnets=[changed]))
     assert code == 200 and body["loadbalancers"][0]["state"] == "ready", body
     routes = ns(netns, "ip", "route")
@@ -45,21 +50,39 @@ def test_subnet_change_reshapes_the_namespace_while_traffic_flows(agent_factory,
     assert "mtu 1400" in ns(netns, "ip", "link", "show", ovn_ns)
     assert set(answers(client, URL, 4)) <= {"backend-a", "backend-b"}
     status = checked_status(agent)
-    assert status["subnets"] == [{"id": "net-1", "state": "ready", "loadbalancers": 1, "cidr": "198.18.0.0/24",
-                                  "gateway": "198.18.0.254", "mtu": 1400, "routes": changed["routes"],
-                                  "retries": 0, "error": None}]
+    assert status["subnets"] == [
+        {
+            "id": "net-1",
+            "state": "ready",
+            "loadbalancers": 1,
+            "cidr": "198.18.0.0/24",
+            "gateway": "198.18.0.254",
+            "mtu": 1400,
+            "routes": changed["routes"],
+            "retries": 0,
+            "error": None,
+        }
+    ]
     assert status["agent"]["queues"] == {kind: IDLE for kind in QUEUE_KINDS}
 
 
 def pod(pod_id: str, ip: str, port: int = 8000, ready: bool = True, app: str = "web") -> dict:
-    return {"id": pod_id, "namespace": "shop", "name": pod_id, "ip": ip, "ready": ready, "labels": {"app": app},
-            "ports": [{"name": "http", "port": port, "protocol": "tcp"}]}
+    return {
+        "id": pod_id,
+        "namespace": "shop",
+        "name": pod_id,
+        "ip": ip,
+        "ready": ready,
+        "labels": {"app": app},
+        "ports": [{"name": "http", "port": port, "protocol": "tcp"}],
+    }
 
 
 def pod_lb(lb_id: str, vip: str = VIP, mac: str = MAC, app: str = "web") -> dict:
     lb = loadbalancer(lb_id, vip, mac, [tcp_listener("lsn-80", 80)], {})
-    lb["backend_groups"] = [{"id": "bg-1", "pod_selector": {"namespace": "shop", "labels": {"app": app},
-                                                            "port": "http"}}]
+    lb["backend_groups"] = [
+        {"id": "bg-1", "pod_selector": {"namespace": "shop", "labels": {"app": app}, "port": "http"}}
+    ]
     return lb
 
 
@@ -67,8 +90,12 @@ def test_pods_scale_and_readiness_move_traffic(agent_factory, vpc, web):
     lb_id, client = web
     vpc.add_host("c", "198.18.0.23", http_text="backend-c", http_port=8001)  # its "http" port is 8001
     agent = agent_factory()
-    pods = {"a": pod("pod-a", "198.18.0.21"), "b": pod("pod-b", "198.18.0.22"),
-            "c": pod("pod-c", "198.18.0.23", port=8001), "db": pod("pod-db", "198.18.0.40", app="db")}
+    pods = {
+        "a": pod("pod-a", "198.18.0.21"),
+        "b": pod("pod-b", "198.18.0.22"),
+        "c": pod("pod-c", "198.18.0.23", port=8001),
+        "db": pod("pod-db", "198.18.0.40", app="db"),
+    }
 
     def push(generation: int, *names: str, not_ready: tuple[str, ...] = ()):
         chosen = [{**pods[n], "ready": n not in not_ready} for n in names]
@@ -130,6 +157,9 @@ def test_a_pod_change_reaches_exactly_the_load_balancer_selecting_it(agent_facto
     assert push(3, pod("pod-a", "198.18.0.22"), db, pod("pod-db2", "198.18.0.41", app="db")) == {lb_id: 0, db_id: 1}
     status = checked_status(agent)
     assert {p["id"]: (p["loadbalancers"], p["pending"]) for p in status["pods"]["items"]} == {
-        "pod-a": (1, False), "pod-db": (1, False), "pod-db2": (1, False)}
+        "pod-a": (1, False),
+        "pod-db": (1, False),
+        "pod-db2": (1, False),
+    }
     assert status["agent"]["queues"] == {kind: IDLE for kind in QUEUE_KINDS}
     assert status["subnets"][0]["loadbalancers"] == 2 and status["subnets"][0]["state"] == "ready"

@@ -9,12 +9,12 @@ import subprocess
 
 import pytest
 
-from lbagent.metrics import write_counts
 from lbagent.desired.members import Member
+from lbagent.metrics import write_counts
 from lbagent.naming import interface_names
 from lbagent.ovnhost import iplib, iptables, links
-from lbagent.ovnhost.links import LinkSpec
 from lbagent.ovnhost.host import HostSpec, OvnHost
+from lbagent.ovnhost.links import LinkSpec
 from lbagent.ovnhost.nat import NatPlan, nat_rules
 from lbagent.ovnhost.netns import NamespaceExecutor, delete_netns, netns_exists
 from lbagent.ovnhost.ovs import PortState
@@ -48,14 +48,32 @@ def lb():
 
 
 def spec(names, gateway="198.18.0.1", mtu=1442):
-    return LinkSpec(names=names, mac="00:22:0a:00:00:12", vip="198.18.0.12", prefixlen=24, gateway=gateway,
-                    mtu=mtu, routes=(("198.19.0.0/16", "198.18.0.254"),), inner="169.254.0.100",
-                    outer="169.254.0.101", tx_checksum_off=True)
+    return LinkSpec(
+        names=names,
+        mac="00:22:0a:00:00:12",
+        vip="198.18.0.12",
+        prefixlen=24,
+        gateway=gateway,
+        mtu=mtu,
+        routes=(("198.19.0.0/16", "198.18.0.254"),),
+        inner="169.254.0.100",
+        outer="169.254.0.101",
+        tx_checksum_off=True,
+    )
 
 
 def rules(names, backend="198.18.0.21"):
-    return nat_rules(NatPlan(names.ovn_ns, names.haproxy_ns, "198.18.0.12", "169.254.0.100", "169.254.0.101", (80,),
-                             (Member("be-1", backend, 8000, 1, "off", False, 1025),)))
+    return nat_rules(
+        NatPlan(
+            names.ovn_ns,
+            names.haproxy_ns,
+            "198.18.0.12",
+            "169.254.0.100",
+            "169.254.0.101",
+            (80,),
+            (Member("be-1", backend, 8000, 1, "off", False, 1025),),
+        )
+    )
 
 
 async def converge(executors, netns, names, link_spec, nat):
@@ -117,8 +135,9 @@ async def test_changes_and_drift_are_repaired(executors, lb):
     sh(f"ip link del {names.haproxy_host}")
     sh("ip rule del priority 31000 from 169.254.0.101")
     sh(f"ip netns exec {netns} ip addr flush dev {names.ovn_ns}")
-    changed = await converge(executors, netns, names, spec(names, gateway="198.18.0.254", mtu=1400),
-                             rules(names, backend="198.18.0.22"))
+    changed = await converge(
+        executors, netns, names, spec(names, gateway="198.18.0.254", mtu=1400), rules(names, backend="198.18.0.22")
+    )
     assert changed > 0
     nat = sh(f"ip netns exec {netns} iptables-legacy-save -t nat")
     assert "-j ACCEPT" not in nat
@@ -139,8 +158,11 @@ async def test_passes_never_read_all_host_rules_unless_the_reply_path_is_wrong(e
     lb_id, names, netns = lb
     dumps = []
     real_source_rules = iplib.Netlink.source_rules
-    monkeypatch.setattr(iplib.Netlink, "source_rules",
-                        lambda self, priority: dumps.append(priority) or real_source_rules(self, priority))
+    monkeypatch.setattr(
+        iplib.Netlink,
+        "source_rules",
+        lambda self, priority: dumps.append(priority) or real_source_rules(self, priority),
+    )
     await converge(executors, netns, names, spec(names), rules(names))
     await converge(executors, netns, names, spec(names), rules(names))
     assert dumps == []
@@ -170,8 +192,10 @@ async def test_nat_passes_skip_an_unchanged_table_and_repair_an_edited_one(execu
     sh(f"ip netns exec {netns} ip link set lo up")
     sh(f"ip netns exec {netns} iptables-legacy -t nat -I OUTPUT -j ACCEPT -m comment --comment counted")
     changes, state = await iptables.converge_nat(ns_exec, iptc_exec, netns, rules(names), None)
-    sh(f"ip netns exec {netns} python3 -c \"import socket; socket.socket(socket.AF_INET, socket.SOCK_DGRAM)"
-       ".sendto(b'x', ('127.0.0.1', 9))\"")
+    sh(
+        f'ip netns exec {netns} python3 -c "import socket; socket.socket(socket.AF_INET, socket.SOCK_DGRAM)'
+        ".sendto(b'x', ('127.0.0.1', 9))\""
+    )
     assert " 1 " in sh(f"ip netns exec {netns} iptables-legacy -t nat -L OUTPUT -v -n")  # counters moved
     before = write_counts()
     # Unchanged: read on the namespace threads only, the iptables thread is not even asked.
@@ -182,8 +206,9 @@ async def test_nat_passes_skip_an_unchanged_table_and_repair_an_edited_one(execu
     changes, repaired = await iptables.converge_nat(ns_exec, iptc_exec, netns, rules(names), state)
     assert changes > 0 and repaired == state  # the table is back exactly as it was
     assert "--to-source 198.18.0.12" in sh(f"ip netns exec {netns} iptables-legacy-save -t nat")
-    changes, moved = await iptables.converge_nat(ns_exec, iptc_exec, netns, rules(names, backend="198.18.0.22"),
-                                                  repaired)
+    changes, moved = await iptables.converge_nat(
+        ns_exec, iptc_exec, netns, rules(names, backend="198.18.0.22"), repaired
+    )
     assert changes > 0 and moved != repaired
     assert "198.18.0.22:8000" in sh(f"ip netns exec {netns} iptables-legacy-save -t nat")
 
@@ -220,8 +245,9 @@ async def test_a_new_namespace_is_built_in_batches_and_a_second_pass_writes_noth
     lb_id, names, netns = lb
     one_by_one = []
     real_call = iplib.Netlink._call
-    monkeypatch.setattr(iplib.Netlink, "_call", lambda self, op, *a, **k: one_by_one.append(op) or real_call(
-        self, op, *a, **k))
+    monkeypatch.setattr(
+        iplib.Netlink, "_call", lambda self, op, *a, **k: one_by_one.append(op) or real_call(self, op, *a, **k)
+    )
     before = write_counts()
     await ovn_host.converge(host_spec(lb_id, netns, names))
     assert one_by_one == []
@@ -261,8 +287,9 @@ async def test_a_port_is_reattached_after_a_pass_that_failed_past_the_new_veths(
     them (here: its NAT rules) must not leave the next pass to forget that."""
     lb_id, names, netns = lb
     real_nat = iptables.sync_nat
-    monkeypatch.setattr(iptables, "sync_nat", lambda *a: (_ for _ in ()).throw(
-        iptables.IptablesError("iptables nat: injected")))
+    monkeypatch.setattr(
+        iptables, "sync_nat", lambda *a: (_ for _ in ()).throw(iptables.IptablesError("iptables nat: injected"))
+    )
     with pytest.raises(iptables.IptablesError):
         await ovn_host.converge(host_spec(lb_id, netns, names))
     monkeypatch.setattr(iptables, "sync_nat", real_nat)
@@ -288,8 +315,9 @@ async def test_a_subnet_default_route_takes_the_gateways_place(executors, ovn_ho
     """A route to 0.0.0.0/0 in the subnet's routes would fight the gateway's
     default route pass after pass; it replaces it instead."""
     lb_id, names, netns = lb
-    with_default = dataclasses.replace(spec(names), routes=(("0.0.0.0/0", "198.18.0.254"),
-                                                            ("198.19.0.0/16", "198.18.0.254")))
+    with_default = dataclasses.replace(
+        spec(names), routes=(("0.0.0.0/0", "198.18.0.254"), ("198.19.0.0/16", "198.18.0.254"))
+    )
     if path == "batched build":
         await ovn_host.converge(HostSpec(lb_id, netns, with_default, tuple(rules(names))))
     else:

@@ -15,7 +15,14 @@ import pytest
 from agentproc import wait_until
 from lbstate import backend, loadbalancer
 from listenerenv import (
-    APP_COOKIE, BACKEND_ADDRESSES, backends_of, listener_env, refused, request, start_backend, status_codes,
+    APP_COOKIE,
+    BACKEND_ADDRESSES,
+    backends_of,
+    listener_env,
+    refused,
+    request,
+    start_backend,
+    status_codes,
 )
 
 VIP, MAC = "198.18.0.12", "00:22:0a:00:00:12"
@@ -23,8 +30,7 @@ CLIENTS = 4  # 198.18.0.31 .. 198.18.0.34
 
 
 def http(listener_id: str, port: int, group: str = "bg-ab", **fields) -> dict:
-    return {"id": listener_id, "listener_type": "http", "listener_port": port, "backend_group_id": group,
-            **fields}
+    return {"id": listener_id, "listener_type": "http", "listener_port": port, "backend_group_id": group, **fields}
 
 
 def member(group: str, name: str, **fields) -> dict:
@@ -32,31 +38,44 @@ def member(group: str, name: str, **fields) -> dict:
     return backend(f"{group}-{name}", BACKEND_ADDRESSES[name], **fields)
 
 
-HEALTH = {"type": "http", "uri": "/healthz", "http_code": "http_2xx", "rise": 1, "fall": 1, "interval": 1,
-          "timeout": 1}
+HEALTH = {"type": "http", "uri": "/healthz", "http_code": "http_2xx", "rise": 1, "fall": 1, "interval": 1, "timeout": 1}
 CLIENT_ONLY = ["198.18.0.31/32"]
 
 LISTENERS = {
     "plain": http("plain", 8000),
     "insert": http("insert", 8001, sticky_session={"type": "insert", "cookie": "LBSRV", "cookie_timeout": 3600}),
     "server": http("server", 8002, sticky_session={"type": "server", "cookie": APP_COOKIE}),
-    "rules": http("rules", 8003, rules=[
-        {"id": "api-v1", "domain": "api.example.com", "path": "/v1", "backend_group_id": "bg-c"},
-        {"id": "wild", "domain": "*.example.com", "backend_group_id": "bg-b"},
-        {"id": "v1", "path": "/v1", "backend_group_id": "bg-a"},
-        {"id": "v1-admin", "path": "/v1/admin", "backend_group_id": "bg-c"},
-        {"id": "old", "domain": "old.example.com", "redirect": {"code": 301, "host": "new.example.com"}},
-    ]),
+    "rules": http(
+        "rules",
+        8003,
+        rules=[
+            {"id": "api-v1", "domain": "api.example.com", "path": "/v1", "backend_group_id": "bg-c"},
+            {"id": "wild", "domain": "*.example.com", "backend_group_id": "bg-b"},
+            {"id": "v1", "path": "/v1", "backend_group_id": "bg-a"},
+            {"id": "v1-admin", "path": "/v1/admin", "backend_group_id": "bg-c"},
+            {"id": "old", "domain": "old.example.com", "redirect": {"code": 301, "host": "new.example.com"}},
+        ],
+    ),
     "to-https": http("to-https", 8004, redirect={"code": 307, "scheme": "https"}),
     "moved": http("moved", 8005, redirect={"code": 302, "host": "www.example.com", "path": "/moved"}),
     "gzip": http("gzip", 8006, gzip=True),
     "rate": http("rate", 8007, http_request_rate=5),
     "rate-src": http("rate-src", 8008, http_request_rate_per_src=5),
     "drain": http("drain", 8009, group="bg-drain", scheduler="wrr"),
-    "health": http("health", 8010, group="hc", health_check=HEALTH, rules=[
-        {"id": "hc-rule", "path": "/rule", "backend_group_id": "hc-rule"}]),
-    "proxy": {"id": "proxy", "listener_type": "tcp", "listener_port": 8011, "backend_group_id": "bg-proxy",
-              "send_proxy": "v1"},
+    "health": http(
+        "health",
+        8010,
+        group="hc",
+        health_check=HEALTH,
+        rules=[{"id": "hc-rule", "path": "/rule", "backend_group_id": "hc-rule"}],
+    ),
+    "proxy": {
+        "id": "proxy",
+        "listener_type": "tcp",
+        "listener_port": 8011,
+        "backend_group_id": "bg-proxy",
+        "send_proxy": "v1",
+    },
     "nobody": http("nobody", 8012, acl={"type": "white", "cidrs": []}),
     "xff": http("xff", 8013, x_forwarded_for=True),
     "white": http("white", 8014, acl={"type": "white", "cidrs": CLIENT_ONLY}),
@@ -71,8 +90,13 @@ def url(listener: str, path: str = "/") -> str:
 
 @pytest.fixture(scope="module")
 def env(sandbox, tmp_path_factory):
-    with listener_env(sandbox, tmp_path_factory.mktemp("http"), backends=("a", "b", "c"), clients=CLIENTS,
-                      lb_ports={"web": (MAC, VIP)}) as e:
+    with listener_env(
+        sandbox,
+        tmp_path_factory.mktemp("http"),
+        backends=("a", "b", "c"),
+        clients=CLIENTS,
+        lb_ports={"web": (MAC, VIP)},
+    ) as e:
         e.lb_id = f"{e.vpc.prefix}-web"
         e.apply(web_lb(e.lb_id))
         yield e
@@ -119,15 +143,18 @@ def test_sticky_server_cookie_is_prefixed_and_pins_a_client(env):
     assert replies[0].seen["headers"]["cookie"] == f"{APP_COOKIE}={first.backend}-session"
 
 
-@pytest.mark.parametrize(("host", "path", "expected"), [
-    ("api.example.com", "/v1/users", {"backend-c"}),  # domain and path beat the rest
-    ("API.example.com:8003", "/v1", {"backend-c"}),  # case and port do not matter
-    ("api.example.com", "/other", {"backend-b"}),  # the wildcard
-    ("www.example.com", "/v1", {"backend-b"}),  # a domain beats a path
-    ("example.org", "/v1/x", {"backend-a"}),  # a path alone
-    ("example.org", "/v1/admin/x", {"backend-c"}),  # the longer path
-    ("example.org", "/", {"backend-a", "backend-b"}),  # no rule: the listener's group
-])
+@pytest.mark.parametrize(
+    ("host", "path", "expected"),
+    [
+        ("api.example.com", "/v1/users", {"backend-c"}),  # domain and path beat the rest
+        ("API.example.com:8003", "/v1", {"backend-c"}),  # case and port do not matter
+        ("api.example.com", "/other", {"backend-b"}),  # the wildcard
+        ("www.example.com", "/v1", {"backend-b"}),  # a domain beats a path
+        ("example.org", "/v1/x", {"backend-a"}),  # a path alone
+        ("example.org", "/v1/admin/x", {"backend-c"}),  # the longer path
+        ("example.org", "/", {"backend-a", "backend-b"}),  # no rule: the listener's group
+    ],
+)
 def test_rules_route_to_the_most_specific_match(env, host, path, expected):
     assert set(backends_of(env.client, url("rules", path), 4, host=host)) == expected
 
@@ -155,8 +182,7 @@ def test_gzip_compresses_when_the_client_asks(env):
 
 def wait_below_rate(client, listener: str) -> None:
     """Until `client` is served again; polling slower than the limits (5/s) so as not to keep it above."""
-    wait_until(lambda: status_codes(client, url(listener), 1) == [200], 10, f"{listener} below the rate",
-               interval=0.5)
+    wait_until(lambda: status_codes(client, url(listener), 1) == [200], 10, f"{listener} below the rate", interval=0.5)
 
 
 def test_request_rate_answers_429_above_the_limit(env):

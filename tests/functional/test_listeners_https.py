@@ -12,6 +12,7 @@ from pathlib import Path
 import pytest
 
 from devtools.topology import self_signed_certificate
+
 from lbstate import backend, loadbalancer
 from listenerenv import BACKEND_ADDRESSES, listener_env, openssl, request, start_backend
 
@@ -21,8 +22,14 @@ LEGACY = "DEFAULT:@SECLEVEL=0"  # lets the client offer TLS 1.0/1.1 and plain RS
 
 
 def https(listener_id: str, port: int, certs: list[dict], group: str = "bg-ab", **fields) -> dict:
-    return {"id": listener_id, "listener_type": "https", "listener_port": port, "backend_group_id": group,
-            "certificates": certs, **fields}
+    return {
+        "id": listener_id,
+        "listener_type": "https",
+        "listener_port": port,
+        "backend_group_id": group,
+        "certificates": certs,
+        **fields,
+    }
 
 
 @pytest.fixture(scope="module")
@@ -30,8 +37,10 @@ def env(sandbox, tmp_path_factory):
     base = tmp_path_factory.mktemp("https")
     with listener_env(sandbox, base, backends=("a", "b", "c"), lb_ports={"tls": (MAC, VIP)}) as e:
         pems = {name: self_signed_certificate(name) for name in NAMES}
-        e.certs = {name: {"id": name.split(".")[0], "certificate": cert, "private_key": key}
-                   for name, (cert, key) in pems.items()}
+        e.certs = {
+            name: {"id": name.split(".")[0], "certificate": cert, "private_key": key}
+            for name, (cert, key) in pems.items()
+        }
         # c serves TLS itself, for the listeners that speak TLS to their backends.
         cert_file, key_file = base / "backend.crt", base / "backend.key"
         cert_file.write_text(pems[NAMES[0]][0])
@@ -45,8 +54,14 @@ def env(sandbox, tmp_path_factory):
 def tls_lb(lb_id: str, certs: dict) -> dict:
     one, two, three = (certs[name] for name in NAMES)
     listeners = [
-        https("sni", 443, [one, two], group="bg-b", http2=True, rules=[
-            {"id": "three", "domain": "three.example.com", "backend_group_id": "bg-a", "certificates": [three]}]),
+        https(
+            "sni",
+            443,
+            [one, two],
+            group="bg-b",
+            http2=True,
+            rules=[{"id": "three", "domain": "three.example.com", "backend_group_id": "bg-a", "certificates": [three]}],
+        ),
         https("strict", 8443, [one], tls_cipher_policy="tls_cipher_policy_1_2_strict"),
         https("legacy", 8444, [one], tls_cipher_policy="tls_cipher_policy_1_0"),
         https("to-tls", 8445, [one], group="bg-tls"),
@@ -79,13 +94,16 @@ def handshake(env, port: int, *args: str):
     return ok, negotiated, result.stdout + result.stderr
 
 
-@pytest.mark.parametrize(("sni", "expected"), [
-    ("one.example.com", "one.example.com"),
-    ("two.example.com", "two.example.com"),
-    ("three.example.com", "three.example.com"),  # carried by a rule
-    (None, "one.example.com"),  # no SNI: the listener's first certificate
-    ("unknown.example.org", "one.example.com"),
-])
+@pytest.mark.parametrize(
+    ("sni", "expected"),
+    [
+        ("one.example.com", "one.example.com"),
+        ("two.example.com", "two.example.com"),
+        ("three.example.com", "three.example.com"),  # carried by a rule
+        (None, "one.example.com"),  # no SNI: the listener's first certificate
+        ("unknown.example.org", "one.example.com"),
+    ],
+)
 def test_sni_picks_the_certificate(env, sni, expected):
     args = ["-servername", sni] if sni else ["-noservername"]
     assert subject(openssl(env.client, f"{VIP}:443", *args)) == expected
@@ -100,12 +118,34 @@ def test_https_requests_are_routed_by_host(env):
 def test_http2_is_negotiated_by_alpn(env):
     reply = request(env.client, f"https://{VIP}:443/", "-k", "--http2")
     assert reply.status == 200 and reply.backend == "backend-b"
-    version = env.client.run("curl", "-sSk", "--noproxy", "*", "--http2", "-o", "/dev/null",
-                             "-w", "%{http_version}", f"https://{VIP}:443/", timeout=10)
+    version = env.client.run(
+        "curl",
+        "-sSk",
+        "--noproxy",
+        "*",
+        "--http2",
+        "-o",
+        "/dev/null",
+        "-w",
+        "%{http_version}",
+        f"https://{VIP}:443/",
+        timeout=10,
+    )
     assert version == "2"
     # Without http2 the listener offers no ALPN: curl stays on HTTP/1.1.
-    version = env.client.run("curl", "-sSk", "--noproxy", "*", "--http2", "-o", "/dev/null",
-                             "-w", "%{http_version}", f"https://{VIP}:8443/", timeout=10)
+    version = env.client.run(
+        "curl",
+        "-sSk",
+        "--noproxy",
+        "*",
+        "--http2",
+        "-o",
+        "/dev/null",
+        "-w",
+        "%{http_version}",
+        f"https://{VIP}:8443/",
+        timeout=10,
+    )
     assert version == "1.1"
 
 
@@ -134,8 +174,11 @@ def test_tls_to_backends(env):
 def test_keys_are_private_files_of_this_load_balancer_only(env):
     directory = Path(env.agent.run_dir) / "haproxy" / "certs" / env.lb_id
     files = sorted(p for p in directory.rglob("*") if p.is_file())
-    assert [p.relative_to(directory).as_posix() for p in files][:3] == ["legacy/0-one.pem", "sni/0-one.pem",
-                                                                       "sni/1-two.pem"]
+    assert [p.relative_to(directory).as_posix() for p in files][:3] == [
+        "legacy/0-one.pem",
+        "sni/0-one.pem",
+        "sni/1-two.pem",
+    ]
     assert {stat.S_IMODE(p.stat().st_mode) for p in files} == {0o600}
     assert stat.S_IMODE(directory.stat().st_mode) == 0o700
     key = env.certs["three.example.com"]["private_key"]

@@ -13,8 +13,9 @@ from pathlib import Path
 
 import pytest
 
-from agentproc import wait_until
 from devtools.topology import self_signed_certificate
+
+from agentproc import wait_until
 from lbstate import backend, loadbalancer
 from listenerenv import BACKEND_ADDRESSES, listener_env, openssl, request
 
@@ -28,19 +29,29 @@ WRK_SECONDS = 300  # an upper bound only: the test stops wrk as soon as its relo
 def http(listener_id: str, port: int, group: str = "bg-ab", idle: int | None = None, **fields) -> dict:
     # A listener's idle timeout is a change only a reload applies.
     timeouts = {"timeouts": {"client_idle": idle}} if idle else {}
-    return {"id": listener_id, "listener_type": "http", "listener_port": port, "backend_group_id": group,
-            "scheduler": "wrr", **timeouts, **fields}
+    return {
+        "id": listener_id,
+        "listener_type": "http",
+        "listener_port": port,
+        "backend_group_id": group,
+        "scheduler": "wrr",
+        **timeouts,
+        **fields,
+    }
 
 
 def group(weight_a: int = 1, members: str = "ab") -> dict:
-    return {"bg-ab": [backend(f"be-{m}", BACKEND_ADDRESSES[m], weight=weight_a if m == "a" else 1)
-                      for m in members]}
+    return {"bg-ab": [backend(f"be-{m}", BACKEND_ADDRESSES[m], weight=weight_a if m == "a" else 1) for m in members]}
 
 
 @pytest.fixture(scope="module")
 def env(sandbox, tmp_path_factory):
-    with listener_env(sandbox, tmp_path_factory.mktemp("reloads"), backends=("a", "b", "c"),
-                      lb_ports={"web": WEB[::-1], "other": OTHER[::-1]}) as e:
+    with listener_env(
+        sandbox,
+        tmp_path_factory.mktemp("reloads"),
+        backends=("a", "b", "c"),
+        lb_ports={"web": WEB[::-1], "other": OTHER[::-1]},
+    ) as e:
         e.web_id, e.other_id = f"{e.vpc.prefix}-web", f"{e.vpc.prefix}-other"
         cert, key = self_signed_certificate("web.example.com")
         e.cert = {"id": "web", "certificate": cert, "private_key": key}
@@ -49,8 +60,10 @@ def env(sandbox, tmp_path_factory):
 
 
 def web_lb(env, weight_a: int = 1, cert: dict | None = None, idle: int | None = None, members: str = "ab") -> dict:
-    listeners = [http("http", 80, idle=idle), {**http("tls", 443), "listener_type": "https",
-                                               "certificates": [cert or env.cert]}]
+    listeners = [
+        http("http", 80, idle=idle),
+        {**http("tls", 443), "listener_type": "https", "certificates": [cert or env.cert]},
+    ]
     return loadbalancer(env.web_id, *WEB, listeners, group(weight_a, members))
 
 
@@ -101,8 +114,12 @@ def test_a_refused_change_leaves_it_and_the_others_serving(env):
 
 
 def many(idle: int | None = None) -> list[dict]:
-    return [loadbalancer(f"many-{i}", f"198.18.0.{100 + i}", f"00:22:0a:00:01:{i:02x}", [http("http", 80, idle=idle)],
-                         group()) for i in range(MANY)]
+    return [
+        loadbalancer(
+            f"many-{i}", f"198.18.0.{100 + i}", f"00:22:0a:00:01:{i:02x}", [http("http", 80, idle=idle)], group()
+        )
+        for i in range(MANY)
+    ]
 
 
 def test_a_refresh_touching_100_load_balancers_takes_a_handful_of_reloads(env):
@@ -127,9 +144,25 @@ def test_steady_load_across_20_reloads_fails_no_request(env):
     url = f"http://{WEB[0]}/"
     assert serving(env, WEB[0])
     # A new connection per request: each one meets whichever worker holds the socket then.
-    wrk = subprocess.Popen(["ip", "netns", "exec", env.client.netns, "wrk", "-t1", "-c4", f"-d{WRK_SECONDS}s",
-                            "-H", "Connection: close", url],
-                           stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    wrk = subprocess.Popen(
+        [
+            "ip",
+            "netns",
+            "exec",
+            env.client.netns,
+            "wrk",
+            "-t1",
+            "-c4",
+            f"-d{WRK_SECONDS}s",
+            "-H",
+            "Connection: close",
+            url,
+        ],
+        stdin=subprocess.DEVNULL,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+    )
     try:
         before = reloads(env)
         for i in range(20):

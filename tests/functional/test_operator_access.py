@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import datetime
 import http.client
+import ipaddress
 import json
 import os
 import shutil
@@ -20,9 +21,6 @@ from cryptography import x509
 from cryptography.hazmat.primitives import hashes, serialization
 from cryptography.hazmat.primitives.asymmetric import ec
 from cryptography.x509.oid import NameOID
-import ipaddress
-
-from operatorproc import configured_agent  # noqa: F401  (a fixture)
 
 
 @pytest.fixture
@@ -38,8 +36,9 @@ def public_dir(prefix: str):
 
 def connect_as_nobody(path: Path) -> subprocess.CompletedProcess:
     code = f"import socket; s = socket.socket(socket.AF_UNIX); s.connect({str(path)!r}); print('connected')"
-    return subprocess.run(["runuser", "-u", "nobody", "--", "python3", "-c", code],
-                          capture_output=True, text=True, timeout=30)
+    return subprocess.run(
+        ["runuser", "-u", "nobody", "--", "python3", "-c", code], capture_output=True, text=True, timeout=30
+    )
 
 
 def test_unix_socket_listener(configured_agent, public_dir):
@@ -67,17 +66,23 @@ def test_unix_socket_listener(configured_agent, public_dir):
 def self_signed(directory: Path) -> tuple[Path, Path]:
     key = ec.generate_private_key(ec.SECP256R1())
     name = x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, "lbagent test")])
-    now = datetime.datetime.now(datetime.timezone.utc)
-    cert = (x509.CertificateBuilder().subject_name(name).issuer_name(name).public_key(key.public_key())
-            .serial_number(x509.random_serial_number())
-            .not_valid_before(now - datetime.timedelta(minutes=5)).not_valid_after(now + datetime.timedelta(days=1))
-            .add_extension(x509.SubjectAlternativeName([x509.IPAddress(ipaddress.ip_address("127.0.0.1"))]),
-                           critical=False)
-            .sign(key, hashes.SHA256()))
+    now = datetime.datetime.now(datetime.UTC)
+    cert = (
+        x509.CertificateBuilder()
+        .subject_name(name)
+        .issuer_name(name)
+        .public_key(key.public_key())
+        .serial_number(x509.random_serial_number())
+        .not_valid_before(now - datetime.timedelta(minutes=5))
+        .not_valid_after(now + datetime.timedelta(days=1))
+        .add_extension(x509.SubjectAlternativeName([x509.IPAddress(ipaddress.ip_address("127.0.0.1"))]), critical=False)
+        .sign(key, hashes.SHA256())
+    )
     cert_path, key_path = directory / "api.crt", directory / "api.key"
     cert_path.write_bytes(cert.public_bytes(serialization.Encoding.PEM))
-    key_path.write_bytes(key.private_bytes(serialization.Encoding.PEM, serialization.PrivateFormat.PKCS8,
-                                           serialization.NoEncryption()))
+    key_path.write_bytes(
+        key.private_bytes(serialization.Encoding.PEM, serialization.PrivateFormat.PKCS8, serialization.NoEncryption())
+    )
     key_path.chmod(0o600)
     return cert_path, key_path
 

@@ -7,9 +7,10 @@ from __future__ import annotations
 import json
 import urllib.request
 
-from agentproc import free_port, wait_until
 from lbagent.haproxy.render import frontend_name
-from operatorproc import configured_agent, samples, served_state, served_vpc, wait_ready  # noqa: F401
+
+from agentproc import free_port, wait_until
+from operatorproc import samples, served_state, wait_ready
 
 KEY_MARKER = "MIIEvQIBADANBgkqhkiG9w0BAQEFAASC"
 PRIVATE_KEY = f"-----BEGIN PRIVATE KEY-----\n{KEY_MARKER}\n-----END PRIVATE KEY-----\n"
@@ -31,10 +32,12 @@ def frontends(found: dict) -> set[str]:
 def test_metrics_move_with_load_balancers(configured_agent, served_vpc):
     lb_id, client = served_vpc
     exporter = free_port()
-    agent = configured_agent(settings={
-        "agent": ['log_format = "json"', 'log_level = "debug"'],
-        "haproxy": [f'prometheus_listen = "127.0.0.1:{exporter}"'],
-    }).start()
+    agent = configured_agent(
+        settings={
+            "agent": ['log_format = "json"', 'log_level = "debug"'],
+            "haproxy": [f'prometheus_listen = "127.0.0.1:{exporter}"'],
+        }
+    ).start()
     assert agent.refresh({"generation": 1})[0] == 200
     empty = agent.metrics()
     assert value(empty, "lbagent_ready") == 1 and value(empty, "lbagent_generation") == 1
@@ -57,7 +60,7 @@ def test_metrics_move_with_load_balancers(configured_agent, served_vpc):
 
     # haproxy's own exporter, on the configured address, sees the load balancer's frontend.
     assert frontend_name(lb_id, "lsn-80") in frontends(haproxy_exporter(exporter))
-    assert client.curl(f"http://198.18.0.12:80/").strip() in {"be-a", "be-b"}
+    assert client.curl("http://198.18.0.12:80/").strip() in {"be-a", "be-b"}
 
     # An invalid body is counted and changes nothing, even one carrying a private key.
     broken = served_state(3, lb_id)

@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import json
 
-from operatorproc import VIP, configured_agent, served_state, served_vpc, wait_ready  # noqa: F401
+from operatorproc import VIP, served_state, wait_ready
 
 
 def counters(agent, lb_id: str) -> dict[str, int]:

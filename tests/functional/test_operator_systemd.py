@@ -12,7 +12,6 @@ from pathlib import Path
 import pytest
 
 from agentproc import LBAGENT
-from operatorproc import configured_agent  # noqa: F401  (a fixture)
 
 UNIT = Path(__file__).parents[2] / "systemd" / "lbagent.service"
 WATCHDOG_USEC = 1_000_000  # pings every 0.5 s
@@ -24,8 +23,10 @@ def exec_start(config_path: Path) -> list[str]:
     line = next(line for line in UNIT.read_text().splitlines() if line.startswith("ExecStart="))
     argv = shlex.split(line.removeprefix("ExecStart="))
     assert argv[0] == "/usr/local/bin/lbagent" and "/etc/lbagent/lbagent.toml" in argv, argv
-    return [LBAGENT if word == argv[0] else str(config_path) if word == "/etc/lbagent/lbagent.toml" else word
-            for word in argv]
+    return [
+        LBAGENT if word == argv[0] else str(config_path) if word == "/etc/lbagent/lbagent.toml" else word
+        for word in argv
+    ]
 
 
 class NotifySocket:
@@ -47,7 +48,7 @@ class NotifySocket:
             self.sock.settimeout(remaining)
             try:
                 self.messages.append(self.sock.recv(4096).decode())
-            except socket.timeout:
+            except TimeoutError:
                 continue
             if line in self.messages[-1].splitlines():
                 return self.messages[start:]

@@ -21,10 +21,10 @@ from dataclasses import dataclass
 import pytest
 
 from devtools.sandbox import link_names, run, wait_for
-from lbagent.metrics import write_counts
 from lbagent.desired.model import ProviderNetwork
-from lbagent.ovnhost.bridges import ProviderBridges, bridge_name
+from lbagent.metrics import write_counts
 from lbagent.ovnhost import provider_ovs
+from lbagent.ovnhost.bridges import ProviderBridges, bridge_name
 from lbagent.ovnhost.netns import NamespaceExecutor
 from lbagent.ovnhost.ovs import OvsClient
 from lbagent.workers.dispatch import PROVIDER_NETWORK, Dispatcher, kind_of
@@ -53,8 +53,10 @@ class Uplink:
     @property
     def routes(self) -> set[tuple]:  # (dst, gateway, metric, protocol, scope)
         o = self.octet
-        return {(f"198.19.{o}.128/26", f"198.19.{o}.1", 77, "static", None),
-                (f"198.19.{o}.192/27", None, None, "boot", "link")}
+        return {
+            (f"198.19.{o}.128/26", f"198.19.{o}.1", 77, "static", None),
+            (f"198.19.{o}.192/27", None, None, "boot", "link"),
+        }
 
 
 def ip_json(*args: str):
@@ -62,15 +64,21 @@ def ip_json(*args: str):
 
 
 def addresses_of(dev: str) -> set[tuple]:
-    return {(a["local"], a["prefixlen"], a.get("broadcast"))
-            for link in ip_json("addr", "show", "dev", dev) for a in link.get("addr_info", [])
-            if a["family"] == "inet"}
+    return {
+        (a["local"], a["prefixlen"], a.get("broadcast"))
+        for link in ip_json("addr", "show", "dev", dev)
+        for a in link.get("addr_info", [])
+        if a["family"] == "inet"
+    }
 
 
 def routes_of(dev: str) -> set[tuple]:
     """Main-table routes out of `dev`, except those the kernel derives from addresses."""
-    return {(r["dst"], r.get("gateway"), r.get("metric"), r.get("protocol", "boot"), r.get("scope"))
-            for r in ip_json("route", "show", "dev", dev) if r.get("protocol") != "kernel"}
+    return {
+        (r["dst"], r.get("gateway"), r.get("metric"), r.get("protocol", "boot"), r.get("scope"))
+        for r in ip_json("route", "show", "dev", dev)
+        if r.get("protocol") != "kernel"
+    }
 
 
 def link_of(dev: str) -> dict:
@@ -82,14 +90,19 @@ def mappings(sandbox) -> str:
 
 
 def ovs_bridge_exists(sandbox, bridge: str) -> bool:
-    return subprocess.run(["ovs-vsctl", f"--db={sandbox.ovs_db}", "br-exists", bridge], env=sandbox.env,
-                          capture_output=True).returncode == 0
+    return (
+        subprocess.run(
+            ["ovs-vsctl", f"--db={sandbox.ovs_db}", "br-exists", bridge], env=sandbox.env, capture_output=True
+        ).returncode
+        == 0
+    )
 
 
 def assert_on_bridge(sandbox, uplink: Uplink, network: str) -> None:
     bridge = bridge_name(network)
-    assert sandbox.vsctl("get", "Bridge", bridge, "datapath_type").strip().strip('"') == \
-        sandbox.vsctl("get", "Bridge", "br-int", "datapath_type").strip().strip('"')
+    assert sandbox.vsctl("get", "Bridge", bridge, "datapath_type").strip().strip('"') == sandbox.vsctl(
+        "get", "Bridge", "br-int", "datapath_type"
+    ).strip().strip('"')
     assert sandbox.vsctl("port-to-br", uplink.name).strip() == bridge
     assert addresses_of(bridge) == uplink.addresses and addresses_of(uplink.name) == set()
     assert routes_of(bridge) == uplink.routes and routes_of(uplink.name) == set()
@@ -117,8 +130,20 @@ def uplink(prefix):
         run("ip", "link", "set", up.name, "up")
         run("ip", "addr", "add", f"198.19.{o}.2/26", "brd", "+", "dev", up.name)
         run("ip", "addr", "add", f"198.19.{o}.70/26", "dev", up.name)
-        run("ip", "route", "add", f"198.19.{o}.128/26", "via", f"198.19.{o}.1", "dev", up.name,
-            "metric", "77", "proto", "static")
+        run(
+            "ip",
+            "route",
+            "add",
+            f"198.19.{o}.128/26",
+            "via",
+            f"198.19.{o}.1",
+            "dev",
+            up.name,
+            "metric",
+            "77",
+            "proto",
+            "static",
+        )
         run("ip", "route", "add", f"198.19.{o}.192/27", "dev", up.name, "scope", "link")
         yield up
     finally:
@@ -197,19 +222,28 @@ def state_of(ctl, network: str) -> dict | None:
 
 
 async def ready(ctl, network: str) -> dict:
-    status = await until(lambda: (s := state_of(ctl, network)) and s["state"] in ("ready", "error") and s,
-                         f"{network} to be reconciled")
+    status = await until(
+        lambda: (s := state_of(ctl, network)) and s["state"] in ("ready", "error") and s, f"{network} to be reconciled"
+    )
     assert status["state"] == "ready", status
     return status
 
 
-async def test_bridge_up_then_removed_by_a_restarted_controller(sandbox, uplink, foreign_mapping, network,
-                                                               make_controller):
+async def test_bridge_up_then_removed_by_a_restarted_controller(
+    sandbox, uplink, foreign_mapping, network, make_controller
+):
     first = await make_controller()
     first.update([ProviderNetwork(name=network, default_interface=uplink.name)])
     status = await ready(first, network)
-    assert status == {"name": network, "state": "ready", "bridge": bridge_name(network),
-                      "interface": uplink.name, "mtu": UPLINK_MTU, "error": None, "retries": 0}
+    assert status == {
+        "name": network,
+        "state": "ready",
+        "bridge": bridge_name(network),
+        "interface": uplink.name,
+        "mtu": UPLINK_MTU,
+        "error": None,
+        "retries": 0,
+    }
     assert_on_bridge(sandbox, uplink, network)
     assert link_of(bridge_name(network))["mtu"] == UPLINK_MTU
 
@@ -223,8 +257,10 @@ async def test_bridge_up_then_removed_by_a_restarted_controller(sandbox, uplink,
     await first.queue.shutdown(timeout=30)
     second = await make_controller()
     second.update([])
-    await until(lambda: not ovs_bridge_exists(sandbox, bridge_name(network)) and second.status() == [],
-                "the orphaned bridge to be removed")
+    await until(
+        lambda: not ovs_bridge_exists(sandbox, bridge_name(network)) and second.status() == [],
+        "the orphaned bridge to be removed",
+    )
     assert_given_back(sandbox, uplink, network)
 
 
@@ -235,15 +271,25 @@ async def test_excluding_this_host_cleans_up(sandbox, uplink, foreign_mapping, n
     assert_on_bridge(sandbox, uplink, network)
 
     ctl.update([ProviderNetwork(name=network, default_interface=uplink.name, exclude_hosts=[ctl.host])])
-    status = await until(lambda: (s := state_of(ctl, network)) and s["state"] in ("excluded", "error") and s,
-                         "the excluded network to be cleaned up")
-    assert status == {"name": network, "state": "excluded", "bridge": None, "interface": None, "mtu": None,
-                      "error": None, "retries": 0}
+    status = await until(
+        lambda: (s := state_of(ctl, network)) and s["state"] in ("excluded", "error") and s,
+        "the excluded network to be cleaned up",
+    )
+    assert status == {
+        "name": network,
+        "state": "excluded",
+        "bridge": None,
+        "interface": None,
+        "mtu": None,
+        "error": None,
+        "retries": 0,
+    }
     assert_given_back(sandbox, uplink, network)
 
 
-async def test_removing_a_network_whose_uplink_vanished_completes(sandbox, uplink, foreign_mapping, network,
-                                                                   make_controller):
+async def test_removing_a_network_whose_uplink_vanished_completes(
+    sandbox, uplink, foreign_mapping, network, make_controller
+):
     ctl = await make_controller()
     ctl.update([ProviderNetwork(name=network, default_interface=uplink.name)])
     await ready(ctl, network)
@@ -297,8 +343,9 @@ def test_provider_network_driven_over_http(agent_factory, sandbox, uplink, forei
 
     spec = {"name": network, "default_interface": uplink.name}
     assert agent.refresh({"generation": 1, "provider_networks": [spec]})[0] == 200
-    status = wait_for(lambda: (s := network_status()) and s["state"] == "ready" and s, WAIT,
-                      f"{network} ready in the agent's status")
+    status = wait_for(
+        lambda: (s := network_status()) and s["state"] == "ready" and s, WAIT, f"{network} ready in the agent's status"
+    )
     assert status["bridge"] == bridge_name(network) and status["interface"] == uplink.name
     assert_on_bridge(sandbox, uplink, network)
     # This host excluded: everything is given back.

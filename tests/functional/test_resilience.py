@@ -13,7 +13,7 @@ import psutil
 import pytest
 
 from agentproc import wait_until
-from helpers import MAC, VIP, host_state, wait_bound, web_lb
+from helpers import VIP, host_state, wait_bound, web_lb
 from lbstate import backend, desired, loadbalancer, tcp_listener
 
 URL = f"http://{VIP}:80/"
@@ -68,14 +68,18 @@ def converged_web(agent_factory, web, **kw):
 DRIFT = {
     "deleted veth": lambda s: sh("ip", "link", "del", s["interfaces"]["haproxy"][1]),
     "deleted OVN-side veth": lambda s: sh("ip", "link", "del", s["interfaces"]["ovn"][1]),
-    "flushed rules": lambda s: sh("ip", "netns", "exec", s["netns"], "iptables-legacy", "-t", "nat", "-F",
-                                  "LBAGENT-PRE"),
-    "edited rule": lambda s: sh("ip", "netns", "exec", s["netns"], "iptables-legacy", "-t", "nat", "-R",
-                                "LBAGENT-POST", "1", "-j", "ACCEPT"),
-    "removed address": lambda s: sh("ip", "netns", "exec", s["netns"], "ip", "addr", "flush", "dev",
-                                    s["interfaces"]["ovn"][0]),
-    "changed route": lambda s: sh("ip", "netns", "exec", s["netns"], "ip", "route", "replace", "default", "via",
-                                  "198.18.0.254"),
+    "flushed rules": lambda s: sh(
+        "ip", "netns", "exec", s["netns"], "iptables-legacy", "-t", "nat", "-F", "LBAGENT-PRE"
+    ),
+    "edited rule": lambda s: sh(
+        "ip", "netns", "exec", s["netns"], "iptables-legacy", "-t", "nat", "-R", "LBAGENT-POST", "1", "-j", "ACCEPT"
+    ),
+    "removed address": lambda s: sh(
+        "ip", "netns", "exec", s["netns"], "ip", "addr", "flush", "dev", s["interfaces"]["ovn"][0]
+    ),
+    "changed route": lambda s: sh(
+        "ip", "netns", "exec", s["netns"], "ip", "route", "replace", "default", "via", "198.18.0.254"
+    ),
     "deleted namespace": lambda s: sh("ip", "netns", "del", s["netns"]),
 }
 
@@ -106,20 +110,36 @@ def test_restart_mid_refresh_adopts_everything_and_drops_nothing(agent_factory, 
     before = agent.lb(lb_id)
     many = []
     for index in range(50):
-        many.append(loadbalancer(f"{lb_id}-{index}", f"198.18.0.{100 + index}", f"00:22:0a:00:01:{index:02x}",
-                                 [tcp_listener("l", 80)], {"bg-1": [backend("be", "198.18.0.21")]}))
+        many.append(
+            loadbalancer(
+                f"{lb_id}-{index}",
+                f"198.18.0.{100 + index}",
+                f"00:22:0a:00:01:{index:02x}",
+                [tcp_listener("l", 80)],
+                {"bg-1": [backend("be", "198.18.0.21")]},
+            )
+        )
     with TrafficLoop(client) as loop:
         wait_until(lambda: loop.ok >= 5, 20, "traffic flowing")
         code, body = agent.refresh(desired(2, web_lb(lb_id), *many), wait=None)
         assert code == 202, body
-        wait_until(lambda: sum(lb["state"] == "ready" for lb in agent.status()["loadbalancers"]) >= 5, 60,
-                   "some of the new load balancers to converge")
+        wait_until(
+            lambda: sum(lb["state"] == "ready" for lb in agent.status()["loadbalancers"]) >= 5,
+            60,
+            "some of the new load balancers to converge",
+        )
         agent.stop(signal.SIGKILL)
         ok_while_down = loop.ok
         wait_until(lambda: loop.ok >= ok_while_down + 5, 20, "traffic while the agent is down")
         agent.start()
-        wait_until(lambda: all(lb["state"] == "ready" for lb in agent.status()["loadbalancers"])
-                   and len(agent.status()["loadbalancers"]) == 51, 120, "all 51 load balancers ready")
+        wait_until(
+            lambda: (
+                all(lb["state"] == "ready" for lb in agent.status()["loadbalancers"])
+                and len(agent.status()["loadbalancers"]) == 51
+            ),
+            120,
+            "all 51 load balancers ready",
+        )
         wait_until(lambda: loop.ok >= ok_while_down + 20, 30, "traffic after the restart")
     assert loop.failed == 0, loop.errors[:5]
     after = agent.lb(lb_id)
@@ -137,8 +157,17 @@ def test_orphans_survive_until_the_desired_state_is_complete(agent_factory, vpc,
     host = f"{prefix}-gw0"  # the host name agent_factory gives the first agent
     sh("ip", "netns", "add", stale_ns)
     sh("ip", "link", "add", f"o{tag}1", "type", "veth", "peer", "name", f"o{tag}0", "netns", stale_ns)
-    sandbox.vsctl("add-port", "br-int", f"o{tag}1", "--", "set", "Interface", f"o{tag}1",
-                  f"external_ids:lbagent-owner=lbagent/{host}", f"external_ids:lbagent-lb={prefix}-old")
+    sandbox.vsctl(
+        "add-port",
+        "br-int",
+        f"o{tag}1",
+        "--",
+        "set",
+        "Interface",
+        f"o{tag}1",
+        f"external_ids:lbagent-owner=lbagent/{host}",
+        f"external_ids:lbagent-lb={prefix}-old",
+    )
     try:
         agent = agent_factory(resync_interval=0.5)
         code, body = agent.request("GET", "/readyz")
@@ -179,13 +208,27 @@ def test_ovs_and_ovn_restarts_are_survived(agent_factory, vpc, web, sandbox, dae
     wait_until(lambda: serving(client), 30, f"traffic after {daemon} restarted")
     # The agent still writes to OVS: a second load balancer binds its port.
     vpc.add_lb_port(f"{lb_id}-2", "00:22:0a:00:00:13", "198.18.0.13")
-    second = loadbalancer(f"{lb_id}-2", "198.18.0.13", "00:22:0a:00:00:13", [tcp_listener("l", 80)],
-                          {"bg-1": [backend("be", "198.18.0.21")]})
-    wait_until(lambda: agent.refresh(desired(2, web_lb(lb_id), second))[0] == 200 and
-               all(lb["state"] == "ready" for lb in agent.status()["loadbalancers"]), 60, "both ready")
+    second = loadbalancer(
+        f"{lb_id}-2",
+        "198.18.0.13",
+        "00:22:0a:00:00:13",
+        [tcp_listener("l", 80)],
+        {"bg-1": [backend("be", "198.18.0.21")]},
+    )
+    wait_until(
+        lambda: (
+            agent.refresh(desired(2, web_lb(lb_id), second))[0] == 200
+            and all(lb["state"] == "ready" for lb in agent.status()["loadbalancers"])
+        ),
+        60,
+        "both ready",
+    )
     wait_bound(agent, f"{lb_id}-2", timeout=60)
-    wait_until(lambda: client.curl("http://198.18.0.13:80/", timeout=2).strip() == "backend-a", 30,
-               "the second load balancer answering")
+    wait_until(
+        lambda: client.curl("http://198.18.0.13:80/", timeout=2).strip() == "backend-a",
+        30,
+        "the second load balancer answering",
+    )
 
 
 def test_killed_haproxy_comes_back_within_two_seconds(agent_factory, vpc, web):
@@ -217,8 +260,16 @@ def test_create_delete_cycles_leak_nothing(agent_factory, vpc, prefix):
     before = host_state()
 
     def batch(round_no: int) -> list[dict]:
-        return [loadbalancer(f"{prefix}-c{round_no}-{i}", f"198.18.0.{100 + i}", f"00:22:0a:00:02:{i:02x}",
-                             [tcp_listener("l", 80)], {"bg-1": [backend("be", "198.18.0.21")]}) for i in range(10)]
+        return [
+            loadbalancer(
+                f"{prefix}-c{round_no}-{i}",
+                f"198.18.0.{100 + i}",
+                f"00:22:0a:00:02:{i:02x}",
+                [tcp_listener("l", 80)],
+                {"bg-1": [backend("be", "198.18.0.21")]},
+            )
+            for i in range(10)
+        ]
 
     assert agent.refresh(desired(1, *batch(0)))[0] == 200
     proc = psutil.Process(agent.proc.pid)

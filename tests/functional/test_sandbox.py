@@ -53,8 +53,9 @@ def test_cleanup_leaves_nothing_with_the_prefix(sandbox: OvnSandbox, vpc: Vpc, p
     assert pid is not None and not pid_alive(pid)
 
 
-def test_second_sandbox_is_refused_and_harmless(sandbox: OvnSandbox, tmp_path: Path,
-                                                monkeypatch: pytest.MonkeyPatch) -> None:
+def test_second_sandbox_is_refused_and_harmless(
+    sandbox: OvnSandbox, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
     monkeypatch.setenv("LBAGENT_SANDBOX_WAIT", "0")  # queueing behind ourselves would wait forever
     other = OvnSandbox(tmp_path / "other")
     with pytest.raises(SandboxBusy, match="make demo-down"):

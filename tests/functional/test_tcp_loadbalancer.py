@@ -9,8 +9,9 @@ import sys
 from pathlib import Path
 
 from agentproc import wait_until
-from helpers import MAC, VIP, answers, host_state, wait_bound, web_lb
+from helpers import VIP, answers, host_state, wait_bound, web_lb
 from lbstate import SUBNET, backend, desired, loadbalancer, tcp_listener
+
 
 def test_tcp_load_balancer_through_ovn(agent_factory, vpc, web, sandbox):
     lb_id, client = web
@@ -66,10 +67,14 @@ def test_converged_pass_writes_nothing(agent_factory, vpc, web):
     assert second["agent"]["haproxy"]["reloads"] == first["agent"]["haproxy"]["reloads"]
     assert second["agent"]["haproxy"]["pid"] == first["agent"]["haproxy"]["pid"]
     # And a pass after drift does write: the counters can move.
-    subprocess.run(["ip", "netns", "exec", f"lb-{lb_id}", "iptables-legacy", "-t", "nat", "-F", "LBAGENT-POST"],
-                   check=True)
-    wait_until(lambda: agent.status()["agent"]["writes"]["iptables"] > second["agent"]["writes"]["iptables"],
-               10, "the resync to repair the flushed chain")
+    subprocess.run(
+        ["ip", "netns", "exec", f"lb-{lb_id}", "iptables-legacy", "-t", "nat", "-F", "LBAGENT-POST"], check=True
+    )
+    wait_until(
+        lambda: agent.status()["agent"]["writes"]["iptables"] > second["agent"]["writes"]["iptables"],
+        10,
+        "the resync to repair the flushed chain",
+    )
     assert client.curl(f"http://{VIP}:80/").strip() in {"backend-a", "backend-b"}
 
 
@@ -105,8 +110,7 @@ def test_ids_sharing_a_long_prefix_get_distinct_interfaces(agent_factory, vpc, p
     for index, lb_id in enumerate(ids):
         ip, mac = f"198.18.0.{40 + index}", f"00:22:0a:00:00:{40 + index:02x}"
         vpc.add_lb_port(lb_id, mac, ip)
-        lbs.append(loadbalancer(lb_id, ip, mac, [tcp_listener("l", 80)],
-                                {"bg-1": [backend("be-a", "198.18.0.21")]}))
+        lbs.append(loadbalancer(lb_id, ip, mac, [tcp_listener("l", 80)], {"bg-1": [backend("be-a", "198.18.0.21")]}))
     agent = agent_factory()
     assert agent.refresh(desired(1, *lbs))[0] == 200
     statuses = [wait_bound(agent, lb_id) for lb_id in ids]
@@ -123,12 +127,18 @@ def stable(lbs: list[dict]) -> list[dict]:
 
 INVALID = [
     ("/loadbalancers/0/network/ip", lambda s: s["loadbalancers"][0]["network"].update(ip="198.18.0.300")),
-    ("/loadbalancers/0/listeners/0/listener_port",
-     lambda s: s["loadbalancers"][0]["listeners"][0].update(listener_port=0)),
-    ("/loadbalancers/0/listeners/1/listener_port",
-     lambda s: s["loadbalancers"][0]["listeners"].append(tcp_listener("dup", 80))),
-    ("/loadbalancers/0/listeners/0/backend_group_id",
-     lambda s: s["loadbalancers"][0]["listeners"][0].update(backend_group_id="nope")),
+    (
+        "/loadbalancers/0/listeners/0/listener_port",
+        lambda s: s["loadbalancers"][0]["listeners"][0].update(listener_port=0),
+    ),
+    (
+        "/loadbalancers/0/listeners/1/listener_port",
+        lambda s: s["loadbalancers"][0]["listeners"].append(tcp_listener("dup", 80)),
+    ),
+    (
+        "/loadbalancers/0/listeners/0/backend_group_id",
+        lambda s: s["loadbalancers"][0]["listeners"][0].update(backend_group_id="nope"),
+    ),
     ("/loadbalancers/0/id", lambda s: s["loadbalancers"][0].update(id="a/b")),
     ("/loadbalancers/0/id", lambda s: s["loadbalancers"][0].update(id="a b")),
 ]
@@ -175,13 +185,26 @@ def test_haproxy_sees_the_real_client_address(agent_factory, vpc, web):
     agent = agent_factory()
     assert agent.refresh(desired(1, web_lb(lb_id)))[0] == 200
     status = wait_bound(agent, lb_id)
-    holder = subprocess.Popen(["ip", "netns", "exec", client.netns, sys.executable, "-c", HOLD_CONNECTION, VIP],
-                              stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
+    holder = subprocess.Popen(
+        ["ip", "netns", "exec", client.netns, sys.executable, "-c", HOLD_CONNECTION, VIP],
+        stdin=subprocess.PIPE,
+        stdout=subprocess.PIPE,
+        text=True,
+    )
     try:
         assert holder.stdout.readline().strip() == "connected"
-        sessions = wait_until(lambda: subprocess.run(
-            ["ss", "-Htn", "state", "established", "src", f"{status['outer']}:80"],
-            capture_output=True, text=True, check=True).stdout, 10, "haproxy's side of the connection")
+        sessions = wait_until(
+            lambda: (
+                subprocess.run(
+                    ["ss", "-Htn", "state", "established", "src", f"{status['outer']}:80"],
+                    capture_output=True,
+                    text=True,
+                    check=True,
+                ).stdout
+            ),
+            10,
+            "haproxy's side of the connection",
+        )
         assert f"{client.ip}:" in sessions, sessions
     finally:
         holder.stdin.close()
@@ -199,8 +222,9 @@ def test_a_subnet_route_to_0_0_0_0_replaces_the_gateway_and_stays_put(agent_fact
     code, body = agent.refresh(desired(1, web_lb(lb_id), subnets=[subnet]))
     assert code == 200 and body["loadbalancers"][0]["state"] == "ready", body
     wait_bound(agent, lb_id)
-    routes = subprocess.run(["ip", "netns", "exec", f"lb-{lb_id}", "ip", "route"], capture_output=True, text=True,
-                            check=True).stdout
+    routes = subprocess.run(
+        ["ip", "netns", "exec", f"lb-{lb_id}", "ip", "route"], capture_output=True, text=True, check=True
+    ).stdout
     assert "default via 198.18.0.254" in routes and "default via 198.18.0.1 " not in routes, routes
     assert client.curl(f"http://{VIP}:80/").strip() in {"backend-a", "backend-b"}  # the VPC is on-link
     first, passes = agent.status(), agent.lb(lb_id)["passes"]

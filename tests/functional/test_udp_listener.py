@@ -42,8 +42,9 @@ class UdpServers:
         self.procs: dict[str, subprocess.Popen] = {}
 
     def start(self, host, name: str) -> None:
-        self.procs[name] = subprocess.Popen(["ip", "netns", "exec", host.netns, sys.executable, "-c", UDP_SERVER,
-                                             name, str(PORT)])
+        self.procs[name] = subprocess.Popen(
+            ["ip", "netns", "exec", host.netns, sys.executable, "-c", UDP_SERVER, name, str(PORT)]
+        )
 
     def stop(self, name: str) -> None:
         proc = self.procs.pop(name)
@@ -65,11 +66,28 @@ def ask(client, count: int) -> collections.Counter:
 
 
 def udp_lb(lb_id: str) -> dict:
-    listener = {"id": "dns", "listener_type": "udp", "listener_port": PORT, "backend_group_id": "bg-1",
-                "health_check": {"type": "udp", "udp_request": "ping", "udp_expect": "ping",
-                                 "rise": 1, "fall": 1, "interval": 1, "timeout": 1}}
-    return loadbalancer(lb_id, VIP, MAC, [listener], {"bg-1": [backend("be-a", "198.18.0.21", PORT),
-                                                              backend("be-b", "198.18.0.22", PORT)]})
+    listener = {
+        "id": "dns",
+        "listener_type": "udp",
+        "listener_port": PORT,
+        "backend_group_id": "bg-1",
+        "health_check": {
+            "type": "udp",
+            "udp_request": "ping",
+            "udp_expect": "ping",
+            "rise": 1,
+            "fall": 1,
+            "interval": 1,
+            "timeout": 1,
+        },
+    }
+    return loadbalancer(
+        lb_id,
+        VIP,
+        MAC,
+        [listener],
+        {"bg-1": [backend("be-a", "198.18.0.21", PORT), backend("be-b", "198.18.0.22", PORT)]},
+    )
 
 
 def test_udp_flows_spread_and_avoid_a_dead_member(agent_factory, vpc, prefix, udp_servers):
@@ -84,16 +102,19 @@ def test_udp_flows_spread_and_avoid_a_dead_member(agent_factory, vpc, prefix, ud
     assert agent.refresh(desired(1, udp_lb(lb_id)))[0] == 200
     wait_until(lambda: agent.lb(lb_id)["ovn_installed"], 30, "the port bound")
     wait_until(lambda: {b["health"] for b in agent.lb(lb_id)["backends"]} == {"up"}, 15, "both members up")
-    seen = wait_until(lambda: (c := ask(client, 24)) and {"udp-a", "udp-b"} <= set(c) and c, 30,
-                      "flows on both members")
+    seen = wait_until(
+        lambda: (c := ask(client, 24)) and {"udp-a", "udp-b"} <= set(c) and c, 30, "flows on both members"
+    )
     assert set(seen) == {"udp-a", "udp-b"}, seen
 
     udp_servers.stop("udp-b")
-    wait_until(lambda: {b["id"]: b["health"] for b in agent.lb(lb_id)["backends"]}["be-b"] == "down", 15,
-               "the health check to take be-b out")
+    wait_until(
+        lambda: {b["id"]: b["health"] for b in agent.lb(lb_id)["backends"]}["be-b"] == "down",
+        15,
+        "the health check to take be-b out",
+    )
     assert ask(client, 12) == {"udp-a": 12}
 
     udp_servers.start(b, "udp-b")
-    wait_until(lambda: {b["id"]: b["health"] for b in agent.lb(lb_id)["backends"]}["be-b"] == "up", 15,
-               "be-b back")
+    wait_until(lambda: {b["id"]: b["health"] for b in agent.lb(lb_id)["backends"]}["be-b"] == "up", 15, "be-b back")
     wait_until(lambda: "udp-b" in ask(client, 12), 15, "new flows on be-b again")

@@ -1,4 +1,7 @@
-"""Fixtures of the unit tests: an API client over a fake agent, a fake renderer, a real haproxy manager in a temporary run_dir."""
+"""Fixtures of the unit tests.
+
+An API client over a fake agent, a fake renderer, and a real haproxy manager in a temporary run_dir.
+"""
 
 import asyncio
 import os
@@ -28,8 +31,11 @@ async def client():
 
 @pytest.fixture
 def fake_render(monkeypatch):
-    monkeypatch.setattr(worker_mod, "render_config",
-                        lambda lb, outer, members, inner: HaproxyConfig(f"{lb.id} {outer} {inner} {members}"))
+    monkeypatch.setattr(
+        worker_mod,
+        "render_config",
+        lambda lb, outer, members, inner: HaproxyConfig(f"{lb.id} {outer} {inner} {members}"),
+    )
 
 
 @pytest.fixture

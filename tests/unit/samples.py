@@ -1,4 +1,7 @@
-"""Sample bodies and helpers unit tests share: the example state, load balancer bodies, golden files, haproxy checks, bounded waits."""
+"""Sample bodies and helpers the unit tests share.
+
+The example state, load balancer bodies, golden files, haproxy checks and bounded waits.
+"""
 
 import asyncio
 import copy
@@ -36,29 +39,39 @@ def lb_body(lb_id, ip="198.18.0.12", backends=("be-1",)):
     lb = copy.deepcopy(EXAMPLE["loadbalancers"][0])
     lb["id"] = lb_id
     lb["network"]["ip"] = ip
-    lb["network"]["mac"] = "00:22:0a:00:00:%02x" % int(ip.rsplit(".", 1)[1])
+    lb["network"]["mac"] = f"00:22:0a:00:00:{int(ip.rsplit('.', 1)[1]):02x}"
     lb["listeners"] = [{"id": "lsn-1", "listener_type": "tcp", "listener_port": 80, "backend_group_id": "bg-1"}]
-    lb["backend_groups"] = [{"id": "bg-1", "backends": [
-        {"id": b, "address": "198.18.0.21", "port": 8000} for b in backends]}]
+    lb["backend_groups"] = [
+        {"id": "bg-1", "backends": [{"id": b, "address": "198.18.0.21", "port": 8000} for b in backends]}
+    ]
     return lb
 
 
 def pod_body(pod_id, ip, ready=True, app="web"):
-    return {"id": pod_id, "namespace": "shop", "ip": ip, "ready": ready, "labels": {"app": app},
-            "ports": [{"name": "http", "port": 8080, "protocol": "tcp"}]}
+    return {
+        "id": pod_id,
+        "namespace": "shop",
+        "ip": ip,
+        "ready": ready,
+        "labels": {"app": app},
+        "ports": [{"name": "http", "port": 8080, "protocol": "tcp"}],
+    }
 
 
 def selecting_lb(lb_id, ip, app):
     lb = lb_body(lb_id, ip=ip)
-    lb["backend_groups"] = [{"id": "bg-1", "backends": [],
-                             "pod_selector": {"namespace": "shop", "labels": {"app": app}, "port": "http"}}]
+    lb["backend_groups"] = [
+        {"id": "bg-1", "backends": [], "pod_selector": {"namespace": "shop", "labels": {"app": app}, "port": "http"}}
+    ]
     return lb
 
 
 def two_subnets(generation, lbs, mtu2=1442, pods=()):
     body = state(generation, lbs)
-    body["subnets"] = [EXAMPLE["subnets"][0], {"id": "net-2", "cidr": "198.18.1.0/24", "gateway": "198.18.1.1",
-                                               "mtu": mtu2}]
+    body["subnets"] = [
+        EXAMPLE["subnets"][0],
+        {"id": "net-2", "cidr": "198.18.1.0/24", "gateway": "198.18.1.1", "mtu": mtu2},
+    ]
     body["pods"] = list(pods)
     return body
 
@@ -165,21 +178,27 @@ def haproxy_pids_for(run_dir: Path) -> list[int]:
 
 
 def lb_config(lb_id: str, listeners: list[dict], backend_port: int, outer: str = "127.0.0.1") -> HaproxyConfig:
-    state = parse_desired_state({
-        "generation": 1,
-        "subnets": [{"id": "net-1", "cidr": "198.18.0.0/24", "gateway": "198.18.0.1"}],
-        "loadbalancers": [{
-            "id": lb_id, "network": {"subnet_id": "net-1", "ip": "198.18.0.12", "mac": "00:22:0a:00:00:12"},
-            "listeners": listeners,
-            "backend_groups": [{"id": "g", "backends": [{"id": "be-1", "address": "198.18.0.21", "port": 80}]}],
-        }],
-    })
+    state = parse_desired_state(
+        {
+            "generation": 1,
+            "subnets": [{"id": "net-1", "cidr": "198.18.0.0/24", "gateway": "198.18.0.1"}],
+            "loadbalancers": [
+                {
+                    "id": lb_id,
+                    "network": {"subnet_id": "net-1", "ip": "198.18.0.12", "mac": "00:22:0a:00:00:12"},
+                    "listeners": listeners,
+                    "backend_groups": [{"id": "g", "backends": [{"id": "be-1", "address": "198.18.0.21", "port": 80}]}],
+                }
+            ],
+        }
+    )
     members = {"g": [Member("be-1", "198.18.0.21", 80, 1, "off", False, backend_port)]}
     return render_config(state.loadbalancers[0], outer, members, inner="127.0.0.1")
 
 
-def lb_text(lb_id: str, port: int, backend_port: int, health_check: dict | None = None, outer: str = "127.0.0.1",
-            **fields) -> str:
+def lb_text(
+    lb_id: str, port: int, backend_port: int, health_check: dict | None = None, outer: str = "127.0.0.1", **fields
+) -> str:
     listener = {"id": "l", "listener_type": "tcp", "listener_port": port, "backend_group_id": "g", **fields}
     if health_check:
         listener["health_check"] = health_check

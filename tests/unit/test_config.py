@@ -94,7 +94,9 @@ def test_unknown_section_is_named(tmp_path: Path) -> None:
 
 
 def test_every_problem_is_listed(tmp_path: Path) -> None:
-    text = '[agent]\nresync_interval = 0\nlog_level = "loud"\n[api]\nlisten = "unix:/run/x.sock"\nmax_body_bytes = "1"\n'
+    text = (
+        '[agent]\nresync_interval = 0\nlog_level = "loud"\n[api]\nlisten = "unix:/run/x.sock"\nmax_body_bytes = "1"\n'
+    )
     with pytest.raises(ConfigError) as caught:
         load_config(write_config(tmp_path, text))
     message = str(caught.value)
@@ -102,8 +104,20 @@ def test_every_problem_is_listed(tmp_path: Path) -> None:
         assert f"invalid {key}" in message
 
 
-@pytest.mark.parametrize("listen", ["9680", "127.0.0.1", "127.0.0.1:0", "127.0.0.1:70000", "unix:run/x", "a b:1",
-                                    "[nope]:1", "999.0.0.1:80", "127.0.0.1:80x"])
+@pytest.mark.parametrize(
+    "listen",
+    [
+        "9680",
+        "127.0.0.1",
+        "127.0.0.1:0",
+        "127.0.0.1:70000",
+        "unix:run/x",
+        "a b:1",
+        "[nope]:1",
+        "999.0.0.1:80",
+        "127.0.0.1:80x",
+    ],
+)
 def test_bad_listen(tmp_path: Path, token_file: Path, listen: str) -> None:
     path = write_config(tmp_path, f'[api]\nlisten = "{listen}"\ntoken_file = "{token_file}"\n')
     with pytest.raises(ConfigError, match=r"invalid api\.listen"):

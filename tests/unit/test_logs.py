@@ -26,13 +26,16 @@ def capture(request):
     logger.handlers.clear()
 
 
-@pytest.mark.parametrize("message, args", [
-    ("lb=%s action=refresh body=%r", ("web", {"private_key": KEY})),
-    ("key in text: %s", (RSA_KEY,)),
-    ("truncated repr: %s", (KEY[:60],)),  # no END line: still redacted to the end
-    ("header Authorization: Bearer %s", (TOKEN,)),
-    ("token inside %s", (f"x{TOKEN}y",)),
-])
+@pytest.mark.parametrize(
+    "message, args",
+    [
+        ("lb=%s action=refresh body=%r", ("web", {"private_key": KEY})),
+        ("key in text: %s", (RSA_KEY,)),
+        ("truncated repr: %s", (KEY[:60],)),  # no END line: still redacted to the end
+        ("header Authorization: Bearer %s", (TOKEN,)),
+        ("token inside %s", (f"x{TOKEN}y",)),
+    ],
+)
 def test_secrets_never_reach_a_line(capture, message, args):
     logger, stream = capture
     logger.info(message, *args)
@@ -68,12 +71,21 @@ def test_json_lines_carry_the_key_value_pairs_as_fields():
     entry = json.loads(stream.getvalue())
     assert entry["level"] == "warning" and entry["logger"] == "lbagent.test.fields"
     assert {k: entry[k] for k in ("lb", "object", "action", "result")} == {
-        "lb": "web-1", "object": "haproxy", "action": "reload", "result": "error"}
+        "lb": "web-1",
+        "object": "haproxy",
+        "action": "reload",
+        "result": "error",
+    }
     assert entry["error"] == "it's broken"
     logger.handlers.clear()
 
 
 def test_message_fields():
     assert message_fields("lb=a action=x msg=ignored error='a b' n=3") == {
-        "lb": "a", "action": "x", "msg": "ignored", "error": "a b", "n": "3"}
+        "lb": "a",
+        "action": "x",
+        "msg": "ignored",
+        "error": "a b",
+        "n": "3",
+    }
     assert message_fields("no pairs here") == {}

@@ -13,8 +13,11 @@ class Task:
 
 
 def samples(text: str) -> dict[tuple[str, tuple], float]:
-    return {(s.name, tuple(sorted(s.labels.items()))): s.value
-            for family in text_string_to_metric_families(text) for s in family.samples}
+    return {
+        (s.name, tuple(sorted(s.labels.items()))): s.value
+        for family in text_string_to_metric_families(text)
+        for s in family.samples
+    }
 
 
 async def scrape(client):
@@ -26,8 +29,12 @@ async def scrape(client):
 async def test_agent_figures_are_exported(client):
     agent = client.agent
     agent.worker.generation = 7
-    agent.worker.tasks = {"a": Task("ready"), "b": Task("error", retries=3, last_error="boom"),
-                          "c": Task("pending", attempted=None), "d": Task("deleting", deleting=True)}
+    agent.worker.tasks = {
+        "a": Task("ready"),
+        "b": Task("error", retries=3, last_error="boom"),
+        "c": Task("pending", attempted=None),
+        "d": Task("deleting", deleting=True),
+    }
     agent.haproxy.counts.update(reloads=5, failed_reloads=2, starts=1, running=True)
     agent.ready_reason = None
     found = await scrape(client)

@@ -13,8 +13,11 @@ DESIRED = {"generation": 3, "loadbalancers": [{"id": "lb-1", "weight": 1.0, "nam
 def test_the_received_text_is_saved_as_it_came_and_reads_back_the_same(tmp_path):
     text = '{ "generation": 3,\n  "loadbalancers": [{"id": "lb-1", "weight": 1.0, "name": "caf\u00e9"}] }'
     store = StateStore(tmp_path)
-    store.save(PersistedState(DESIRED, {"lb-1": Allocation("169.254.0.100", "169.254.0.101", 0, {"be-1": 1025})},
-                              desired_text=text))
+    store.save(
+        PersistedState(
+            DESIRED, {"lb-1": Allocation("169.254.0.100", "169.254.0.101", 0, {"be-1": 1025})}, desired_text=text
+        )
+    )
     assert text in store.path.read_text(encoding="utf-8")
     loaded = store.load()
     assert loaded.desired == DESIRED
@@ -22,8 +25,10 @@ def test_the_received_text_is_saved_as_it_came_and_reads_back_the_same(tmp_path)
 
 
 def test_kept_allocation_texts_write_what_a_fresh_store_writes(tmp_path):
-    first = {f"lb-{i}": Allocation(f"169.254.0.{100 + 2 * i}", f"169.254.0.{101 + 2 * i}", i, {"be": 1025 + i})
-             for i in range(3)}
+    first = {
+        f"lb-{i}": Allocation(f"169.254.0.{100 + 2 * i}", f"169.254.0.{101 + 2 * i}", i, {"be": 1025 + i})
+        for i in range(3)
+    }
     store = StateStore(tmp_path / "kept")
     store.save(PersistedState(DESIRED, first))
     second = {**first, "lb-1": Allocation("169.254.0.102", "169.254.0.103", 1, {"be": 1026, "be-2": 1027})}

@@ -12,11 +12,33 @@ UNIT = Path(__file__).parents[2] / "systemd" / "lbagent.service"
 # bind mounts naming network namespaces (/run/netns/lb-*) would be invisible
 # to the host and to the next agent after a restart.
 MOUNT_NAMESPACE_OPTIONS = {
-    "PrivateTmp", "PrivateDevices", "PrivateMounts", "ProtectSystem", "ProtectHome", "ProtectKernelTunables",
-    "ProtectKernelModules", "ProtectKernelLogs", "ProtectControlGroups", "ProtectHostname", "ProtectProc",
-    "ProcSubset", "ReadWritePaths", "ReadOnlyPaths", "InaccessiblePaths", "ExecPaths", "NoExecPaths",
-    "TemporaryFileSystem", "BindPaths", "BindReadOnlyPaths", "RootDirectory", "RootImage", "MountFlags",
-    "MountAPIVFS", "DynamicUser", "PrivateUsers", "RestrictNamespaces",
+    "PrivateTmp",
+    "PrivateDevices",
+    "PrivateMounts",
+    "ProtectSystem",
+    "ProtectHome",
+    "ProtectKernelTunables",
+    "ProtectKernelModules",
+    "ProtectKernelLogs",
+    "ProtectControlGroups",
+    "ProtectHostname",
+    "ProtectProc",
+    "ProcSubset",
+    "ReadWritePaths",
+    "ReadOnlyPaths",
+    "InaccessiblePaths",
+    "ExecPaths",
+    "NoExecPaths",
+    "TemporaryFileSystem",
+    "BindPaths",
+    "BindReadOnlyPaths",
+    "RootDirectory",
+    "RootImage",
+    "MountFlags",
+    "MountAPIVFS",
+    "DynamicUser",
+    "PrivateUsers",
+    "RestrictNamespaces",
 }
 
 

@@ -8,15 +8,6 @@ from lbagent.api.app import _utf8_text
 from tests.unit.samples import AUTH, EXAMPLE, TOKEN
 
 
-
-
-
-
-
-
-
-
-
 async def test_refresh_accepts_and_returns_generation(client):
     resp = await client.post("/v1/refresh", json=EXAMPLE, headers=AUTH)
     assert resp.status == 202 and await resp.json() == {"generation": 7}
@@ -37,12 +28,15 @@ async def test_auth(client):
     assert (await client.get("/metrics", headers=AUTH)).status == 200
 
 
-@pytest.mark.parametrize("body, content_type, status, code", [
-    (b"{", "application/json", 400, "invalid_json"),
-    (b"{}", "text/plain", 415, "unsupported_media_type"),
-    (b'{"generation": 1, "bogus": 2}', "application/json", 400, "invalid_body"),
-    (b"x" * (65 * 1024), "application/json", 413, "body_too_large"),
-])
+@pytest.mark.parametrize(
+    "body, content_type, status, code",
+    [
+        (b"{", "application/json", 400, "invalid_json"),
+        (b"{}", "text/plain", 415, "unsupported_media_type"),
+        (b'{"generation": 1, "bogus": 2}', "application/json", 400, "invalid_body"),
+        (b"x" * (65 * 1024), "application/json", 413, "body_too_large"),
+    ],
+)
 async def test_bad_requests_are_json_errors(client, body, content_type, status, code):
     resp = await client.post("/v1/refresh", data=body, headers={**AUTH, "Content-Type": content_type})
     assert resp.status == status
@@ -95,15 +89,21 @@ async def test_errors_are_json_everywhere(client):
     client.agent.status = broken
     resp = await client.get("/v1/status", headers=AUTH)
     assert resp.status == 500
-    assert await resp.json() == {"error": "internal_error", "message": "the agent failed to answer; see its log",
-                                 "details": []}
+    assert await resp.json() == {
+        "error": "internal_error",
+        "message": "the agent failed to answer; see its log",
+        "details": [],
+    }
 
 
-@pytest.mark.parametrize("body, path", [
-    (b"{", ""),
-    (b"[" * 50_000, ""),  # deeper than the JSON decoder recurses
-    (b"\xff\xfe{}", ""),
-])
+@pytest.mark.parametrize(
+    "body, path",
+    [
+        (b"{", ""),
+        (b"[" * 50_000, ""),  # deeper than the JSON decoder recurses
+        (b"\xff\xfe{}", ""),
+    ],
+)
 async def test_undecodable_bodies_are_400_with_a_detail(client, body, path):
     resp = await client.post("/v1/refresh", data=body, headers={**AUTH, "Content-Type": "application/json"})
     answer = await resp.json()
@@ -132,8 +132,11 @@ async def test_openapi_needs_no_token(client):
 async def test_the_body_text_to_persist_is_utf8_only(client):
     body = json.dumps({**EXAMPLE, "generation": 20}, ensure_ascii=False)
     utf8 = await client.post("/v1/refresh", data=body.encode(), headers={**AUTH, "Content-Type": "application/json"})
-    utf16 = await client.post("/v1/refresh", data=json.dumps({**EXAMPLE, "generation": 21}).encode("utf-16"),
-                              headers={**AUTH, "Content-Type": "application/json"})
+    utf16 = await client.post(
+        "/v1/refresh",
+        data=json.dumps({**EXAMPLE, "generation": 21}).encode("utf-16"),
+        headers={**AUTH, "Content-Type": "application/json"},
+    )
     assert [utf8.status, utf16.status] == [202, 202]
     assert client.agent.texts == [body, None]
     # An encoded surrogate: json.loads takes it, UTF-8 does not (validation refuses it

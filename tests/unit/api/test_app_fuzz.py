@@ -155,8 +155,9 @@ def post_body(app: App, body) -> None:
     """Post one body and check every property of the answer."""
     before = (app.worker.desired, list(app.agent.offered), persisted_desired(app))
     current = app.worker.generation
-    status, _, raw = app.run(app.send("POST", "/v1/refresh", json.dumps(body).encode(),
-                                      {**AUTH, "Content-Type": "application/json"}))
+    status, _, raw = app.run(
+        app.send("POST", "/v1/refresh", json.dumps(body).encode(), {**AUTH, "Content-Type": "application/json"})
+    )
     assert status < 500, raw
     if status == 202:
         assert json.loads(raw) == {"generation": body["generation"]}
@@ -202,29 +203,45 @@ def test_generations_are_accepted_in_order_only(app):
         for generation in generations:
             current = app.worker.generation
             body = {**EXAMPLE, "generation": generation}
-            status, _, _ = app.run(app.send("POST", "/v1/refresh", json.dumps(body).encode(),
-                                            {**AUTH, "Content-Type": "application/json"}))
+            status, _, _ = app.run(
+                app.send("POST", "/v1/refresh", json.dumps(body).encode(), {**AUTH, "Content-Type": "application/json"})
+            )
             expected = 409 if current is not None and generation < current else 202
             assert status == expected, (generation, current)
 
     check()
 
 
-PATHS = ["/v1/refresh", "/v1/status", "/v1/loadbalancers/known", "/v1/loadbalancers/x", "/healthz", "/readyz",
-         "/metrics", "/v1/openapi.json", "/", "/v1", "/v1/loadbalancers/"]
+PATHS = [
+    "/v1/refresh",
+    "/v1/status",
+    "/v1/loadbalancers/known",
+    "/v1/loadbalancers/x",
+    "/healthz",
+    "/readyz",
+    "/metrics",
+    "/v1/openapi.json",
+    "/",
+    "/v1",
+    "/v1/loadbalancers/",
+]
 
 
 def test_arbitrary_requests_to_every_endpoint(app):
     @FUZZ
-    @given(method=st.sampled_from(["GET", "POST", "PUT", "DELETE", "PATCH", "OPTIONS", "HEAD"]),
-           path=st.sampled_from(PATHS) | st.text(st.characters(min_codepoint=33, max_codepoint=126), max_size=30)
-           .map(lambda s: "/v1/" + s.replace("?", "").replace("#", "").lstrip("/")),
-           query=st.sampled_from(["", "?wait=0", "?wait=-1", "?wait=abc", "?wait=1e400", "?x=%ff"]),
-           token=st.sampled_from([TOKEN, "", "wrong", TOKEN + "x", f" {TOKEN} "])
-           | st.text(st.characters(min_codepoint=32, max_codepoint=126), max_size=20),
-           scheme=st.sampled_from(["Bearer", "bearer", "Basic", ""]),
-           content_type=st.sampled_from(["application/json", "text/plain", "", "application/json; charset=utf-8"]),
-           data=st.binary(max_size=64) | JSON.map(lambda v: json.dumps(v).encode()))
+    @given(
+        method=st.sampled_from(["GET", "POST", "PUT", "DELETE", "PATCH", "OPTIONS", "HEAD"]),
+        path=st.sampled_from(PATHS)
+        | st.text(st.characters(min_codepoint=33, max_codepoint=126), max_size=30).map(
+            lambda s: "/v1/" + s.replace("?", "").replace("#", "").lstrip("/")
+        ),
+        query=st.sampled_from(["", "?wait=0", "?wait=-1", "?wait=abc", "?wait=1e400", "?x=%ff"]),
+        token=st.sampled_from([TOKEN, "", "wrong", TOKEN + "x", f" {TOKEN} "])
+        | st.text(st.characters(min_codepoint=32, max_codepoint=126), max_size=20),
+        scheme=st.sampled_from(["Bearer", "bearer", "Basic", ""]),
+        content_type=st.sampled_from(["application/json", "text/plain", "", "application/json; charset=utf-8"]),
+        data=st.binary(max_size=64) | JSON.map(lambda v: json.dumps(v).encode()),
+    )
     def check(method, path, query, token, scheme, content_type, data):
         offered = list(app.agent.offered)
         headers = {"Authorization": f"{scheme} {token}"}

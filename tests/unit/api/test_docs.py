@@ -106,7 +106,8 @@ def documented_endpoints() -> list[tuple[str, str]]:
 def documented_fields() -> list[str]:
     fields = []
     tables = [
-        rows for section, header, rows in _tables(API_DOC.read_text())
+        rows
+        for section, header, rows in _tables(API_DOC.read_text())
         if section.startswith(FIELDS_SECTION) and header[0].lower() == FIELDS_HEADER
     ]
     assert tables, f"docs/api.md has no '{FIELDS_HEADER}' table in its section '{FIELDS_SECTION}'"
@@ -194,10 +195,15 @@ def _doubled(items: list) -> list:
 def test_the_walker_reads_paths_like_the_documents_tables():
     fields = request_fields(document())
     # an array of objects, a nullable object, an array of scalars, a map, a number-or-name
-    for path in ("loadbalancers", "loadbalancers[].listeners[].listener_port",
-                 "loadbalancers[].listeners[].health_check.rise", "subnets[].routes[].nexthop",
-                 "loadbalancers[].listeners[].acl.cidrs", "pods[].labels",
-                 "loadbalancers[].backend_groups[].pod_selector.port"):
+    for path in (
+        "loadbalancers",
+        "loadbalancers[].listeners[].listener_port",
+        "loadbalancers[].listeners[].health_check.rise",
+        "subnets[].routes[].nexthop",
+        "loadbalancers[].listeners[].acl.cidrs",
+        "pods[].labels",
+        "loadbalancers[].backend_groups[].pod_selector.port",
+    ):
         assert path in fields
     assert not any(path.endswith("[]") for path in fields)
     assert not any(path.startswith("pods[].labels.") for path in fields)
@@ -206,16 +212,18 @@ def test_the_walker_reads_paths_like_the_documents_tables():
 def test_api_md_lists_every_endpoint_and_no_other():
     documented = documented_endpoints()
     assert not _doubled(documented), f"docs/api.md lists these endpoints twice: {_doubled(documented)}"
-    problem = _difference("the endpoints", openapi_endpoints(document()), set(documented),
-                          lambda endpoint: f"{endpoint[0]} {endpoint[1]}")
+    problem = _difference(
+        "the endpoints", openapi_endpoints(document()), set(documented), lambda endpoint: f"{endpoint[0]} {endpoint[1]}"
+    )
     assert not problem, problem
 
 
 def test_api_md_lists_every_desired_state_field_and_no_other():
     documented = documented_fields()
     assert not _doubled(documented), f"docs/api.md lists these fields twice: {_doubled(documented)}"
-    problem = _difference("the fields of the desired state (POST /v1/refresh)", request_fields(document()),
-                          set(documented), str)
+    problem = _difference(
+        "the fields of the desired state (POST /v1/refresh)", request_fields(document()), set(documented), str
+    )
     assert not problem, problem
 
 
@@ -300,8 +308,14 @@ def test_the_link_check_sees_what_it_must(tmp_path):
         "`[in code](nowhere.md)` see www.example.org\n```\n[fenced](nowhere.md)\n```\n[ref]: ../up.md\n"
     )
     targets = [target for _, target in links(sample)]
-    assert targets == ["#title", "missing.md", "https://example.org/x", "https://example.org", "www.example.org",
-                       "../up.md"]
+    assert targets == [
+        "#title",
+        "missing.md",
+        "https://example.org/x",
+        "https://example.org",
+        "www.example.org",
+        "../up.md",
+    ]
     assert link_problem(REPO / "README.md", "docs/api.md") is None
     assert link_problem(REPO / "README.md", "docs/nothing-here.md") is not None
     assert link_problem(REPO / "README.md", "https://example.org") == "links outside the repository"

@@ -33,8 +33,9 @@ def test_document_is_valid_openapi():
 def test_every_route_is_documented_and_every_documented_operation_is_served():
     app = create_app(agent := FakeAgent(), "t0ken-t0ken", max_body_bytes=1024, reporter=agent)
     served = {(route.method.lower(), route.resource.canonical) for route in app.router.routes()}
-    documented = {(method, path) for path, operations in document()["paths"].items()
-                  for method in operations if method in METHODS}
+    documented = {
+        (method, path) for path, operations in document()["paths"].items() for method in operations if method in METHODS
+    }
     assert served == documented
 
 
@@ -60,12 +61,15 @@ def test_the_example_body_matches_the_request_schema():
     parse_desired_state(EXAMPLE)
 
 
-@pytest.mark.parametrize("breaks", [
-    lambda body: body.pop("generation"),
-    lambda body: body.update(bogus=1),
-    lambda body: body["loadbalancers"][0]["listeners"][0].update(listener_port=0),
-    lambda body: body["loadbalancers"][0]["network"].update(mac=7),
-])
+@pytest.mark.parametrize(
+    "breaks",
+    [
+        lambda body: body.pop("generation"),
+        lambda body: body.update(bogus=1),
+        lambda body: body["loadbalancers"][0]["listeners"][0].update(listener_port=0),
+        lambda body: body["loadbalancers"][0]["network"].update(mac=7),
+    ],
+)
 def test_the_request_schema_refuses_what_the_validator_refuses(breaks):
     body = copy.deepcopy(EXAMPLE)
     breaks(body)
@@ -92,10 +96,19 @@ async def test_the_controllers_status_sections_match_the_status_schema():
     pods.update(desired.pods, desired.loadbalancers)
     queue.add_after("pod/x", 60)
     status = {
-        "agent": {"version": "1", "host": "gw-1", "synced": False, "generation": 7, "started_at": "now",
-                  "haproxy": {"pid": None, "running": False, "last_reload_at": None, "reloads": 0},
-                  "queues": queue.stats_by_kind(["loadbalancer", "subnet", "pod", "provider_network"])},
-        "loadbalancers": [], "subnets": subnets.status(), "provider_networks": [], "pods": pods.status(),
+        "agent": {
+            "version": "1",
+            "host": "gw-1",
+            "synced": False,
+            "generation": 7,
+            "started_at": "now",
+            "haproxy": {"pid": None, "running": False, "last_reload_at": None, "reloads": 0},
+            "queues": queue.stats_by_kind(["loadbalancer", "subnet", "pod", "provider_network"]),
+        },
+        "loadbalancers": [],
+        "subnets": subnets.status(),
+        "provider_networks": [],
+        "pods": pods.status(),
     }
     assert status["subnets"][0]["state"] == "error" and status["pods"]["items"][0]["loadbalancers"] == 1
     answer_validator("Status").validate(status)

@@ -44,13 +44,16 @@ def test_environment_is_read_and_unset_for_children():
     assert environ == {"PATH": "/"}
 
 
-@pytest.mark.parametrize("environ, expected", [
-    ({}, None),
-    ({"WATCHDOG_USEC": "0"}, None),
-    ({"WATCHDOG_USEC": "nonsense"}, None),
-    ({"WATCHDOG_USEC": "1000000"}, 0.5),
-    ({"WATCHDOG_USEC": "1000000", "WATCHDOG_PID": "1"}, None),  # meant for another process
-])
+@pytest.mark.parametrize(
+    "environ, expected",
+    [
+        ({}, None),
+        ({"WATCHDOG_USEC": "0"}, None),
+        ({"WATCHDOG_USEC": "nonsense"}, None),
+        ({"WATCHDOG_USEC": "1000000"}, 0.5),
+        ({"WATCHDOG_USEC": "1000000", "WATCHDOG_PID": "1"}, None),  # meant for another process
+    ],
+)
 def test_watchdog_interval(environ, expected):
     assert watchdog_interval(environ) == expected
 

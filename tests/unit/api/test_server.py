@@ -7,8 +7,8 @@ import stat
 
 import pytest
 
-from lbagent.errors import ConfigError
 from lbagent.api.server import bind_unix_socket
+from lbagent.errors import ConfigError
 
 
 def test_bound_with_mode_0600_before_listening(tmp_path):

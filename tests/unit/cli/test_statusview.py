@@ -20,16 +20,32 @@ COMMIT
 """
 
 LB = {
-    "id": "web", "state": "ready", "generation": 3, "netns": "lb-web", "vip": "198.18.0.12",
-    "inner": "169.254.0.100", "outer": "169.254.0.101", "ovs_port": "o1", "ovn_installed": True,
-    "retries": 0, "last_error": None, "last_reconciled_at": "2026-01-01T00:00:00Z",
+    "id": "web",
+    "state": "ready",
+    "generation": 3,
+    "netns": "lb-web",
+    "vip": "198.18.0.12",
+    "inner": "169.254.0.100",
+    "outer": "169.254.0.101",
+    "ovs_port": "o1",
+    "ovn_installed": True,
+    "retries": 0,
+    "last_error": None,
+    "last_reconciled_at": "2026-01-01T00:00:00Z",
     "listeners": [{"id": "lsn-80", "listener_type": "tcp", "listener_port": 80, "state": "ready"}],
-    "backends": [{"id": "be-a", "address": "198.18.0.21", "port": 8000, "mapped_port": 1025, "weight": 1,
-                  "health": "up"}],
+    "backends": [
+        {"id": "be-a", "address": "198.18.0.21", "port": 8000, "mapped_port": 1025, "weight": 1, "health": "up"}
+    ],
 }
-DOC = {"agent": {"host": "gw-1", "generation": 3, "synced": True,
-                 "haproxy": {"pid": 42, "running": True, "reloads": 2, "failed_reloads": 0}},
-       "loadbalancers": [LB]}
+DOC = {
+    "agent": {
+        "host": "gw-1",
+        "generation": 3,
+        "synced": True,
+        "haproxy": {"pid": 42, "running": True, "reloads": 2, "failed_reloads": 0},
+    },
+    "loadbalancers": [LB],
+}
 
 
 def test_parse_save_keeps_our_commented_rules_with_counters():
@@ -61,14 +77,18 @@ def test_detail_lists_listeners_backends_and_counted_rules():
     lines = text.splitlines()
     assert any(line.split() == ["lsn-80", "tcp", "80", "ready"] for line in lines), text
     assert any(line.split() == ["be-a", "198.18.0.21:8000", "1025", "1", "up"] for line in lines), text
-    assert any(line.split()[:5] == ["LBAGENT-PRE", "7", "420", "DNAT", "169.254.0.101:80"]
-               and line.endswith("listener tcp/80") for line in lines), text
+    assert any(
+        line.split()[:5] == ["LBAGENT-PRE", "7", "420", "DNAT", "169.254.0.101:80"] and line.endswith("listener tcp/80")
+        for line in lines
+    ), text
 
 
 def test_detail_says_why_counters_are_missing_and_that_the_agent_is_down():
     lb = {**LB, "netns_present": False, "nat_rules": [], "nat_rules_error": "namespace lb-web does not exist"}
-    doc = {"agent": {"host": "gw-1", "running": False, "generation": 3, "reason": "connection refused"},
-           "loadbalancers": [lb]}
+    doc = {
+        "agent": {"host": "gw-1", "running": False, "generation": 3, "reason": "connection refused"},
+        "loadbalancers": [lb],
+    }
     text = render_status(doc, "state directory (the agent is not running)", detail=True)
     assert "agent: not running (connection refused)" in text
     assert "lb-web (absent)" in text and "unavailable: namespace lb-web does not exist" in text
@@ -77,12 +97,31 @@ def test_detail_says_why_counters_are_missing_and_that_the_agent_is_down():
 def test_detail_lists_http_rules():
     from lbagent.cli.statusview import render_detail
 
-    lb = {"id": "web", "state": "ready", "netns": "lb-web", "backends": [], "nat_rules": [],
-          "listeners": [{"id": "http", "listener_type": "http", "listener_port": 80, "state": "ready",
-                         "rules": [{"id": "api", "domain": "api.example.com", "path": "/v1",
-                                    "backend_group_id": "bg-2", "redirect": None},
-                                   {"id": "old", "domain": "", "path": "/old", "backend_group_id": None,
-                                    "redirect": {"code": 301}}]}]}
+    lb = {
+        "id": "web",
+        "state": "ready",
+        "netns": "lb-web",
+        "backends": [],
+        "nat_rules": [],
+        "listeners": [
+            {
+                "id": "http",
+                "listener_type": "http",
+                "listener_port": 80,
+                "state": "ready",
+                "rules": [
+                    {
+                        "id": "api",
+                        "domain": "api.example.com",
+                        "path": "/v1",
+                        "backend_group_id": "bg-2",
+                        "redirect": None,
+                    },
+                    {"id": "old", "domain": "", "path": "/old", "backend_group_id": None, "redirect": {"code": 301}},
+                ],
+            }
+        ],
+    }
     text = "\n".join(render_detail(lb))
     assert "api.example.com" in text and "/v1" in text and "bg-2" in text and "redirect 301" in text
 
@@ -90,11 +129,16 @@ def test_detail_lists_http_rules():
 def test_subnets_provider_networks_pods_and_queue_are_summed_up():
     idle = {"depth": 0, "delayed": 0, "processing": 0, "retrying": 0}
     queues = {"loadbalancer": {**idle, "depth": 2}, "subnet": {**idle, "retrying": 1}}
-    doc = {**DOC, "agent": {**DOC["agent"], "queues": queues},
-           "subnets": [{"id": "net-1", "state": "ready", "error": None},
-                       {"id": "net-2", "state": "error", "error": "1 of 1 load balancers on this subnet failed"}],
-           "provider_networks": [{"name": "physnet1", "state": "ready", "error": None}],
-           "pods": {"count": 3, "ready": 2, "items": []}}
+    doc = {
+        **DOC,
+        "agent": {**DOC["agent"], "queues": queues},
+        "subnets": [
+            {"id": "net-1", "state": "ready", "error": None},
+            {"id": "net-2", "state": "error", "error": "1 of 1 load balancers on this subnet failed"},
+        ],
+        "provider_networks": [{"name": "physnet1", "state": "ready", "error": None}],
+        "pods": {"count": 3, "ready": 2, "items": []},
+    }
     lines = render_status(doc, "agent").splitlines()
     assert "subnets: 1 error, 1 ready" in lines and "  net-2: 1 of 1 load balancers on this subnet failed" in lines
     assert "provider networks: 1 ready" in lines and "pods: 3 (2 ready)" in lines

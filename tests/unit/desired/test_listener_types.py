@@ -31,16 +31,27 @@ def test_every_restricted_option_is_a_listener_field():
 
 def _body_with(listener_type: str, option: str, value) -> dict:
     body = copy.deepcopy(EXAMPLE)
-    listener = {"id": "lsn-x", "listener_type": listener_type, "listener_port": 9999,
-                "backend_group_id": body["loadbalancers"][0]["backend_groups"][0]["id"], option: value}
+    listener = {
+        "id": "lsn-x",
+        "listener_type": listener_type,
+        "listener_port": 9999,
+        "backend_group_id": body["loadbalancers"][0]["backend_groups"][0]["id"],
+        option: value,
+    }
     body["loadbalancers"][0]["listeners"] = [listener]
     return body
 
 
-@pytest.mark.parametrize("option,listener_type", [
-    (option, name) for option, types in OPTION_TYPES.items() if option != "certificates"
-    for name in KINDS if name not in types
-])
+@pytest.mark.parametrize(
+    "option,listener_type",
+    [
+        (option, name)
+        for option, types in OPTION_TYPES.items()
+        if option != "certificates"
+        for name in KINDS
+        if name not in types
+    ],
+)
 def test_an_option_on_a_type_that_may_not_carry_it_is_refused_at_its_path(option, listener_type):
     with pytest.raises(InvalidDesiredState) as caught:
         parse_desired_state(_body_with(listener_type, option, SAMPLE_VALUES[option]))
@@ -49,5 +60,9 @@ def test_an_option_on_a_type_that_may_not_carry_it_is_refused_at_its_path(option
 
 def test_ports_collide_per_transport():
     assert {name: kind.transport for name, kind in KINDS.items()} == {
-        "tcp": "tcp", "http": "tcp", "https": "tcp", "udp": "udp"}
+        "tcp": "tcp",
+        "http": "tcp",
+        "https": "tcp",
+        "udp": "udp",
+    }
     assert [name for name, kind in KINDS.items() if not kind.through_haproxy] == ["udp"]

@@ -11,11 +11,10 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from pydantic import ValidationError
 
-from lbagent.errors import InvalidDesiredState, LbAgentError
-from lbagent.desired.model import DesiredState, json_schema, parse_desired_state
 from lbagent.desired.fields import MAX_ECHO_LEN, MAX_LISTENERS_PER_LB
+from lbagent.desired.model import DesiredState, json_schema, parse_desired_state
+from lbagent.errors import InvalidDesiredState, LbAgentError
 from tests.unit.samples import EXAMPLE
-
 
 CERT = "-----BEGIN CERTIFICATE-----\nMIIBszCCAVmgAwIBAgIUfake0=\n-----END CERTIFICATE-----\n"
 KEY = "-----BEGIN PRIVATE KEY-----\nMIGHAgEAMBMGByqGSM49fakeSECRETSECRET\n-----END PRIVATE KEY-----\n"
@@ -303,9 +302,7 @@ def test_redirect_that_keeps_everything_is_rejected() -> None:
 
 def test_unknown_field_names_itself_and_suggests() -> None:
     details = problems(body(**{f"{LSN}__listner_port": 81}))
-    assert details == [
-        {"path": f"{LSN_PATH}/listner_port", "message": "unknown field; did you mean 'listener_port'?"}
-    ]
+    assert details == [{"path": f"{LSN_PATH}/listner_port", "message": "unknown field; did you mean 'listener_port'?"}]
     assert problem_at(body(colour="blue"), "/colour") == "unknown field"
 
 
@@ -330,13 +327,16 @@ def test_too_many_listeners() -> None:
     assert f"at most {MAX_LISTENERS_PER_LB}" in message
 
 
-@pytest.mark.parametrize(("certificate", "key", "where", "fragment"), [
-    ("not pem", KEY, "certificate", "PEM certificate"),
-    (CERT + KEY, KEY, "certificate", "must not contain a private key"),
-    (CERT, "not a key", "private_key", "PEM private key"),
-    (CERT, KEY.replace("PRIVATE KEY", "ENCRYPTED PRIVATE KEY"), "private_key", "unencrypted"),
-    (CERT, "-----BEGIN PRIVATE KEY-----\n" + "A" * 70000 + "\n-----END PRIVATE KEY-----", "private_key", "bytes"),
-])
+@pytest.mark.parametrize(
+    ("certificate", "key", "where", "fragment"),
+    [
+        ("not pem", KEY, "certificate", "PEM certificate"),
+        (CERT + KEY, KEY, "certificate", "must not contain a private key"),
+        (CERT, "not a key", "private_key", "PEM private key"),
+        (CERT, KEY.replace("PRIVATE KEY", "ENCRYPTED PRIVATE KEY"), "private_key", "unencrypted"),
+        (CERT, "-----BEGIN PRIVATE KEY-----\n" + "A" * 70000 + "\n-----END PRIVATE KEY-----", "private_key", "bytes"),
+    ],
+)
 def test_bad_certificates_never_echo_their_content(certificate: str, key: str, where: str, fragment: str) -> None:
     doc = body()
     doc["loadbalancers"][0]["listeners"].append(
@@ -410,26 +410,45 @@ CROSS_FIELD = [
     (with_listener(second_listener(backend_group_id="bg-9")), f"{L2}/backend_group_id", "no backend group"),
     (body(**{f"{LSN}__rules__0__backend_group_id": "bg-9"}), f"{LSN_PATH}/rules/0/backend_group_id", "no backend"),
     (with_listener(second_listener(sticky_session={"type": "insert"})), f"{L2}/sticky_session", "http and https"),
-    (with_listener(second_listener(rules=[{"id": "r", "path": "/", "backend_group_id": "bg-1"}])), f"{L2}/rules", "http"),
+    (
+        with_listener(second_listener(rules=[{"id": "r", "path": "/", "backend_group_id": "bg-1"}])),
+        f"{L2}/rules",
+        "http",
+    ),
     (with_listener(second_listener(redirect={"scheme": "https"})), f"{L2}/redirect", "http and https"),
     (body(**{f"{LSN}__http2": True}), f"{LSN_PATH}/http2", "https"),
     (with_listener(https_listener(certificates=[])), f"{L2}/certificates", "at least one certificate"),
-    (body(**{f"{LSN}__certificates": [{"id": "c", "certificate": CERT, "private_key": KEY}]}),
-     f"{LSN_PATH}/certificates", "only https"),
-    (with_listener(https_listener(certificates=[{"id": "c", "certificate": CERT, "private_key": KEY}] * 2)),
-     f"{L2}/certificates/1/id", "certificate id 'c'"),
-    (with_listener(second_listener(listener_type="udp", health_check={"type": "http"})),
-     f"{L2}/health_check/type", "http health check"),
+    (
+        body(**{f"{LSN}__certificates": [{"id": "c", "certificate": CERT, "private_key": KEY}]}),
+        f"{LSN_PATH}/certificates",
+        "only https",
+    ),
+    (
+        with_listener(https_listener(certificates=[{"id": "c", "certificate": CERT, "private_key": KEY}] * 2)),
+        f"{L2}/certificates/1/id",
+        "certificate id 'c'",
+    ),
+    (
+        with_listener(second_listener(listener_type="udp", health_check={"type": "http"})),
+        f"{L2}/health_check/type",
+        "http health check",
+    ),
     (body(**{f"{LSN}__health_check__type": "udp"}), f"{LSN_PATH}/health_check/type", "udp health check"),
     (body(**{f"{LSN}__rules__0__domain": "", f"{LSN}__rules__0__path": ""}), f"{LSN_PATH}/rules/0", "domain, a path"),
     (body(**{f"{LSN}__rules__0__backend_group_id": None}), f"{LSN_PATH}/rules/0/backend_group_id", "or redirect"),
     (body(**{f"{LSN}__rules__0__redirect": {"scheme": "https"}}), f"{LSN_PATH}/rules/0/redirect", "not both"),
     (body(**{f"{LB}__backend_groups__1__id": "bg-1"}), "/loadbalancers/0/backend_groups/1/id", "backend group id"),
-    (body(**{f"{LB}__backend_groups__1__backends": [{"id": "be-1", "address": "198.18.0.22", "port": 1}]}),
-     "/loadbalancers/0/backend_groups/1/backends/0/id", "backend id 'be-1'"),
+    (
+        body(**{f"{LB}__backend_groups__1__backends": [{"id": "be-1", "address": "198.18.0.22", "port": 1}]}),
+        "/loadbalancers/0/backend_groups/1/backends/0/id",
+        "backend id 'be-1'",
+    ),
     (body(**{"pods__0__ports__1": {"name": "http", "port": 9090}}), "/pods/0/ports/1/name", "port name 'http'"),
-    (body(**{"provider_networks__0__custom_interfaces__1": {"interface": "eth3", "hosts": ["gw-2"]}}),
-     "/provider_networks/0/custom_interfaces/1/hosts/0", "host 'gw-2'"),
+    (
+        body(**{"provider_networks__0__custom_interfaces__1": {"interface": "eth3", "hosts": ["gw-2"]}}),
+        "/provider_networks/0/custom_interfaces/1/hosts/0",
+        "host 'gw-2'",
+    ),
 ]
 
 

@@ -8,11 +8,10 @@ import json
 
 import pytest
 
-from lbagent.errors import InvalidDesiredState
 from lbagent.desired.model import parse_desired_state
 from lbagent.desired.parser import RefreshParser, decode
+from lbagent.errors import InvalidDesiredState
 from tests.unit.samples import EXAMPLE
-
 
 
 def lb(index: int, **network) -> dict:
@@ -61,18 +60,22 @@ def test_rules_across_objects_still_see_a_reused_load_balancer():
     parser = RefreshParser()
     parser.parse(state(1, lb(1)))
     # lb-1 is byte for byte the same, but its address is no longer in its subnet.
-    moved = [{**EXAMPLE["subnets"][0], "cidr": "198.18.1.0/24", "gateway": "198.18.1.1",
-              "routes": []}]
+    moved = [{**EXAMPLE["subnets"][0], "cidr": "198.18.1.0/24", "gateway": "198.18.1.1", "routes": []}]
     with pytest.raises(InvalidDesiredState) as exc:
         parser.parse(state(2, lb(1), subnets=moved))
-    assert details(exc) == [{"path": "/loadbalancers/0/network/ip", "message": "must lie inside the subnet 198.18.1.0/24"}]
+    assert details(exc) == [
+        {"path": "/loadbalancers/0/network/ip", "message": "must lie inside the subnet 198.18.1.0/24"}
+    ]
     # ... and a new load balancer on its address collides with it.
     twin = lb(2, ip="198.18.0.21")
     with pytest.raises(InvalidDesiredState) as exc:
         parser.parse(state(3, lb(1), twin))
-    assert details(exc) == [{"path": "/loadbalancers/1/network/ip",
-                             "message": "address 198.18.0.21 in subnet 'net-1' is already used at "
-                                        "/loadbalancers/0/network/ip"}]
+    assert details(exc) == [
+        {
+            "path": "/loadbalancers/1/network/ip",
+            "message": "address 198.18.0.21 in subnet 'net-1' is already used at /loadbalancers/0/network/ip",
+        }
+    ]
 
 
 def test_a_reused_load_balancers_own_problems_name_its_new_place():
@@ -83,10 +86,18 @@ def test_a_reused_load_balancers_own_problems_name_its_new_place():
         parser.parse(state(1, bad))
     with pytest.raises(InvalidDesiredState) as moved:
         parser.parse(state(2, lb(1), bad))
-    assert details(first) == [{"path": "/loadbalancers/0/listeners/1/listener_port",
-                               "message": "tcp port 80 is already used at /loadbalancers/0/listeners/0/listener_port"}]
-    assert details(moved) == [{"path": "/loadbalancers/1/listeners/1/listener_port",
-                               "message": "tcp port 80 is already used at /loadbalancers/1/listeners/0/listener_port"}]
+    assert details(first) == [
+        {
+            "path": "/loadbalancers/0/listeners/1/listener_port",
+            "message": "tcp port 80 is already used at /loadbalancers/0/listeners/0/listener_port",
+        }
+    ]
+    assert details(moved) == [
+        {
+            "path": "/loadbalancers/1/listeners/1/listener_port",
+            "message": "tcp port 80 is already used at /loadbalancers/1/listeners/0/listener_port",
+        }
+    ]
 
 
 def test_a_refused_body_leaves_what_the_parser_knows():
@@ -104,8 +115,10 @@ def test_it_forgets_load_balancers_the_last_valid_body_did_not_have():
     assert parser.parse(state(3, lb(1))).loadbalancer("lb-1") is not first.loadbalancer("lb-1")
 
 
-@pytest.mark.parametrize("body", [[], {"generation": 1, "loadbalancers": {"lb-1": {}}},
-                                  {"generation": 1, "loadbalancers": ["lb-1", {"id": ["x"]}]}])
+@pytest.mark.parametrize(
+    "body",
+    [[], {"generation": 1, "loadbalancers": {"lb-1": {}}}, {"generation": 1, "loadbalancers": ["lb-1", {"id": ["x"]}]}],
+)
 def test_bodies_of_the_wrong_shape_get_the_full_validations_answer(body):
     parser = RefreshParser()
     parser.parse(state(1, lb(1)))

@@ -7,8 +7,8 @@ import gc
 
 import pytest
 
-from lbagent.haproxy.render import HaproxyConfig
 from lbagent.haproxy.handoff import HaproxyHandoff
+from lbagent.haproxy.render import HaproxyConfig
 
 CONFIG = HaproxyConfig("text")
 

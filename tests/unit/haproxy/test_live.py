@@ -12,37 +12,59 @@ from pathlib import Path
 
 import pytest
 
+from lbagent.desired.members import Member
+from lbagent.desired.model import parse_desired_state
 from lbagent.haproxy.live import LiveEditError, ServerEdit, apply_edits, plan_server_edits
 from lbagent.haproxy.render import render_config
 from lbagent.haproxy.sockets import parse_show_stat, send_command
-from lbagent.desired.members import Member
-from lbagent.desired.model import parse_desired_state
-
 from tests.unit.samples import WAIT, free_port, until
 
 BACKEND = "be:lb-1:l"
 
 
-def text(servers: list[tuple[str, int, int]], scheduler: str = "wrr", lb_id: str = "lb-1", port: int = 9000,
-         sticky: bool = False, **listener) -> str:
+def text(
+    servers: list[tuple[str, int, int]],
+    scheduler: str = "wrr",
+    lb_id: str = "lb-1",
+    port: int = 9000,
+    sticky: bool = False,
+    **listener,
+) -> str:
     """lb-1's file: one tcp (or, sticky, http) listener whose group has `servers` as (key, port, weight)."""
     kind = "http" if sticky else "tcp"
-    listener = {"id": "l", "listener_type": kind, "listener_port": port, "backend_group_id": "g",
-                "scheduler": scheduler, **listener}
+    listener = {
+        "id": "l",
+        "listener_type": kind,
+        "listener_port": port,
+        "backend_group_id": "g",
+        "scheduler": scheduler,
+        **listener,
+    }
     if sticky:
         listener["sticky_session"] = {"type": "insert", "cookie": "SRV"}
-    state = parse_desired_state({
-        "generation": 1,
-        "subnets": [{"id": "net-1", "cidr": "198.18.0.0/24", "gateway": "198.18.0.1"}],
-        "loadbalancers": [{
-            "id": lb_id, "network": {"subnet_id": "net-1", "ip": "198.18.0.12", "mac": "00:22:0a:00:00:12"},
-            "listeners": [listener],
-            "backend_groups": [{"id": "g", "backends": [
-                {"id": key, "address": "198.18.0.21", "port": 80, "weight": weight} for key, _, weight in servers]}],
-        }],
-    })
-    members = {"g": [Member(key, "198.18.0.21", 80, weight, "off", False, mapped)
-                     for key, mapped, weight in servers]}
+    state = parse_desired_state(
+        {
+            "generation": 1,
+            "subnets": [{"id": "net-1", "cidr": "198.18.0.0/24", "gateway": "198.18.0.1"}],
+            "loadbalancers": [
+                {
+                    "id": lb_id,
+                    "network": {"subnet_id": "net-1", "ip": "198.18.0.12", "mac": "00:22:0a:00:00:12"},
+                    "listeners": [listener],
+                    "backend_groups": [
+                        {
+                            "id": "g",
+                            "backends": [
+                                {"id": key, "address": "198.18.0.21", "port": 80, "weight": weight}
+                                for key, _, weight in servers
+                            ],
+                        }
+                    ],
+                }
+            ],
+        }
+    )
+    members = {"g": [Member(key, "198.18.0.21", 80, weight, "off", False, mapped) for key, mapped, weight in servers]}
     return render_config(state.loadbalancers[0], "127.0.0.1", members, inner="127.0.0.1").text
 
 
@@ -56,47 +78,69 @@ def test_a_replaced_server_is_one_addition_and_one_removal():
 
 def test_a_weight_alone_is_a_weight_edit_and_the_same_text_no_edit():
     assert plan_server_edits(text([("a", 1025, 1)]), text([("a", 1025, 3)])) == [
-        ServerEdit(BACKEND, "a", "127.0.0.1:1025 weight 3", weight_only=True)]
+        ServerEdit(BACKEND, "a", "127.0.0.1:1025 weight 3", weight_only=True)
+    ]
     assert plan_server_edits(text([("a", 1025, 1)]), text([("a", 1025, 1)])) == []
 
 
-@pytest.mark.parametrize("old, new", [
-    # a listener setting: not a server line
-    (text([("a", 1025, 1)]), text([("a", 1025, 1)], timeouts={"client_idle": 5})),
-    # the same server at another port
-    (text([("a", 1025, 1)]), text([("a", 1026, 1)])),
-    # balance source: haproxy adds no server at run time there
-    (text([("a", 1025, 1)], scheduler="sch"), text([("a", 1025, 1), ("b", 1026, 1)], scheduler="sch")),
-    # persistence cookies: refused on servers added at run time
-    (text([("a", 1025, 1)], sticky=True), text([("a", 1025, 1), ("b", 1026, 1)], sticky=True)),
-    # TLS to the backends (an http listener's group with ssl members)
-    (text([("a", 1025, 1)], sticky=False).replace("weight 1", "weight 1 ssl verify none"),
-     text([("a", 1025, 1), ("b", 1026, 1)]).replace("weight 1", "weight 1 ssl verify none")),
-    # another listener port: the frontend changes
-    (text([("a", 1025, 1)]), text([("a", 1025, 1), ("b", 1026, 1)], port=9001)),
-    # no sections at all on one side
-    ("# lbagent load balancer lb-1\n", text([("a", 1025, 1)])),
-])
+@pytest.mark.parametrize(
+    "old, new",
+    [
+        # a listener setting: not a server line
+        (text([("a", 1025, 1)]), text([("a", 1025, 1)], timeouts={"client_idle": 5})),
+        # the same server at another port
+        (text([("a", 1025, 1)]), text([("a", 1026, 1)])),
+        # balance source: haproxy adds no server at run time there
+        (text([("a", 1025, 1)], scheduler="sch"), text([("a", 1025, 1), ("b", 1026, 1)], scheduler="sch")),
+        # persistence cookies: refused on servers added at run time
+        (text([("a", 1025, 1)], sticky=True), text([("a", 1025, 1), ("b", 1026, 1)], sticky=True)),
+        # TLS to the backends (an http listener's group with ssl members)
+        (
+            text([("a", 1025, 1)], sticky=False).replace("weight 1", "weight 1 ssl verify none"),
+            text([("a", 1025, 1), ("b", 1026, 1)]).replace("weight 1", "weight 1 ssl verify none"),
+        ),
+        # another listener port: the frontend changes
+        (text([("a", 1025, 1)]), text([("a", 1025, 1), ("b", 1026, 1)], port=9001)),
+        # no sections at all on one side
+        ("# lbagent load balancer lb-1\n", text([("a", 1025, 1)])),
+    ],
+)
 def test_anything_beyond_server_lines_needs_a_reload(old, new):
     assert plan_server_edits(old, new) is None
 
 
 def test_edits_send_additions_first_and_report_servers_still_connected():
     sent = []
-    answers = {"add server": "New server registered.\n", "del server be/gone": "Server deleted.\n",
-               "del server be/busy": "Server still has connections attached to it, cannot remove it.\n"}
+    answers = {
+        "add server": "New server registered.\n",
+        "del server be/gone": "Server deleted.\n",
+        "del server be/busy": "Server still has connections attached to it, cannot remove it.\n",
+    }
 
     def send(command):
         sent.append(command)
         return next((a for prefix, a in answers.items() if command.startswith(prefix)), "\n")
 
-    lingering = apply_edits([ServerEdit("be", "gone", None), ServerEdit("be", "busy", None),
-                             ServerEdit("be", "new", "127.0.0.1:1 weight 1 check inter 2s rise 2 fall 3"),
-                             ServerEdit("be", "w", "127.0.0.1:2 weight 7", weight_only=True)], send)
+    lingering = apply_edits(
+        [
+            ServerEdit("be", "gone", None),
+            ServerEdit("be", "busy", None),
+            ServerEdit("be", "new", "127.0.0.1:1 weight 1 check inter 2s rise 2 fall 3"),
+            ServerEdit("be", "w", "127.0.0.1:2 weight 7", weight_only=True),
+        ],
+        send,
+    )
     assert lingering == {"be/busy"}
-    assert sent == ["add server be/new 127.0.0.1:1 weight 1 check inter 2s rise 2 fall 3", "enable server be/new",
-                    "enable health be/new", "set weight be/w 7", "set server be/gone state maint",
-                    "del server be/gone", "set server be/busy state maint", "del server be/busy"]
+    assert sent == [
+        "add server be/new 127.0.0.1:1 weight 1 check inter 2s rise 2 fall 3",
+        "enable server be/new",
+        "enable health be/new",
+        "set weight be/w 7",
+        "set server be/gone state maint",
+        "del server be/gone",
+        "set server be/busy state maint",
+        "del server be/busy",
+    ]
 
 
 def test_a_refused_command_is_an_error():
@@ -124,6 +168,7 @@ async def named_servers():
                 pass
             finally:
                 writer.close()
+
         return answer
 
     for name in ("A", "B"):
@@ -198,6 +243,7 @@ async def test_a_server_still_connected_drains_then_goes(manager, named_servers)
     async def deleted():
         await manager.supervise_once()
         return manager.status()["servers_draining"] == 0
+
     await until(deleted, "the drained server deleted")
     assert set(servers_of(manager)) == {"b"}
 
@@ -222,10 +268,10 @@ async def test_a_sticky_backend_reloads(manager, named_servers):
     port = free_port()
     await manager.apply("lb-1", text([("a", named_servers["A"], 1)], port=port, sticky=True))
     reloads = manager.status()["reloads"]
-    await manager.apply("lb-1", text([("a", named_servers["A"], 1), ("b", named_servers["B"], 1)], port=port,
-                                     sticky=True))
+    await manager.apply(
+        "lb-1", text([("a", named_servers["A"], 1), ("b", named_servers["B"], 1)], port=port, sticky=True)
+    )
     assert (manager.status()["reloads"], manager.status()["live_updates"]) == (reloads + 1, 0)
-
 
 
 def refusing(manager, monkeypatch, refuse: str):
@@ -235,6 +281,7 @@ def refusing(manager, monkeypatch, refuse: str):
     def patched():
         send = sender()
         return lambda command: "Refused for the test.\n" if command.startswith(refuse) else send(command)
+
     monkeypatch.setattr(manager._worker.live, "_sender", patched)
 
 
@@ -243,11 +290,13 @@ def failing_reloads(manager, monkeypatch):
 
     def reload_fails():
         raise HaproxyReloadError("refused for the test")
+
     monkeypatch.setattr(manager.process, "reload_or_start", reload_fails)
 
 
 async def test_a_refused_edit_whose_reload_fails_too_puts_the_old_file_back(manager, named_servers, monkeypatch):
     from lbagent.haproxy.errors import HaproxyReloadError
+
     port = free_port()
     old = text([("a", named_servers["A"], 1)], port=port)
     await manager.apply("lb-1", old)
@@ -263,9 +312,11 @@ async def test_a_refused_edit_whose_reload_fails_too_puts_the_old_file_back(mana
     assert set(servers_of(manager)) == {"a"} and await who_answers(port) == "A"
 
 
-async def test_a_half_applied_edit_keeps_the_new_file_and_the_supervisor_reloads_it(manager, named_servers,
-                                                                                    monkeypatch):
+async def test_a_half_applied_edit_keeps_the_new_file_and_the_supervisor_reloads_it(
+    manager, named_servers, monkeypatch
+):
     from lbagent.haproxy.errors import HaproxyReloadError
+
     port = free_port()
     await manager.apply("lb-1", text([("a", named_servers["A"], 1)], port=port))
     reloads = manager.status()["reloads"]
@@ -302,24 +353,35 @@ async def test_a_server_added_live_has_its_health_checked(manager, named_servers
     check = {"type": "tcp", "interval": 1, "timeout": 1, "rise": 1, "fall": 1}
     await manager.apply("lb-1", text([("a", named_servers["A"], 1)], port=port, health_check=check))
     dead = free_port()  # nothing listens there: its check must fail
-    await manager.apply("lb-1", text([("a", named_servers["A"], 1), ("b", named_servers["B"], 1), ("c", dead, 1)],
-                                     port=port, health_check=check))
+    await manager.apply(
+        "lb-1",
+        text(
+            [("a", named_servers["A"], 1), ("b", named_servers["B"], 1), ("c", dead, 1)], port=port, health_check=check
+        ),
+    )
     assert manager.status()["live_updates"] == 1
-    await until(lambda: servers_of(manager) == {"a": "UP", "b": "UP", "c": "DOWN"}, "checks of the added servers",
-                timeout=WAIT)
+    await until(
+        lambda: servers_of(manager) == {"a": "UP", "b": "UP", "c": "DOWN"}, "checks of the added servers", timeout=WAIT
+    )
 
 
 def test_a_server_draining_past_its_limit_has_its_sessions_shut():
     from lbagent.haproxy.live import LiveServers
     from lbagent.haproxy.sockets import ProcTable
+
     clock, sent = [0.0], []
     answers = iter(["Server still has connections attached to it, cannot remove it.", "Server deleted."])
 
     def send(command):
         sent.append(command)
         return next(answers) if command.startswith("del server") else ""
-    live = LiveServers(Path("/nonexistent"), lambda: ProcTable(1, 0, 0, frozenset({7}), frozenset()),
-                       drain_limit=60, clock=lambda: clock[0])
+
+    live = LiveServers(
+        Path("/nonexistent"),
+        lambda: ProcTable(1, 0, 0, frozenset({7}), frozenset()),
+        drain_limit=60,
+        clock=lambda: clock[0],
+    )
     live._draining["be/old"] = 60.0
     live._retry(send)
     assert live.draining == 1 and sent == ["del server be/old"]

@@ -42,8 +42,14 @@ def certificate(common_name: str) -> tuple[str, str]:
     return self_signed_certificate(common_name)
 
 
-def tls_config(lb_id: str, port: int, backend_port: int, names: tuple[str, ...], key_of: str | None = None,
-               extra_listeners: tuple[dict, ...] = ()) -> HaproxyConfig:
+def tls_config(
+    lb_id: str,
+    port: int,
+    backend_port: int,
+    names: tuple[str, ...],
+    key_of: str | None = None,
+    extra_listeners: tuple[dict, ...] = (),
+) -> HaproxyConfig:
     """An https listener serving a certificate per name; `key_of` pairs the first with another name's key."""
     certs = []
     for index, name in enumerate(names):
@@ -51,8 +57,13 @@ def tls_config(lb_id: str, port: int, backend_port: int, names: tuple[str, ...],
         if index == 0 and key_of:
             key = certificate(key_of)[1]
         certs.append({"id": f"c{index}", "certificate": cert, "private_key": key})
-    listener = {"id": "tls", "listener_type": "https", "listener_port": port, "backend_group_id": "g",
-                "certificates": certs}
+    listener = {
+        "id": "tls",
+        "listener_type": "https",
+        "listener_port": port,
+        "backend_group_id": "g",
+        "certificates": certs,
+    }
     return lb_config(lb_id, [listener, *extra_listeners], backend_port)
 
 
@@ -62,24 +73,13 @@ async def served_name(port: int, sni: str | None = None) -> str:
     context.check_hostname = False
     context.verify_mode = ssl.CERT_NONE
     reader, writer = await asyncio.wait_for(
-        asyncio.open_connection("127.0.0.1", port, ssl=context, server_hostname=sni), WAIT)
+        asyncio.open_connection("127.0.0.1", port, ssl=context, server_hostname=sni), WAIT
+    )
     try:
         der = writer.get_extra_info("ssl_object").getpeercert(binary_form=True)
     finally:
         writer.close()
     return x509.load_der_x509_certificate(der).subject.get_attributes_for_oid(NameOID.COMMON_NAME)[0].value
-
-
-
-
-
-
-
-
-
-
-
-
 
 
 # --- applying --------------------------------------------------------------------------
@@ -182,7 +182,7 @@ async def test_one_change_after_another_is_not_paced(manager, echo_port):
         # Each change waits for its reload: haproxy is idle when the next one comes.
         assert await manager.apply("lb-a", lb_text("lb-a", port, echo_port, timeouts={"client_idle": 60 + i}))
         finished.append((loop.time(), manager.status()["last_reload_seconds"]))
-    for (done, took), (next_done, next_took) in zip(finished, finished[1:]):
+    for (done, took), (next_done, _next_took) in zip(finished, finished[1:]):
         assert next_done - done < min(manager.reload_pace * took, MAX_RELOAD_PAUSE), finished
     assert manager.status()["reloads"] == 3
 
@@ -259,8 +259,9 @@ async def test_unsafe_lb_id_never_becomes_a_path(manager):
 
 
 def tree_modes(directory: Path) -> dict[str, int]:
-    return {p.relative_to(directory).as_posix(): stat.S_IMODE(p.lstat().st_mode)
-            for p in [directory, *directory.rglob("*")]}
+    return {
+        p.relative_to(directory).as_posix(): stat.S_IMODE(p.lstat().st_mode) for p in [directory, *directory.rglob("*")]
+    }
 
 
 async def test_files_are_written_private_checked_and_served_by_sni(manager, echo_port):
@@ -323,8 +324,12 @@ async def test_failed_reload_puts_the_previous_files_back(manager, echo_port):
     with socket.socket() as squatter:
         squatter.bind(("127.0.0.1", 0))
         squatter.listen()
-        taken = {"id": "more", "listener_type": "tcp", "listener_port": squatter.getsockname()[1],
-                 "backend_group_id": "g"}
+        taken = {
+            "id": "more",
+            "listener_type": "tcp",
+            "listener_port": squatter.getsockname()[1],
+            "backend_group_id": "g",
+        }
         bad = tls_config("lb-a", port, echo_port, ("two.example.com",), extra_listeners=(taken,))
         with pytest.raises(HaproxyReloadError):
             await manager.apply("lb-a", bad.text, bad.files)
@@ -422,8 +427,9 @@ async def test_reloads_refuse_no_connection(manager, echo_port):
     try:
         for i in range(10):
             # Each text differs (a timeout), so each apply is one reload.
-            assert await manager.apply("lb-a", lb_text("lb-a", port, echo_port,
-                                                       timeouts={"client_idle": 60 + i})) is True
+            assert (
+                await manager.apply("lb-a", lb_text("lb-a", port, echo_port, timeouts={"client_idle": 60 + i})) is True
+            )
     finally:
         stop.set()
         await asyncio.to_thread(thread.join, WAIT)
@@ -558,10 +564,12 @@ def test_parse_show_proc():
 
 
 def test_parse_show_stat_keeps_server_rows():
-    text = ("# pxname,svname,qcur,status,weight\n"
-            "fe_a_l,FRONTEND,,OPEN,\n"
-            "be_a_l,be-1,0,UP,1\n"
-            "be_a_l,g.pod-1,0,no check,1\n"
-            "be_a_l,BACKEND,0,UP,2\n")
+    text = (
+        "# pxname,svname,qcur,status,weight\n"
+        "fe_a_l,FRONTEND,,OPEN,\n"
+        "be_a_l,be-1,0,UP,1\n"
+        "be_a_l,g.pod-1,0,no check,1\n"
+        "be_a_l,BACKEND,0,UP,2\n"
+    )
     assert parse_show_stat(text) == {("be_a_l", "be-1"): "UP", ("be_a_l", "g.pod-1"): "no check"}
     assert parse_show_stat("") == {}

@@ -8,76 +8,112 @@ from pathlib import Path
 
 import pytest
 
+from lbagent.desired.members import Member
+from lbagent.desired.model import parse_desired_state
 from lbagent.haproxy.errors import RenderError
 from lbagent.haproxy.render import render_base, render_config, render_loadbalancer
 from lbagent.haproxy.templating import template_dir, token
-from lbagent.desired.members import Member
-from lbagent.desired.model import parse_desired_state
 from tests.unit.samples import assert_golden, certificate, haproxy_check, sample_members, write_checkable
 
 INNER, OUTER = "169.254.0.100", "169.254.0.101"
 
 
-
-
 def tcp(listener_id, port, scheduler, **fields):
-    return {"id": listener_id, "listener_type": "tcp", "listener_port": port, "backend_group_id": "bg-web",
-            "scheduler": scheduler, **fields}
+    return {
+        "id": listener_id,
+        "listener_type": "tcp",
+        "listener_port": port,
+        "backend_group_id": "bg-web",
+        "scheduler": scheduler,
+        **fields,
+    }
 
 
 def sample_lb(**overrides):
     """tcp listeners with every scheduler, http and https ones, and what must not be rendered (udp, disabled)."""
     lb = {
-        "id": "lb-1", "name": 'web "shop" # free text, never rendered',
+        "id": "lb-1",
+        "name": 'web "shop" # free text, never rendered',
         "network": {"subnet_id": "net-1", "ip": "198.18.0.12", "mac": "00:22:0a:00:00:12"},
         "listeners": [
-            tcp("rr", 8001, "rr", health_check={"type": "tcp", "rise": 2, "fall": 3, "interval": 2, "timeout": 1},
-                timeouts={"client_request": 7, "client_idle": 60, "backend_connect": 4, "backend_idle": 61}),
+            tcp(
+                "rr",
+                8001,
+                "rr",
+                health_check={"type": "tcp", "rise": 2, "fall": 3, "interval": 2, "timeout": 1},
+                timeouts={"client_request": 7, "client_idle": 60, "backend_connect": 4, "backend_idle": 61},
+            ),
             tcp("wrr", 8002, "wrr", send_proxy="v2"),
-            tcp("wlc", 8003, "wlc", health_check={
-                "type": "http", "uri": "/healthz", "domain": "www.example.com",
-                "http_code": "http_5xx,http_2xx,http_3xx", "rise": 1, "fall": 2, "interval": 3, "timeout": 2}),
+            tcp(
+                "wlc",
+                8003,
+                "wlc",
+                health_check={
+                    "type": "http",
+                    "uri": "/healthz",
+                    "domain": "www.example.com",
+                    "http_code": "http_5xx,http_2xx,http_3xx",
+                    "rise": 1,
+                    "fall": 2,
+                    "interval": 3,
+                    "timeout": 2,
+                },
+            ),
             tcp("sch", 8004, "sch", timeouts={"backend_connect": 3}),
             tcp("tch", 8005, "tch", send_proxy="v1"),
-            {"id": "web", "listener_type": "http", "listener_port": 8080, "backend_group_id": "bg-web",
-             "x_forwarded_for": True, "health_check": {"type": "http", "uri": "/ping", "http_code": "http_2xx"},
-             "timeouts": {"client_request": 11, "client_idle": 30}},
+            {
+                "id": "web",
+                "listener_type": "http",
+                "listener_port": 8080,
+                "backend_group_id": "bg-web",
+                "x_forwarded_for": True,
+                "health_check": {"type": "http", "uri": "/ping", "http_code": "http_2xx"},
+                "timeouts": {"client_request": 11, "client_idle": 30},
+            },
             {"id": "dns", "listener_type": "udp", "listener_port": 53, "backend_group_id": "bg-web"},
             tcp("off", 8006, "rr", status="disabled"),
-            {"id": "tls", "listener_type": "https", "listener_port": 8443, "backend_group_id": "bg-web",
-             "certificates": [{"id": "c1", **certificate("www.example.com")}]},
+            {
+                "id": "tls",
+                "listener_type": "https",
+                "listener_port": 8443,
+                "backend_group_id": "bg-web",
+                "certificates": [{"id": "c1", **certificate("www.example.com")}],
+            },
             {"id": "empty", "listener_type": "tcp", "listener_port": 8007, "backend_group_id": "bg-none"},
         ],
         "backend_groups": [
-            {"id": "bg-web", "backends": [
-                {"id": "be-1", "address": "198.18.0.21", "port": 80},
-                {"id": "be-2", "address": "198.18.0.22", "port": 80, "weight": 3, "send_proxy": "v2-ssl",
-                 "ssl": True},
-                {"id": "be-3", "address": "198.18.0.23", "port": 80, "weight": 0},
-            ]},
+            {
+                "id": "bg-web",
+                "backends": [
+                    {"id": "be-1", "address": "198.18.0.21", "port": 80},
+                    {
+                        "id": "be-2",
+                        "address": "198.18.0.22",
+                        "port": 80,
+                        "weight": 3,
+                        "send_proxy": "v2-ssl",
+                        "ssl": True,
+                    },
+                    {"id": "be-3", "address": "198.18.0.23", "port": 80, "weight": 0},
+                ],
+            },
             {"id": "bg-none"},
         ],
         **overrides,
     }
-    state = parse_desired_state({
-        "generation": 1,
-        "subnets": [{"id": "net-1", "cidr": "198.18.0.0/24", "gateway": "198.18.0.1"}],
-        "loadbalancers": [lb],
-    })
+    state = parse_desired_state(
+        {
+            "generation": 1,
+            "subnets": [{"id": "net-1", "cidr": "198.18.0.0/24", "gateway": "198.18.0.1"}],
+            "loadbalancers": [lb],
+        }
+    )
     return state.loadbalancers[0]
-
-
 
 
 def render_sample(lb=None, outer=OUTER, inner=INNER, members=None):
     lb = lb or sample_lb()
     return render_loadbalancer(lb, outer, members if members is not None else sample_members(lb), inner=inner)
-
-
-
-
-
-
 
 
 # --- golden files ----------------------------------------------------------------
@@ -120,7 +156,7 @@ def test_name_is_never_rendered():
 @pytest.mark.parametrize("listener_id", ["dns", "off"])
 def test_udp_and_disabled_listeners_are_not_rendered(listener_id):
     assert f":{listener_id}\n" not in render_sample()
-    assert f"frontend fe:lb-1:tls\n" in render_sample()
+    assert "frontend fe:lb-1:tls\n" in render_sample()
 
 
 def test_missing_group_renders_an_empty_backend():
@@ -129,12 +165,15 @@ def test_missing_group_renders_an_empty_backend():
     assert "    server " not in text
 
 
-@pytest.mark.parametrize(("codes", "expect"), [
-    ("http_2xx", "200-299"),
-    ("http_2xx,http_3xx", "200-399"),
-    ("http_4xx,http_2xx", "200-299,400-499"),
-    ("http_2xx,http_3xx,http_4xx,http_5xx", "200-599"),
-])
+@pytest.mark.parametrize(
+    ("codes", "expect"),
+    [
+        ("http_2xx", "200-299"),
+        ("http_2xx,http_3xx", "200-399"),
+        ("http_4xx,http_2xx", "200-299,400-499"),
+        ("http_2xx,http_3xx,http_4xx,http_5xx", "200-599"),
+    ],
+)
 def test_http_code_classes_become_status_ranges(codes, expect):
     check = {"type": "http", "uri": "/", "http_code": codes}
     lb = sample_lb(listeners=[tcp("l", 80, "rr", health_check=check)])
@@ -163,7 +202,8 @@ def test_backend_ssl_only_on_http_listeners():
     assert " ssl verify none" not in render_sample(sample_lb(listeners=[tcp("l", 80, "rr")]))
     http = {"id": "h", "listener_type": "http", "listener_port": 80, "backend_group_id": "bg-web"}
     assert "server be-2 169.254.0.100:1026 weight 1 send-proxy-v2-ssl ssl verify none\n" in render_sample(
-        sample_lb(listeners=[http]))
+        sample_lb(listeners=[http])
+    )
 
 
 # --- refusing unsafe values --------------------------------------------------------------

@@ -9,42 +9,56 @@ Regenerate the golden files after an intended change with
 
 import pytest
 
+from lbagent.desired.model import Redirect, parse_desired_state
 from lbagent.haproxy.errors import RenderError
 from lbagent.haproxy.render import render_config, server_cookie
 from lbagent.haproxy.routing import redirect_view, rule_views
 from lbagent.haproxy.tls import STRICT_CIPHERS, TLS_POLICIES, certificate_files
-from lbagent.desired.model import Redirect, parse_desired_state
 from tests.unit.samples import assert_golden, certificate, haproxy_check, sample_members, write_checkable
 
-
 GROUPS = [
-    {"id": "bg-web", "backends": [
-        {"id": "be-1", "address": "198.18.0.21", "port": 80},
-        {"id": "be-2", "address": "198.18.0.22", "port": 80, "weight": 3, "ssl": True},
-    ]},
+    {
+        "id": "bg-web",
+        "backends": [
+            {"id": "be-1", "address": "198.18.0.21", "port": 80},
+            {"id": "be-2", "address": "198.18.0.22", "port": 80, "weight": 3, "ssl": True},
+        ],
+    },
     {"id": "bg-api", "backends": [{"id": "be-3", "address": "198.18.0.23", "port": 8080}]},
 ]
 
 
 def http(listener_id, port, **fields):
-    return {"id": listener_id, "listener_type": "http", "listener_port": port, "backend_group_id": "bg-web",
-            **fields}
+    return {"id": listener_id, "listener_type": "http", "listener_port": port, "backend_group_id": "bg-web", **fields}
 
 
 def https(listener_id, port, cert_names=("one.example.com",), **fields):
     certs = [{"id": f"c{i}", **certificate(name)} for i, name in enumerate(cert_names)]
-    return {"id": listener_id, "listener_type": "https", "listener_port": port, "backend_group_id": "bg-web",
-            "certificates": certs, **fields}
+    return {
+        "id": listener_id,
+        "listener_type": "https",
+        "listener_port": port,
+        "backend_group_id": "bg-web",
+        "certificates": certs,
+        **fields,
+    }
 
 
 def lb_with(*listeners, lb_id="lb-h"):
-    state = parse_desired_state({
-        "generation": 1,
-        "subnets": [{"id": "net-1", "cidr": "198.18.0.0/24", "gateway": "198.18.0.1"}],
-        "loadbalancers": [{"id": lb_id, "network": {"subnet_id": "net-1", "ip": "198.18.0.12",
-                                                    "mac": "00:22:0a:00:00:12"},
-                           "listeners": list(listeners), "backend_groups": GROUPS}],
-    })
+    state = parse_desired_state(
+        {
+            "generation": 1,
+            "subnets": [{"id": "net-1", "cidr": "198.18.0.0/24", "gateway": "198.18.0.1"}],
+            "loadbalancers": [
+                {
+                    "id": lb_id,
+                    "network": {"subnet_id": "net-1", "ip": "198.18.0.12", "mac": "00:22:0a:00:00:12"},
+                    "listeners": list(listeners),
+                    "backend_groups": GROUPS,
+                }
+            ],
+        }
+    )
     return state.loadbalancers[0]
 
 
@@ -56,36 +70,77 @@ RULES = [
     {"id": "path", "path": "/v1", "backend_group_id": "bg-api"},
     {"id": "wild", "domain": "*.example.com", "backend_group_id": "bg-api"},
     {"id": "api", "domain": "api.example.com", "path": "/v1", "backend_group_id": "bg-web"},
-    {"id": "old", "domain": "old.example.com",
-     "redirect": {"code": 301, "scheme": "https", "host": "new.example.com", "path": "/n%41"}},
+    {
+        "id": "old",
+        "domain": "old.example.com",
+        "redirect": {"code": 301, "scheme": "https", "host": "new.example.com", "path": "/n%41"},
+    },
     {"id": "admin", "path": "/v1/admin", "redirect": {"code": 307, "path": "/login"}},
 ]
 
 FEATURES = {
     # Sticky insert with a lifetime, a white list, both rate limits, X-Forwarded-For, gzip.
     "http_sticky_acl_rates.cfg": lambda: lb_with(
-        http("ins", 80, sticky_session={"type": "insert", "cookie": "LBSRV", "cookie_timeout": 3600},
-             acl={"type": "white", "cidrs": ["198.18.0.0/24", "198.19.0.0/16"]}, x_forwarded_for=True,
-             gzip=True, http_request_rate=100, http_request_rate_per_src=10,
-             timeouts={"client_request": 7, "client_idle": 60}),
-        http("srv", 81, scheduler="wrr", sticky_session={"type": "server", "cookie": "JSESSIONID"},
-             acl={"type": "black", "cidrs": ["198.18.0.66/32"]}),
+        http(
+            "ins",
+            80,
+            sticky_session={"type": "insert", "cookie": "LBSRV", "cookie_timeout": 3600},
+            acl={"type": "white", "cidrs": ["198.18.0.0/24", "198.19.0.0/16"]},
+            x_forwarded_for=True,
+            gzip=True,
+            http_request_rate=100,
+            http_request_rate_per_src=10,
+            timeouts={"client_request": 7, "client_idle": 60},
+        ),
+        http(
+            "srv",
+            81,
+            scheduler="wrr",
+            sticky_session={"type": "server", "cookie": "JSESSIONID"},
+            acl={"type": "black", "cidrs": ["198.18.0.66/32"]},
+        ),
         http("nobody", 82, acl={"type": "white", "cidrs": []}),
     ),
     # Rules of every kind with a health check, and redirects at listener level.
     "http_rules_redirects.cfg": lambda: lb_with(
-        http("rules", 80, scheduler="wlc", rules=RULES, redirect={"code": 302, "host": "www.example.com"},
-             health_check={"type": "http", "uri": "/healthz", "domain": "www.example.com",
-                           "http_code": "http_2xx", "rise": 1, "fall": 1, "interval": 1, "timeout": 1}),
+        http(
+            "rules",
+            80,
+            scheduler="wlc",
+            rules=RULES,
+            redirect={"code": 302, "host": "www.example.com"},
+            health_check={
+                "type": "http",
+                "uri": "/healthz",
+                "domain": "www.example.com",
+                "http_code": "http_2xx",
+                "rise": 1,
+                "fall": 1,
+                "interval": 1,
+                "timeout": 1,
+            },
+        ),
         http("scheme", 81, redirect={"code": 301, "scheme": "https"}),
         http("path", 82, redirect={"code": 307, "path": "/elsewhere"}),
     ),
     # SNI over several certificates (one carried by a rule), HTTP/2, each cipher policy,
     # TLS and the PROXY protocol towards the backends.
     "https.cfg": lambda: lb_with(
-        https("h2", 443, ("one.example.com", "two.example.com"), http2=True, send_proxy="v2-ssl-cn",
-              rules=[{"id": "three", "domain": "three.example.com", "backend_group_id": "bg-api",
-                      "certificates": [{"id": "c3", **certificate("three.example.com")}]}]),
+        https(
+            "h2",
+            443,
+            ("one.example.com", "two.example.com"),
+            http2=True,
+            send_proxy="v2-ssl-cn",
+            rules=[
+                {
+                    "id": "three",
+                    "domain": "three.example.com",
+                    "backend_group_id": "bg-api",
+                    "certificates": [{"id": "c3", **certificate("three.example.com")}],
+                }
+            ],
+        ),
         https("strict", 8443, tls_cipher_policy="tls_cipher_policy_1_2_strict", x_forwarded_for=True),
         https("legacy", 8444, tls_cipher_policy="tls_cipher_policy_1_0", sticky_session={"type": "insert"}),
         https("tls11", 8445, tls_cipher_policy="tls_cipher_policy_1_1"),
@@ -111,15 +166,21 @@ def test_feature_is_valid_haproxy(name, tmp_path):
 
 
 def test_rules_are_tried_most_specific_first():
-    lb = lb_with(http("rules", 80, rules=[
-        {"id": "none-short", "path": "/v", "backend_group_id": "bg-api"},
-        {"id": "wild-short", "domain": "*.example.com", "backend_group_id": "bg-api"},
-        {"id": "exact", "domain": "api.example.com", "backend_group_id": "bg-api"},
-        {"id": "none-long", "path": "/v1/admin", "backend_group_id": "bg-api"},
-        {"id": "wild-long", "domain": "*.eu.example.com", "backend_group_id": "bg-api"},
-        {"id": "exact-path", "domain": "api.example.com", "path": "/v1", "backend_group_id": "bg-api"},
-        {"id": "wild-path", "domain": "*.example.com", "path": "/v1", "backend_group_id": "bg-api"},
-    ]))
+    lb = lb_with(
+        http(
+            "rules",
+            80,
+            rules=[
+                {"id": "none-short", "path": "/v", "backend_group_id": "bg-api"},
+                {"id": "wild-short", "domain": "*.example.com", "backend_group_id": "bg-api"},
+                {"id": "exact", "domain": "api.example.com", "backend_group_id": "bg-api"},
+                {"id": "none-long", "path": "/v1/admin", "backend_group_id": "bg-api"},
+                {"id": "wild-long", "domain": "*.eu.example.com", "backend_group_id": "bg-api"},
+                {"id": "exact-path", "domain": "api.example.com", "path": "/v1", "backend_group_id": "bg-api"},
+                {"id": "wild-path", "domain": "*.example.com", "path": "/v1", "backend_group_id": "bg-api"},
+            ],
+        )
+    )
     order = [rule.id for rule in rule_views(lb.listeners[0].rules, lambda rule: "b", "http")]
     assert order == ["exact-path", "exact", "wild-long", "wild-path", "wild-short", "none-long", "none-short"]
 
@@ -129,12 +190,12 @@ def test_rule_selection_comes_before_every_redirect_and_backend():
     frontend = text.split("\n\n")[1]
     lines = [line.strip() for line in frontend.splitlines()]
     last_choice = max(i for i, line in enumerate(lines) if line.startswith("http-request set-var"))
-    first_action = min(i for i, line in enumerate(lines)
-                       if line.startswith(("http-request redirect", "use_backend")))
+    first_action = min(i for i, line in enumerate(lines) if line.startswith(("http-request redirect", "use_backend")))
     assert last_choice < first_action
     # The listener's own redirect only for requests no rule claimed.
-    assert ("http-request redirect location http://www.example.com%[pathq] code 302 "
-            "if !{ var(txn.lbagent_rule) -m found }") in lines
+    assert (
+        "http-request redirect location http://www.example.com%[pathq] code 302 if !{ var(txn.lbagent_rule) -m found }"
+    ) in lines
 
 
 def test_each_routing_rule_has_its_own_backend_named_with_colons():
@@ -149,15 +210,21 @@ def redirect(**fields):
     return Redirect(**fields)
 
 
-@pytest.mark.parametrize(("fields", "own", "expected"), [
-    ({"scheme": "https"}, "http", ("https", None, None)),
-    ({"host": "b.example.com"}, "https", (None, "https://b.example.com%[pathq]", None)),
-    ({"scheme": "http", "host": "b.example.com"}, "https", (None, "http://b.example.com%[pathq]", None)),
-    ({"path": "/new"}, "http", (None, "/new", "/new?%[query]")),
-    ({"scheme": "https", "path": "/new"}, "http", (None, "https://%[req.hdr(host)]/new",
-                                                   "https://%[req.hdr(host)]/new?%[query]")),
-    ({"path": "/100%"}, "http", (None, "/100%%", "/100%%?%[query]")),
-])
+@pytest.mark.parametrize(
+    ("fields", "own", "expected"),
+    [
+        ({"scheme": "https"}, "http", ("https", None, None)),
+        ({"host": "b.example.com"}, "https", (None, "https://b.example.com%[pathq]", None)),
+        ({"scheme": "http", "host": "b.example.com"}, "https", (None, "http://b.example.com%[pathq]", None)),
+        ({"path": "/new"}, "http", (None, "/new", "/new?%[query]")),
+        (
+            {"scheme": "https", "path": "/new"},
+            "http",
+            (None, "https://%[req.hdr(host)]/new", "https://%[req.hdr(host)]/new?%[query]"),
+        ),
+        ({"path": "/100%"}, "http", (None, "/100%%", "/100%%?%[query]")),
+    ],
+)
 def test_redirect_keeps_what_it_does_not_set(fields, own, expected):
     view = redirect_view(redirect(code=301, **fields), own)
     assert (view.scheme, view.location, view.location_with_query) == expected
@@ -195,9 +262,17 @@ def test_empty_white_list_admits_no_one_and_empty_black_list_everyone():
 
 
 def test_tcp_listener_takes_the_access_list_but_no_http_option():
-    listener = {"id": "t", "listener_type": "tcp", "listener_port": 80, "backend_group_id": "bg-web",
-                "acl": {"type": "black", "cidrs": ["198.18.0.66/32"]}, "gzip": True, "x_forwarded_for": True,
-                "http_request_rate": 5, "http_request_rate_per_src": 5}
+    listener = {
+        "id": "t",
+        "listener_type": "tcp",
+        "listener_port": 80,
+        "backend_group_id": "bg-web",
+        "acl": {"type": "black", "cidrs": ["198.18.0.66/32"]},
+        "gzip": True,
+        "x_forwarded_for": True,
+        "http_request_rate": 5,
+        "http_request_rate_per_src": 5,
+    }
     text = render(lb_with(listener)).text
     assert "tcp-request connection reject if lbagent_src\n" in text
     for http_only in ("429", "compression", "forwardfor", "stick-table", " ssl verify none"):
@@ -209,9 +284,19 @@ def test_tcp_listener_takes_the_access_list_but_no_http_option():
 
 def test_certificate_files_put_the_listeners_first_certificate_first():
     names = [f"n{i}.example.com" for i in range(11)]
-    listener = https("web", 443, names[:10], rules=[
-        {"id": "r", "domain": "x.example.com", "backend_group_id": "bg-api",
-         "certificates": [{"id": "rule-cert", **certificate(names[10])}]}])
+    listener = https(
+        "web",
+        443,
+        names[:10],
+        rules=[
+            {
+                "id": "r",
+                "domain": "x.example.com",
+                "backend_group_id": "bg-api",
+                "certificates": [{"id": "rule-cert", **certificate(names[10])}],
+            }
+        ],
+    )
     files = certificate_files(lb_with(listener).listeners[0])
     assert list(files) == sorted(files)
     assert list(files)[0] == "web/00-c0.pem" and list(files)[-1] == "web/10-rule-cert.pem"
@@ -239,8 +324,12 @@ def test_http2_is_offered_by_alpn_only_when_asked():
 
 def test_cipher_policies():
     versions = {name: policy.min_version for name, policy in TLS_POLICIES.items()}
-    assert versions == {"tls_cipher_policy_1_0": "TLSv1.0", "tls_cipher_policy_1_1": "TLSv1.1",
-                        "tls_cipher_policy_1_2": "TLSv1.2", "tls_cipher_policy_1_2_strict": "TLSv1.2"}
+    assert versions == {
+        "tls_cipher_policy_1_0": "TLSv1.0",
+        "tls_cipher_policy_1_1": "TLSv1.1",
+        "tls_cipher_policy_1_2": "TLSv1.2",
+        "tls_cipher_policy_1_2_strict": "TLSv1.2",
+    }
     strict = TLS_POLICIES["tls_cipher_policy_1_2_strict"].ciphers.split(":")
     assert strict == STRICT_CIPHERS.split(":")
     assert all(c.startswith("ECDHE-") and ("GCM" in c or "CHACHA20" in c) for c in strict)

@@ -30,8 +30,9 @@ async def test_thousands_of_load_balancers_serve_and_reload(run_dir, echo_port):
     mgr = HaproxyManager(HAPROXY, run_dir)
     await mgr.start()
     try:
-        reloaded = await asyncio.gather(*(mgr.apply(lb_id(i), lb_text(lb_id(i), port, echo_port, outer=outer(i)))
-                                          for i in range(COUNT)))
+        reloaded = await asyncio.gather(
+            *(mgr.apply(lb_id(i), lb_text(lb_id(i), port, echo_port, outer=outer(i))) for i in range(COUNT))
+        )
         assert all(reloaded)
         sample = sorted(random.sample(range(COUNT), 20)) + [0, COUNT - 1]
         assert all([await echo_through(port, host=outer(i)) for i in sample])

@@ -7,11 +7,11 @@ import asyncio
 import pytest
 from ovsdbapp.exceptions import TimeoutException
 
-from lbagent.support.blocking import BlockingPool
 from lbagent.ovnhost import bridgeports
 from lbagent.ovnhost.bridgeports import BridgePorts
 from lbagent.ovnhost.errors import OvsdbError, OvsdbUnavailable
 from lbagent.ovnhost.ovs import OvsClient, PortState
+from lbagent.support.blocking import BlockingPool
 from lbagent.support.waits import InFlight
 
 

@@ -14,10 +14,13 @@ from lbagent.desired.members import Member
 from lbagent.ovnhost import iptables
 from lbagent.ovnhost.nat import NatPlan, nat_rules
 
-MEMBERS = (Member("be-1", "198.18.0.21", 8000, 3, "off", False, 1025),
-           Member("be-2", "198.18.0.22", 8001, 1, "off", False, 1026))
-PLAN = NatPlan("oabc0", "habc0", "198.18.0.12", "169.254.0.100", "169.254.0.101", (80, 443), MEMBERS,
-               udp=((53, MEMBERS),))
+MEMBERS = (
+    Member("be-1", "198.18.0.21", 8000, 3, "off", False, 1025),
+    Member("be-2", "198.18.0.22", 8001, 1, "off", False, 1026),
+)
+PLAN = NatPlan(
+    "oabc0", "habc0", "198.18.0.12", "169.254.0.100", "169.254.0.101", (80, 443), MEMBERS, udp=((53, MEMBERS),)
+)
 RULES = [rule for rule in nat_rules(PLAN) if rule.target in ("DNAT", "SNAT")]
 
 
@@ -31,8 +34,12 @@ def _as_python_iptables_appends(spec, monkeypatch) -> bytes:
 
 def test_the_rules_cover_every_kind_the_agent_writes():
     kinds = {(r.target, r.protocol, bool(r.probability), bool(r.in_interface), bool(r.out_interface)) for r in RULES}
-    assert kinds == {("DNAT", "tcp", False, True, False), ("DNAT", "udp", True, True, False),
-                     ("DNAT", "udp", False, True, False), ("SNAT", "", False, False, True)}
+    assert kinds == {
+        ("DNAT", "tcp", False, True, False),
+        ("DNAT", "udp", True, True, False),
+        ("DNAT", "udp", False, True, False),
+        ("SNAT", "", False, False, True),
+    }
 
 
 @pytest.mark.parametrize("spec", RULES, ids=lambda r: r.tag)

@@ -3,9 +3,15 @@ from lbagent.ovnhost.nat import NatPlan, NatRule, comment_hash, nat_rules
 
 
 def plan(**kw):
-    base = dict(ovn_ns="oabc0", haproxy_ns="habc0", vip="198.18.0.12", inner="169.254.0.100",
-                outer="169.254.0.101", tcp_ports=(80,),
-                members=(Member("be-1", "198.18.0.21", 8000, 1, "off", False, 1025),))
+    base = dict(
+        ovn_ns="oabc0",
+        haproxy_ns="habc0",
+        vip="198.18.0.12",
+        inner="169.254.0.100",
+        outer="169.254.0.101",
+        tcp_ports=(80,),
+        members=(Member("be-1", "198.18.0.21", 8000, 1, "off", False, 1025),),
+    )
     base.update(kw)
     return NatPlan(**base)
 
@@ -40,8 +46,11 @@ def test_changing_a_backend_changes_exactly_its_rule():
 
 
 def test_udp_rules_split_new_flows_by_weight_and_change_as_a_set():
-    members = (Member("a", "198.18.0.21", 53, 1, "off", False, 0), Member("b", "198.18.0.22", 53, 3, "off", False, 0),
-               Member("c", "198.18.0.23", 53, 0, "off", False, 0))
+    members = (
+        Member("a", "198.18.0.21", 53, 1, "off", False, 0),
+        Member("b", "198.18.0.22", 53, 3, "off", False, 0),
+        Member("c", "198.18.0.23", 53, 0, "off", False, 0),
+    )
     rules = [r for r in nat_rules(plan(udp=((53, members),))) if r.protocol == "udp"]
     assert [(r.to, r.probability) for r in rules] == [("198.18.0.21:53", "0.250000"), ("198.18.0.22:53", "")]
     assert all(r.dst == "198.18.0.12" and r.dport == 53 and r.in_interface == "oabc0" for r in rules)

@@ -36,29 +36,60 @@ def _ours(call) -> bytes:
     return _without_sequence(batch._requests[0].data)
 
 
-@pytest.mark.parametrize("ours, theirs", [
-    (lambda b: b.add_veth("o1234abcd0", "o1234abcd1", 7, mtu=1442, mac="00:22:0a:00:00:12", peer_mtu=1442),
-     lambda c: c.link("add", ifname="o1234abcd0", kind="veth", mtu=1442, address="00:22:0a:00:00:12", state="up",
-                      peer={"ifname": "o1234abcd1", "net_ns_fd": 7, "mtu": 1442})),
-    (lambda b: b.add_veth("h1234abcd0", "h1234abcd1", 7),
-     lambda c: c.link("add", ifname="h1234abcd0", kind="veth", state="up",
-                      peer={"ifname": "h1234abcd1", "net_ns_fd": 7})),
-    (lambda b: b.set_up(1, "lo"), lambda c: c.link("set", index=1, state="up")),
-    (lambda b: b.add_address(5, "x", "169.254.0.101", 16, noprefixroute=True),
-     lambda c: c.addr("add", index=5, address="169.254.0.101", prefixlen=16, flags=0x200)),
-    (lambda b: b.add_address(2, "x", "198.18.0.12", 24),
-     lambda c: c.addr("add", index=2, address="198.18.0.12", prefixlen=24)),
-    (lambda b: b.replace_route(KernelRoute("0.0.0.0/0", "198.18.0.1", 2, None)),
-     lambda c: c.route("replace", dst="0.0.0.0/0", gateway="198.18.0.1", oif=2, table=254)),
-    (lambda b: b.replace_route(KernelRoute("198.19.0.0/16", "198.18.0.254", 2, None)),
-     lambda c: c.route("replace", dst="198.19.0.0/16", gateway="198.18.0.254", oif=2, table=254)),
-    (lambda b: b.replace_route(KernelRoute("169.254.0.100/32", None, 5, "169.254.0.101", TABLE)),
-     lambda c: c.route("replace", dst="169.254.0.100/32", oif=5, prefsrc="169.254.0.101", scope=253, table=TABLE)),
-    (lambda b: b.replace_route(KernelRoute("0.0.0.0/0", "169.254.0.100", 5, None, TABLE)),
-     lambda c: c.route("replace", dst="0.0.0.0/0", gateway="169.254.0.100", oif=5, table=TABLE)),
-    (lambda b: b.add_source_rule("169.254.0.101", TABLE, 31000),
-     lambda c: c.rule("add", src="169.254.0.101", src_len=32, table=TABLE, priority=31000)),
-])
+@pytest.mark.parametrize(
+    "ours, theirs",
+    [
+        (
+            lambda b: b.add_veth("o1234abcd0", "o1234abcd1", 7, mtu=1442, mac="00:22:0a:00:00:12", peer_mtu=1442),
+            lambda c: c.link(
+                "add",
+                ifname="o1234abcd0",
+                kind="veth",
+                mtu=1442,
+                address="00:22:0a:00:00:12",
+                state="up",
+                peer={"ifname": "o1234abcd1", "net_ns_fd": 7, "mtu": 1442},
+            ),
+        ),
+        (
+            lambda b: b.add_veth("h1234abcd0", "h1234abcd1", 7),
+            lambda c: c.link(
+                "add", ifname="h1234abcd0", kind="veth", state="up", peer={"ifname": "h1234abcd1", "net_ns_fd": 7}
+            ),
+        ),
+        (lambda b: b.set_up(1, "lo"), lambda c: c.link("set", index=1, state="up")),
+        (
+            lambda b: b.add_address(5, "x", "169.254.0.101", 16, noprefixroute=True),
+            lambda c: c.addr("add", index=5, address="169.254.0.101", prefixlen=16, flags=0x200),
+        ),
+        (
+            lambda b: b.add_address(2, "x", "198.18.0.12", 24),
+            lambda c: c.addr("add", index=2, address="198.18.0.12", prefixlen=24),
+        ),
+        (
+            lambda b: b.replace_route(KernelRoute("0.0.0.0/0", "198.18.0.1", 2, None)),
+            lambda c: c.route("replace", dst="0.0.0.0/0", gateway="198.18.0.1", oif=2, table=254),
+        ),
+        (
+            lambda b: b.replace_route(KernelRoute("198.19.0.0/16", "198.18.0.254", 2, None)),
+            lambda c: c.route("replace", dst="198.19.0.0/16", gateway="198.18.0.254", oif=2, table=254),
+        ),
+        (
+            lambda b: b.replace_route(KernelRoute("169.254.0.100/32", None, 5, "169.254.0.101", TABLE)),
+            lambda c: c.route(
+                "replace", dst="169.254.0.100/32", oif=5, prefsrc="169.254.0.101", scope=253, table=TABLE
+            ),
+        ),
+        (
+            lambda b: b.replace_route(KernelRoute("0.0.0.0/0", "169.254.0.100", 5, None, TABLE)),
+            lambda c: c.route("replace", dst="0.0.0.0/0", gateway="169.254.0.100", oif=5, table=TABLE),
+        ),
+        (
+            lambda b: b.add_source_rule("169.254.0.101", TABLE, 31000),
+            lambda c: c.rule("add", src="169.254.0.101", src_len=32, table=TABLE, priority=31000),
+        ),
+    ],
+)
 def test_requests_are_encoded_as_pyroute2_encodes_them(ours, theirs):
     assert _ours(ours).hex() == _pyroute2(theirs).hex()
 
@@ -68,8 +99,11 @@ def test_skip_rules_are_the_pair_iplib_adds():
     batch.add_skip_rules("169.254.0.0", 16, 30999, 31999)
     nop, skip = (_without_sequence(r.data) for r in batch._requests)
     assert nop == _pyroute2(lambda c: c.rule("add", priority=31999, action="FR_ACT_NOP"))
-    assert skip == _pyroute2(lambda c: c.rule("add", priority=30999, src="169.254.0.0", src_len=16, flags=2,
-                                              action="FR_ACT_GOTO", goto=31999))
+    assert skip == _pyroute2(
+        lambda c: c.rule(
+            "add", priority=30999, src="169.254.0.0", src_len=16, flags=2, action="FR_ACT_GOTO", goto=31999
+        )
+    )
 
 
 class FakeSocket:
@@ -81,9 +115,11 @@ class FakeSocket:
 
     def send(self, data: bytes) -> int:
         self.sent = data
-        acks = [struct.pack("=IHHIIi", 36, 2, 0x100, seq, 0, -code) + bytes(16)
-                for seq, code in enumerate(self.codes, start=1)]
-        self.replies = [b"".join(acks[i:i + self.per_read]) for i in range(0, len(acks), self.per_read)]
+        acks = [
+            struct.pack("=IHHIIi", 36, 2, 0x100, seq, 0, -code) + bytes(16)
+            for seq, code in enumerate(self.codes, start=1)
+        ]
+        self.replies = [b"".join(acks[i : i + self.per_read]) for i in range(0, len(acks), self.per_read)]
         return len(data)
 
     def recv(self, size: int) -> bytes:

@@ -2,8 +2,8 @@ import ipaddress
 
 import pytest
 
-from lbagent.workers.allocator import FIRST, AddressPair, ExhaustedError, PairAllocator, assign_ports
 import lbagent.workers.allocator as allocator
+from lbagent.workers.allocator import FIRST, AddressPair, ExhaustedError, PairAllocator, assign_ports
 
 
 def test_first_pair_starts_at_0_100():

@@ -28,8 +28,9 @@ class FakeProviderNetworks:
 @pytest.fixture
 async def agent(tmp_path, fake_render):
     queue = WorkQueue("t-agent", kind_of=kind_of)
-    worker = OvnWorker(FakeHost(), FakeHaproxy(), StateStore(tmp_path), resync_interval=3600,
-                       requeue=requeue_loadbalancers(queue))
+    worker = OvnWorker(
+        FakeHost(), FakeHaproxy(), StateStore(tmp_path), resync_interval=3600, requeue=requeue_loadbalancers(queue)
+    )
     controllers = wire(queue, worker, FakeProviderNetworks())
     queue.start(controllers.dispatcher, workers=4)
     yield worker, controllers, queue
@@ -37,8 +38,11 @@ async def agent(tmp_path, fake_render):
     await worker.stop()
 
 
-LBS = [selecting_lb("web", "198.18.0.12", "web"), selecting_lb("db", "198.18.0.13", "db"),
-       on_net2(lb_body("plain", ip="198.18.0.14"))]
+LBS = [
+    selecting_lb("web", "198.18.0.12", "web"),
+    selecting_lb("db", "198.18.0.13", "db"),
+    on_net2(lb_body("plain", ip="198.18.0.14")),
+]
 
 
 async def refresh(worker, generation, pods, mtu2=1442) -> dict[str, int]:
@@ -66,10 +70,16 @@ async def test_each_change_wakes_exactly_the_load_balancers_it_concerns(agent):
     assert worker.allocations["web"].ports == ports
     # A renamed pod: nobody, and every load balancer still reaches the generation.
     assert await refresh(worker, 4, [pod_body("w1", "198.18.0.29"), w2, {**d1, "name": "db-7"}]) == {
-        "web": 0, "db": 0, "plain": 0}
+        "web": 0,
+        "db": 0,
+        "plain": 0,
+    }
     # The subnet of plain.
     assert await refresh(worker, 5, [pod_body("w1", "198.18.0.29"), w2, d1], mtu2=1400) == {
-        "web": 0, "db": 0, "plain": 1}
+        "web": 0,
+        "db": 0,
+        "plain": 1,
+    }
     assert [s["mtu"] for s in controllers.subnets.status()] == [1442, 1400]
     assert controllers.provider_networks.updates == [["physnet1"]] * 5
 

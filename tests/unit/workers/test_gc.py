@@ -30,8 +30,9 @@ class FakeHaproxy:
 
 
 def make(max_deletions=50):
-    host = FakeHost(Inventory(frozenset({"lb-a", "lb-old"}), frozenset({"oaaaaaaaa1", "obbbbbbbb1"}),
-                              frozenset({"obbbbbbbb1"})))
+    host = FakeHost(
+        Inventory(frozenset({"lb-a", "lb-old"}), frozenset({"oaaaaaaaa1", "obbbbbbbb1"}), frozenset({"obbbbbbbb1"}))
+    )
     haproxy = FakeHaproxy({"a", "old"})
     return GarbageCollector(host, haproxy, max_deletions), host, haproxy
 
@@ -44,8 +45,12 @@ async def test_orphans_go_only_on_the_second_pass():
     assert await gc.run_once(lambda: USED) == []
     deleted = await gc.run_once(lambda: USED)
     assert deleted[0] == ("haproxy", "old")  # haproxy first
-    assert set(deleted) == {("haproxy", "old"), ("netns", "lb-old"), ("links", "obbbbbbbb1"),
-                            ("ovs_ports", "obbbbbbbb1")}
+    assert set(deleted) == {
+        ("haproxy", "old"),
+        ("netns", "lb-old"),
+        ("links", "obbbbbbbb1"),
+        ("ovs_ports", "obbbbbbbb1"),
+    }
     assert ("netns", "lb-a") not in host.deleted and haproxy.removed == ["old"]
 
 

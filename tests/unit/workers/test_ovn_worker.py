@@ -7,23 +7,12 @@ import asyncio
 import pytest
 
 from lbagent.desired.model import parse_desired_state
+from lbagent.errors import StaleGeneration
 from lbagent.state import StateStore
 from lbagent.workers import ovn_worker as worker_mod
-from lbagent.errors import StaleGeneration
 from lbagent.workers.ovn_worker import OvnWorker
 from tests.unit.fakes import FakeHaproxy, FakeHost
 from tests.unit.samples import lb_body, on_net2, pod_body, selecting_lb, state, two_subnets
-
-
-
-
-
-
-
-
-
-
-
 
 
 @pytest.fixture
@@ -217,10 +206,6 @@ async def _until(predicate):
         await asyncio.sleep(0.01)
 
 
-
-
-
-
 async def test_a_pod_change_requeues_exactly_the_load_balancers_selecting_it(worker):
     pods = [pod_body("w1", "198.18.0.21"), pod_body("d1", "198.18.0.40", app="db")]
     body = state(1, [selecting_lb("web", "198.18.0.12", "web"), selecting_lb("db", "198.18.0.13", "db")])
@@ -239,16 +224,18 @@ async def test_a_pod_change_requeues_exactly_the_load_balancers_selecting_it(wor
     assert worker.allocations["web"].ports == {"bg-1/w1": 1025, "bg-1/w2": 1026}
     members = worker.members(worker.desired.loadbalancer("web"))["bg-1"]
     assert [(m.key, m.address, m.port, m.mapped_port) for m in members] == [
-        ("bg-1/w1", "198.18.0.21", 8080, 1025), ("bg-1/w2", "198.18.0.22", 8080, 1026)]
-
-
-
-
+        ("bg-1/w1", "198.18.0.21", 8080, 1025),
+        ("bg-1/w2", "198.18.0.22", 8080, 1026),
+    ]
 
 
 async def test_a_refresh_queues_only_new_deleted_and_own_changed_load_balancers(worker):
-    lbs = [lb_body("a"), lb_body("b", ip="198.18.0.13"), on_net2(lb_body("c", ip="198.18.0.14")),
-           lb_body("d", ip="198.18.0.15")]
+    lbs = [
+        lb_body("a"),
+        lb_body("b", ip="198.18.0.13"),
+        on_net2(lb_body("c", ip="198.18.0.14")),
+        lb_body("d", ip="198.18.0.15"),
+    ]
     await apply(worker, two_subnets(1, lbs))
     assert await worker.wait_settled(1, 5)
     assert sorted(worker.queued) == ["a", "b", "c", "d"]
@@ -256,8 +243,11 @@ async def test_a_refresh_queues_only_new_deleted_and_own_changed_load_balancers(
     passes = {k: t.passes for k, t in worker.tasks.items()}
 
     # a unchanged; b's own spec changed; c's subnet changed (a dependency only); d deleted.
-    lbs = [lb_body("a"), lb_body("b", ip="198.18.0.13", backends=("be-1", "be-2")),
-           on_net2(lb_body("c", ip="198.18.0.14"))]
+    lbs = [
+        lb_body("a"),
+        lb_body("b", ip="198.18.0.13", backends=("be-1", "be-2")),
+        on_net2(lb_body("c", ip="198.18.0.14")),
+    ]
     await apply(worker, two_subnets(2, lbs, mtu2=1400))
     assert sorted(worker.queued) == ["b", "d"]
     a, c = worker.tasks["a"], worker.tasks["c"]
@@ -334,6 +324,7 @@ async def test_resyncs_are_spread_so_all_together_stay_under_the_rate(tmp_path):
 
 async def test_new_load_balancers_whose_names_collide_get_the_next_salt(tmp_path, monkeypatch):
     from types import SimpleNamespace
+
     # Every id hashes to the same tag for a given salt: only the salt tells them apart.
     monkeypatch.setattr(worker_mod, "interface_names", lambda lb_id, salt=0: SimpleNamespace(tag=f"t{salt}"))
     worker = OvnWorker(FakeHost(), FakeHaproxy(), StateStore(tmp_path), resync_interval=3600)
@@ -350,6 +341,7 @@ async def apply_parsed(worker, parser, body):
 async def test_a_refresh_changing_one_of_many_derives_only_its_members_again(worker, monkeypatch):
     from lbagent.desired.parser import RefreshParser
     from lbagent.workers import plan
+
     parser, derived = RefreshParser(), []
     group_targets = plan.group_targets
     monkeypatch.setattr(plan, "group_targets", lambda lb, pods: derived.append(lb.id) or group_targets(lb, pods))
@@ -366,6 +358,7 @@ async def test_a_refresh_changing_one_of_many_derives_only_its_members_again(wor
 
 async def test_a_reused_load_balancer_still_follows_the_pods_it_selects(worker):
     from lbagent.desired.parser import RefreshParser
+
     parser = RefreshParser()
     body = state(1, [selecting_lb("web", "198.18.0.12", "web"), lb_body("plain", ip="198.18.0.13")])
     body["pods"] = [pod_body("w1", "198.18.0.21")]
@@ -386,10 +379,12 @@ async def test_a_refresh_looks_again_only_at_the_load_balancers_it_changed(worke
     and pods: their fingerprints are not computed again, and they still reach
     the new generation without a pass. A changed subnet list turns that off."""
     from lbagent.desired.parser import RefreshParser
+
     parser, looked_at = RefreshParser(), []
     own_fingerprint = OvnWorker._own_fingerprint
-    monkeypatch.setattr(OvnWorker, "_own_fingerprint",
-                        lambda self, lb_id: looked_at.append(lb_id) or own_fingerprint(self, lb_id))
+    monkeypatch.setattr(
+        OvnWorker, "_own_fingerprint", lambda self, lb_id: looked_at.append(lb_id) or own_fingerprint(self, lb_id)
+    )
     lbs = [lb_body(f"lb-{i}", ip=f"198.18.0.{20 + i}") for i in range(5)]
     await apply_parsed(worker, parser, state(1, lbs))
     assert await worker.wait_settled(1, 5)

@@ -12,12 +12,18 @@ import pytest
 from lbagent.desired.model import ProviderNetwork
 from lbagent.ovnhost import bridges as bridges_mod
 from lbagent.ovnhost.bridges import (
-    INTERFACE_KEY, MOVED_ADDRESSES_KEY, NETWORK_KEY, BridgeReport, Moved, ProviderBridgeError, ProviderBridges,
+    INTERFACE_KEY,
+    MOVED_ADDRESSES_KEY,
+    NETWORK_KEY,
+    BridgeReport,
+    Moved,
+    ProviderBridgeError,
+    ProviderBridges,
     in_scope_order,
 )
-from lbagent.ovnhost.iplib import Address, Link, MovableRoute
 from lbagent.ovnhost.errors import OvsdbError
 from lbagent.ovnhost.inventory import OWNER_KEY
+from lbagent.ovnhost.iplib import Address, Link, MovableRoute
 from lbagent.ovnhost.ovs import PortState
 from lbagent.ovnhost.provider_ovs import BridgeMappingConflict, BridgeState, merge_bridge_mapping, parse_bridge_mappings
 from lbagent.workers.dispatch import PROVIDER_NETWORK, Dispatcher, kind_of
@@ -29,9 +35,12 @@ WAIT = 5.0
 
 
 def net(name="physnet1", default="eth1", custom=None, exclude=()):
-    return ProviderNetwork(name=name, default_interface=default,
-                           custom_interfaces=[{"interface": i, "hosts": h} for i, h in (custom or {}).items()],
-                           exclude_hosts=list(exclude))
+    return ProviderNetwork(
+        name=name,
+        default_interface=default,
+        custom_interfaces=[{"interface": i, "hosts": h} for i, h in (custom or {}).items()],
+        exclude_hosts=list(exclude),
+    )
 
 
 # --- ovn-bridge-mappings -----------------------------------------------------------
@@ -57,22 +66,24 @@ def test_merge_bridge_mapping_never_overwrites_someone_elses_entry():
     with pytest.raises(BridgeMappingConflict, match="physnet1 to br-theirs"):
         merge_bridge_mapping("physnet1:br-theirs", "physnet1", "br-physnet1")
     # Removing ours leaves theirs.
-    assert merge_bridge_mapping("physnet1:br-theirs", "physnet1", "br-physnet1", present=False) == \
-        "physnet1:br-theirs"
+    assert merge_bridge_mapping("physnet1:br-theirs", "physnet1", "br-physnet1", present=False) == "physnet1:br-theirs"
 
 
 # --- records and ordering --------------------------------------------------------------
 
 
 def test_moved_record_round_trips_through_external_ids():
-    moved = Moved(frozenset({Address("198.18.1.2", 24, "198.18.1.255"), Address("198.18.2.2", 24, None, True)}),
-                  frozenset({MovableRoute("198.18.5.0/24", "198.18.1.1", metric=50, proto=4),
-                             MovableRoute("0.0.0.0/0", "198.18.1.1")}))
+    moved = Moved(
+        frozenset({Address("198.18.1.2", 24, "198.18.1.255"), Address("198.18.2.2", 24, None, True)}),
+        frozenset(
+            {MovableRoute("198.18.5.0/24", "198.18.1.1", metric=50, proto=4), MovableRoute("0.0.0.0/0", "198.18.1.1")}
+        ),
+    )
     assert Moved.from_external_ids(moved.external_ids()) == moved
     assert moved.external_ids() == Moved.from_external_ids(moved.external_ids()).external_ids()  # stable text
     assert Moved.from_external_ids({}) == Moved()
     with pytest.raises(ProviderBridgeError, match="unreadable"):
-        Moved.from_external_ids({MOVED_ADDRESSES_KEY: "[{\"nope\": 1}]"})
+        Moved.from_external_ids({MOVED_ADDRESSES_KEY: '[{"nope": 1}]'})
 
 
 def test_routes_are_added_narrow_scope_first():
@@ -132,8 +143,9 @@ class FakeNetlink:
 
     def delete_address(self, link, addr):
         self.writes += 1
-        self.addrs[link.index] = {a for a in self.addrs[link.index]
-                                  if (a.address, a.prefixlen) != (addr.address, addr.prefixlen)}
+        self.addrs[link.index] = {
+            a for a in self.addrs[link.index] if (a.address, a.prefixlen) != (addr.address, addr.prefixlen)
+        }
         if not self.addrs[link.index]:
             self.routes[link.index].clear()  # the kernel flushes a link's routes with its last address
 
@@ -252,8 +264,9 @@ def test_ensure_moves_addresses_and_routes_and_records_them(host):
     assert state.datapath_type == "netdev" and state.mtu_request == 9000
     assert state.external_ids[OWNER_KEY] == ovs.owner and state.external_ids[NETWORK_KEY] == "physnet1"
     assert state.external_ids[INTERFACE_KEY] == "eth1"
-    assert Moved.from_external_ids(state.external_ids) == Moved(frozenset({ADDR, EXTRA_ADDR}),
-                                                                 frozenset({ROUTE, DEVICE_ROUTE}))
+    assert Moved.from_external_ids(state.external_ids) == Moved(
+        frozenset({ADDR, EXTRA_ADDR}), frozenset({ROUTE, DEVICE_ROUTE})
+    )
     assert ovs.ports == {"eth1": "br-physnet1"}
     assert ovs.mappings == "physnet-foreign:br-foreign,physnet1:br-physnet1"
     assert bridges.owned_networks() == {"physnet1"}
@@ -310,14 +323,19 @@ def test_a_new_uplink_gets_the_bridge_after_the_old_one_got_its_own_back(host):
     assert Moved.from_external_ids(ovs.bridges["br-physnet1"].external_ids) == Moved(frozenset({other}))
 
 
-@pytest.mark.parametrize("setup, message", [
-    (lambda nl, ovs: setattr(ovs, "datapath", None), "integration bridge br-int not found"),
-    (lambda nl, ovs: nl.drop("eth1"), "interface eth1 of provider network physnet1 not found"),
-    (lambda nl, ovs: ovs.ports.update(eth1="br-other"), "already a port of bridge br-other"),
-    (lambda nl, ovs: ovs.bridges.update({"br-physnet1": BridgeState("br-physnet1", "netdev", {})}),
-     "not managed by this agent"),
-    (lambda nl, ovs: setattr(ovs, "create_devices", False), "did not create device br-physnet1"),
-])
+@pytest.mark.parametrize(
+    "setup, message",
+    [
+        (lambda nl, ovs: setattr(ovs, "datapath", None), "integration bridge br-int not found"),
+        (lambda nl, ovs: nl.drop("eth1"), "interface eth1 of provider network physnet1 not found"),
+        (lambda nl, ovs: ovs.ports.update(eth1="br-other"), "already a port of bridge br-other"),
+        (
+            lambda nl, ovs: ovs.bridges.update({"br-physnet1": BridgeState("br-physnet1", "netdev", {})}),
+            "not managed by this agent",
+        ),
+        (lambda nl, ovs: setattr(ovs, "create_devices", False), "did not create device br-physnet1"),
+    ],
+)
 def test_ensure_refuses_what_it_cannot_do(host, setup, message):
     nl, ovs, bridges = host
     setup(nl, ovs)
@@ -386,7 +404,7 @@ class FakeBridges:
                 raise AssertionError(f"timed out waiting for {what}; calls: {self.calls}")
             try:
                 await asyncio.wait_for(self.changed.wait(), remaining)
-            except asyncio.TimeoutError:
+            except TimeoutError:
                 pass
 
 
@@ -434,10 +452,24 @@ async def test_networks_become_ready_with_this_hosts_interface(controller):
     networks = [net("physnet1"), net("physnet2", default="eth3", custom={"eth2": [HOST, "gw-9"]})]
     assert await apply(ctl, fake, networks, 2) == [("ensure", "physnet1", "eth1"), ("ensure", "physnet2", "eth2")]
     assert ctl.status() == [
-        {"name": "physnet1", "state": "ready", "bridge": "br-physnet1", "interface": "eth1", "mtu": 1500,
-         "error": None, "retries": 0},
-        {"name": "physnet2", "state": "ready", "bridge": "br-physnet2", "interface": "eth2", "mtu": 1500,
-         "error": None, "retries": 0},
+        {
+            "name": "physnet1",
+            "state": "ready",
+            "bridge": "br-physnet1",
+            "interface": "eth1",
+            "mtu": 1500,
+            "error": None,
+            "retries": 0,
+        },
+        {
+            "name": "physnet2",
+            "state": "ready",
+            "bridge": "br-physnet2",
+            "interface": "eth2",
+            "mtu": 1500,
+            "error": None,
+            "retries": 0,
+        },
     ]
 
 
@@ -459,8 +491,9 @@ async def test_excluded_host_and_removed_network_are_cleaned_up(controller):
     await ctl.start()
     await apply(ctl, fake, [net("a"), net("b")], 2)
     assert await apply(ctl, fake, [net("a", exclude=[HOST])], 2) == [("remove", "a"), ("remove", "b")]
-    assert ctl.status() == [{"name": "a", "state": "excluded", "bridge": None, "interface": None, "mtu": None,
-                             "error": None, "retries": 0}]
+    assert ctl.status() == [
+        {"name": "a", "state": "excluded", "bridge": None, "interface": None, "mtu": None, "error": None, "retries": 0}
+    ]
 
 
 async def test_a_network_without_an_interface_for_this_host_counts_as_excluded(controller):
@@ -525,8 +558,10 @@ async def test_a_result_for_a_spec_that_changed_meanwhile_is_not_reported(contro
     ctl.update([net("a")])
     original = ctl._desired["a"]
     # The pass reads spec 1, and the spec changes before it finishes.
-    fake.ensure = lambda network, interface: (ctl.update([net("a", default="eth9")]),
-                                              BridgeReport("br-a", interface, 1500, False))[1]
+    fake.ensure = lambda network, interface: (
+        ctl.update([net("a", default="eth9")]),
+        BridgeReport("br-a", interface, 1500, False),
+    )[1]
     await ctl.reconcile("a")
     assert ctl._desired["a"] is not original
     assert ctl.status()[0]["state"] == "pending" and ctl.status()[0]["interface"] == "eth9"

@@ -9,7 +9,6 @@ bounds with a wide margin."""
 import asyncio
 
 import pytest
-
 from prometheus_client import REGISTRY
 
 from lbagent.workers.dispatch import Dispatcher, key, kind_of
@@ -41,8 +40,6 @@ class Recorder:
     async def wait_calls(self, count: int, timeout: float = WAIT) -> None:
         async with self._cond:
             await asyncio.wait_for(self._cond.wait_for(lambda: len(self.calls) >= count), timeout)
-
-
 
 
 @pytest.fixture
@@ -87,8 +84,8 @@ def test_token_bucket_rejects_nonsense():
 
 async def test_waiting_keys_are_deduplicated(make_queue):
     queue, handler = make_queue(), Recorder()
-    for key in ("a", "b", "a", "a", "b"):
-        queue.add(key)
+    for name in ("a", "b", "a", "a", "b"):
+        queue.add(name)
     assert queue.depth == 2
     queue.start(handler, workers=2)
     await handler.wait_calls(2)
@@ -203,8 +200,8 @@ async def test_add_after_fires(make_queue):
 async def test_overall_rate_limit_spaces_handler_starts(make_queue):
     queue, handler = make_queue(rate=100, burst=2), Recorder()
     keys = [f"k{i}" for i in range(12)]
-    for key in keys:
-        queue.add(key)
+    for name in keys:
+        queue.add(name)
     queue.start(handler, workers=4)
     await handler.wait_calls(len(keys))
     times = sorted(t for _, t in handler.calls)

@@ -11,8 +11,13 @@ from lbagent.workers.queue import WorkQueue
 from lbagent.workers.subnets import SubnetController
 from tests.unit.fakes import KickHarness
 
-NET1 = {"id": "net-1", "cidr": "198.18.0.0/24", "gateway": "198.18.0.1", "mtu": 1442,
-        "routes": [{"cidr": "198.19.0.0/16", "nexthop": "198.18.0.254"}]}
+NET1 = {
+    "id": "net-1",
+    "cidr": "198.18.0.0/24",
+    "gateway": "198.18.0.1",
+    "mtu": 1442,
+    "routes": [{"cidr": "198.19.0.0/16", "nexthop": "198.18.0.254"}],
+}
 NET2 = {"id": "net-2", "cidr": "198.18.1.0/24", "gateway": "198.18.1.1"}
 
 
@@ -21,8 +26,9 @@ def subnet(body=NET1, **changes) -> Subnet:
 
 
 def lb(lb_id: str, subnet_id: str) -> LoadBalancer:
-    return LoadBalancer.model_validate({"id": lb_id, "network": {
-        "subnet_id": subnet_id, "ip": "198.18.0.12", "mac": "00:22:0a:00:00:12"}})
+    return LoadBalancer.model_validate(
+        {"id": lb_id, "network": {"subnet_id": subnet_id, "ip": "198.18.0.12", "mac": "00:22:0a:00:00:12"}}
+    )
 
 
 LBS = [lb("a", "net-1"), lb("b", "net-1"), lb("c", "net-2")]
@@ -49,13 +55,16 @@ async def test_reconcile_kicks_exactly_the_load_balancers_on_that_subnet():
     assert kicks == ["c"]
 
 
-@pytest.mark.parametrize("change", [
-    {"gateway": "198.18.0.254"},
-    {"mtu": 1400},
-    {"routes": [{"cidr": "198.19.0.0/16", "nexthop": "198.18.0.253"}]},
-    {"routes": []},
-    {"cidr": "198.18.0.0/23"},
-])
+@pytest.mark.parametrize(
+    "change",
+    [
+        {"gateway": "198.18.0.254"},
+        {"mtu": 1400},
+        {"routes": [{"cidr": "198.19.0.0/16", "nexthop": "198.18.0.253"}]},
+        {"routes": []},
+        {"cidr": "198.18.0.0/23"},
+    ],
+)
 async def test_a_changed_subnet_kicks_exactly_its_load_balancers(harness, change):
     assert await harness.refresh([subnet(), subnet(NET2)], LBS) == []  # the first state: every LB is new anyway
     assert await harness.refresh([subnet(**change), subnet(NET2)], LBS) == ["a", "b"]
@@ -77,9 +86,17 @@ async def test_status_says_what_each_subnet_is_and_how_its_load_balancers_are(ha
     harness.states.update(a="ready", b="ready", c="ready")
     await harness.refresh([subnet(), subnet(NET2)], LBS)
     net1, net2 = harness.ctl.status()
-    assert net1 == {"id": "net-1", "state": "ready", "loadbalancers": 2, "cidr": "198.18.0.0/24",
-                    "gateway": "198.18.0.1", "mtu": 1442,
-                    "routes": [{"cidr": "198.19.0.0/16", "nexthop": "198.18.0.254"}], "retries": 0, "error": None}
+    assert net1 == {
+        "id": "net-1",
+        "state": "ready",
+        "loadbalancers": 2,
+        "cidr": "198.18.0.0/24",
+        "gateway": "198.18.0.1",
+        "mtu": 1442,
+        "routes": [{"cidr": "198.19.0.0/16", "nexthop": "198.18.0.254"}],
+        "retries": 0,
+        "error": None,
+    }
     assert net2["mtu"] == 1442 and net2["routes"] == [] and net2["loadbalancers"] == 1
 
     harness.states["b"] = "pending"
@@ -92,8 +109,10 @@ async def test_status_says_what_each_subnet_is_and_how_its_load_balancers_are(ha
     many = [lb(f"lb{i}", "net-2") for i in range(5)]
     harness.states.update({f"lb{i}": "error" for i in range(5)})
     await harness.refresh([subnet(NET2)], many)
-    assert harness.ctl.status()[0]["error"] == \
-        "5 of 5 load balancers on this subnet failed their last pass: lb0, lb1, lb2, …"
+    assert (
+        harness.ctl.status()[0]["error"]
+        == "5 of 5 load balancers on this subnet failed their last pass: lb0, lb1, lb2, …"
+    )
 
 
 async def test_a_subnet_is_pending_while_its_change_waits_and_shows_a_failed_kick():
