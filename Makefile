@@ -48,7 +48,7 @@ lint: venv
 	$(VENV)/bin/ruff format --check .
 	$(VENV)/bin/mypy
 
-test: deps venv
+test: deps venv lint
 	env -u LBAGENT_UPDATE_GOLDEN $(PY) -m pytest -p no:cacheprovider --cov=lbagent --cov-branch --cov-report=term $(PYTEST_ARGS)
 
 unit: venv

@@ -66,7 +66,6 @@ class Changes(Part):
         self, lb_id: str, text: str | None, files: Mapping[str, bytes] | None = None
     ) -> PreparedChange | None:
         """The change staged and checked, holding its load balancer's lock (see `HaproxyManager.prepare`)."""
-        self._work.bind()
         files = dict(files or {})
         self._paths.lb_file(lb_id)  # refuses an id that is no file name, before any I/O
         await self._locks.acquire(lb_id)
@@ -86,6 +85,7 @@ class Changes(Part):
 
     def queue(self, prepared: PreparedChange) -> asyncio.Future:
         """To the running worker or the next reload batch (see `HaproxyManager.queue`)."""
+        done: asyncio.Future
         if prepared.edits is not None:
             done = asyncio.ensure_future(self._live.apply(prepared.staged, prepared.edits))
         else:
@@ -124,7 +124,7 @@ class Changes(Part):
         return staged
 
     def _bulk_checker(self) -> BulkChecker:
-        """Made on first use: it shares `check_slots`, which `bind` makes."""
+        """Made on first use; it shares `check_slots` with the checks of candidates with files."""
         if self._bulk_checks is None:
             self._bulk_checks = BulkChecker(
                 lambda paths: self._work.lb_work.run(self._process.check, paths), self._work.check_slots

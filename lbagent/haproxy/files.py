@@ -275,7 +275,7 @@ def remove_tree(path: Path) -> None:
 
 def empty_dir(directory: Path) -> list[str]:
     """Remove everything in `directory` (files, links, whole subdirectories); the removed paths."""
-    removed = []
+    removed: list[str] = []
     if not directory.is_dir():
         return removed
     for entry in sorted(directory.iterdir()):

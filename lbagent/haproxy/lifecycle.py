@@ -29,7 +29,6 @@ class Lifecycle(Part):
 
     async def start(self) -> None:
         """Write the base file if it changed and adopt the running master, or start one."""
-        self._work.bind()
         self._paths.check_socket_paths()
         # Changes a previous agent staged but never installed: not live, and no longer wanted.
         await self._work.process_work.run(empty_dir, self._paths.staging_dir)
@@ -53,14 +52,12 @@ class Lifecycle(Part):
 
     async def stop(self) -> bool:
         """Stop the master and its workers; False if none ran."""
-        self._work.bind()
         async with self._work.process_lock:
             return await self._work.process_work.run(self._process.stop)
 
     async def supervise_once(self) -> bool:
         """Start the master again, on the files on disk, if it is gone. True if it had to.
         Also deletes the servers a live edit left in maintenance, once unconnected."""
-        self._work.bind()
         if self._process.is_running():
             if self._worker.retry_due(asyncio.get_running_loop().time()):
                 await self._reload_what_is_due()

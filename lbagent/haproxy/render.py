@@ -257,7 +257,7 @@ def _servers(members: list[Member], inner: str, listener, use_ssl: bool, cookies
     scheduler = listener.scheduler
     listener_keyword = _lookup(SEND_PROXY, listener.send_proxy, "send_proxy")
     servers = []
-    seen: dict[str, set[str]] = {"name": set(), "cookie": set()}
+    seen: dict[str, set[str | None]] = {"name": set(), "cookie": set()}
     for member in members:
         name = server_name(member.key)
         cookie = server_cookie(member.key) if cookies else None

@@ -90,7 +90,7 @@ def rule_views(rules, backend_name_of, own_scheme: str) -> tuple[RuleView, ...]:
             RuleView(
                 id=rule.id,
                 host_exact=None if wildcard else domain,
-                host_suffix=domain[1:] if wildcard else None,
+                host_suffix=domain[1:] if wildcard and domain is not None else None,
                 path_prefix=rule.path or None,
                 backend=backend_name_of(rule) if rule.redirect is None else None,
                 redirect=redirect_view(rule.redirect, own_scheme) if rule.redirect is not None else None,

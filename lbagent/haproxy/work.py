@@ -6,8 +6,9 @@ files (`lb_work`) and the stats socket (`stats_work`): reloads and starts
 never wait behind candidate checks, nor status behind either.
 
 `process_lock` lets one start, stop, reload or live edit at a time at the
-master; `check_slots` bounds the `haproxy -c` processes running at once. Both
-are bound to the event loop, so `bind` creates them on first use.
+master; `check_slots` bounds the `haproxy -c` processes running at once.
+(asyncio's locks bind to the loop that first waits on them, not the one
+running when they are made, so they are made here.)
 """
 
 from __future__ import annotations
@@ -22,20 +23,12 @@ MAX_PARALLEL_CHECKS = 4
 
 class HaproxyWork:
     def __init__(self) -> None:
-        self._bound = False
-        self.process_lock: asyncio.Lock | None = None
-        self.check_slots: asyncio.Semaphore | None = None
+        self.process_lock = asyncio.Lock()
+        self.check_slots = asyncio.Semaphore(MAX_PARALLEL_CHECKS)
         # Reloads and starts never wait behind candidate checks, nor status behind either.
         self.process_work = BlockingPool("haproxy-process", 1)
         self.lb_work = BlockingPool("haproxy-files", MAX_PARALLEL_CHECKS)
         self.stats_work = BlockingPool("haproxy-stats", 1)
-
-    def bind(self) -> None:
-        # Created on first use, inside the running loop that will use them.
-        if not self._bound:
-            self._bound = True
-            self.check_slots = asyncio.Semaphore(MAX_PARALLEL_CHECKS)
-            self.process_lock = asyncio.Lock()
 
     async def tidied(self) -> None:
         """Returns once the staging directories of installed changes are gone.
