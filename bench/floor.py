@@ -24,7 +24,7 @@ so it acts there without entering again); interface indexes are chosen up
 front so a batch can name the links it creates. One setns() out of each new
 namespace.
 The OVS ports are added in one OVSDB transaction for all load balancers,
-timed separately (`ovs_seconds`): the issue's floor is the kernel part.
+timed separately (`ovs_seconds`): the floor the agent is held to is the kernel part.
 
 Everything carries the run's prefix (namespace names, link names) or lives
 in ranges the agent does not use (reply tables 0x4C43xxxx, rule priorities

@@ -1,4 +1,4 @@
-"""Targets of issue 7, the one table `make bench` prints, and the machine it ran on."""
+"""The benchmark's targets, the one table `make bench` prints, and the machine it ran on."""
 
 from __future__ import annotations
 

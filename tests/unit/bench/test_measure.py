@@ -1,6 +1,6 @@
 """The benchmark's choice of the P1 run to report: the median ratio, a run that never converged counting as slowest."""
 
-from bench.run import median_run
+from bench.measure import median_run
 
 
 def test_the_middle_ratio_is_the_figure():

@@ -1,0 +1,276 @@
+"""The benchmark's legs after P1: P2 and P6 (an idle window: writes, reloads, CPU, memory), P3 (a
+change reaching a polling client), P4 (throughput against the direct and OVN native paths), P5
+(requests during reloads and live changes)."""
+
+from __future__ import annotations
+
+import statistics
+import threading
+import time
+
+import psutil
+
+from bench import report
+from bench.common import (
+    BACKEND_HOSTS,
+    OVN_LB_VIP,
+    P3_CHANGE_LIMIT,
+    P3_GIVE_UP,
+    P3_POLL_SAMPLE,
+    P5_RELOAD_LIMIT,
+    SPARE_HOSTS,
+    four_backends,
+    lb_body,
+    say,
+)
+from bench.measure import (
+    CpuSplit,
+    Poller,
+    applied_after,
+    last_emergency,
+    metric,
+)
+from bench.traffic import BACKEND_PORT, LoadLoop, http_text, run_load
+from devtools.sandbox import wait_for
+
+from lbstate import backend
+
+
+class TrafficLegs:
+    def _p3(self, n: int, resize: bool = False) -> None:
+        if resize:
+            self.lbs = [lb_body(self.prefix, i) for i in range(n)]
+            say(f"==> P3 at N={n}: the agent now holds {n} load balancers")
+            self._post_accepted()
+            wait_for(
+                lambda: (
+                    metric(self.agent, 'lbagent_loadbalancers{state="ready"}') == n
+                    and metric(self.agent, 'lbagent_loadbalancers{state="deleting"}') == 0
+                ),
+                self.config.converge_timeout,
+                f"{n} load balancers ready, the others deleted",
+                interval=0.5,
+            )
+        changes = self.config.changes
+        say(
+            f"==> P3 N={n}: {changes} POSTs that replace one backend of {self.lbs[0]['id']}, "
+            "each timed to the first answer from the new backend"
+        )
+        vip = self.lbs[0]["network"]["ip"]
+        wait_for(lambda vip=vip: self.pool.call(http_text, vip, 80) in BACKEND_HOSTS, 30, f"{vip}:80 answering")
+        poller = Poller(self.pool, vip, 80)
+        # How long one round of requests (one per client) takes on the data path
+        # alone at this N: the resolution of every latency below, and part of each.
+        requests_before, poll_started = poller.requests, time.monotonic()
+        threading.Event().wait(P3_POLL_SAMPLE)
+        rounds = max(1.0, (poller.requests - requests_before) / poller.clients)
+        poll_ms = (time.monotonic() - poll_started) / rounds * 1000
+        latencies, posts, missed, posted_at = [], [], 0, []
+        # Profiled at the largest N only: that is where the POST and the reload grow.
+        profile = self._profile_start(f"p3-n{n}", changes * 1.5) if n == self.config.ns[-1] else None
+        try:
+            for k in range(1, changes + 1):
+                spare = "s1" if k % 2 else "s2"
+                members = four_backends()[:3] + [backend(f"be-x{k}", SPARE_HOSTS[spare], BACKEND_PORT)]
+                self.lbs[0] = lb_body(self.prefix, 0, members)
+                body = self._body()
+                poller.watch_for(spare)
+                posted_at.append(time.time())
+                started = time.monotonic()
+                self._post_accepted(body)
+                posts.append(time.monotonic() - started)
+                # The answer from the new backend is the signal; the POST itself only says "accepted".
+                if poller.seen.wait(P3_CHANGE_LIMIT):
+                    latencies.append(poller.seen_at - started)
+                else:
+                    missed += 1
+                    if missed >= P3_GIVE_UP:  # an agent this far behind: more changes only take longer
+                        say(f"    {missed} changes not seen within {P3_CHANGE_LIMIT:.0f} s each: giving up")
+                        break
+        finally:
+            poller.close()
+        self.lbs[0] = lb_body(self.prefix, 0)
+        self._post_accepted()
+        if not missed:
+            wait_for(
+                lambda: self.pool.call(http_text, vip, 80) == "b4", P3_CHANGE_LIMIT, f"{vip} back on b4", interval=0.05
+            )
+        entry = {
+            "n": n,
+            "changes": len(latencies) + missed,
+            "missed": missed,
+            "p50": round(report.percentile(latencies, 0.5), 4) if latencies else None,
+            "p99": round(report.percentile(latencies, 0.99), 4) if latencies else None,
+            "max": round(max(latencies), 4) if latencies else None,
+            "post_p50": round(statistics.median(posts), 4),
+            "latencies": [round(x, 4) for x in latencies],
+            "poll_requests": poller.requests,
+            "poll_failures": poller.failures,
+            "poll_ms": round(poll_ms, 1),
+            "poll_clients": poller.clients,
+        }
+        # When the agent had each change in haproxy, from its own log: what the
+        # rest of each latency is (the data path, and the poller catching up).
+        applied = applied_after(self.agent.log_path, self.lbs[0]["id"], posted_at)
+        if applied:
+            entry["agent_p50"] = round(report.percentile(applied, 0.5), 4)
+            entry["agent_p99"] = round(report.percentile(applied, 0.99), 4)
+        if not latencies:
+            entry["p50"] = entry["p99"] = float("inf")
+        if profile is not None:
+            entry["profile"] = self._profile_finish(profile)
+        self.results["p3"].append(entry)
+        say(
+            f"    p50 {entry['p50'] * 1000:.0f} ms, p99 {entry['p99'] * 1000:.0f} ms (POST p50 "
+            f"{entry['post_p50'] * 1000:.0f} ms to 202; {poller.failures} failed polls of {poller.requests}; "
+            f"{missed} not seen within {P3_CHANGE_LIMIT:.0f} s)"
+        )
+
+    def _p4(self, n: int) -> None:
+        seconds, conns = self.config.wrk_seconds, self.config.connections
+        vip = self.lbs[0]["network"]["ip"]
+        legs = {"loadbalancer": [(vip, 80)] * 4, "direct": [(ip, BACKEND_PORT) for ip in BACKEND_HOSTS.values()]}
+        self.results["p4"] = {"n": n}
+        for leg, targets in legs.items():
+            say(f"==> P4 {leg}: {conns} keep-alive connections for {seconds:.0f} s")
+            split = CpuSplit(self._processes())
+            result = run_load(self.client, targets, seconds, conns, pool=self.pool)
+            self.results["p4"][leg] = {**result.as_dict(), "cpu_cores": split.finish()}
+            say(
+                f"    {result.rps:,.0f} requests/s ({result.errors} errors); cores busy: "
+                + ", ".join(f"{k} {v:.2f}" for k, v in self.results["p4"][leg]["cpu_cores"].items())
+            )
+
+    def _processes(self) -> dict[str, list[int]]:
+        """The processes that do P1's and P4's work, by role (their children, e.g. workers, included)."""
+        by_role = {
+            "ovs-vswitchd": [self._vswitchd().pid()],
+            "ovn-controller": [next(d for d in self.sandbox.daemons if d.name == "ovn-controller").pid()],
+            "nginx": [proc.pid for proc in self.backends.processes()],
+            "agent": [self.agent.proc.pid] if self.agent else [],
+        }
+        if self.agent is not None:
+            by_role["haproxy"] = [self.agent.status()["agent"]["haproxy"]["pid"]]
+        return {role: [p for p in pids if p] for role, pids in by_role.items()}
+
+    def _p4_ovn(self) -> None:
+        """The OVN native load balancer leg, last: OVS 3.1's userspace conntrack has been seen to
+        assert under this load, and a crash must not take the other figures with it."""
+        seconds, conns = self.config.wrk_seconds, self.config.connections
+        say(f"==> P4 ovn_lb: {conns} keep-alive connections for {seconds:.0f} s")
+        self._attach_ovn_lb(True)
+        try:
+            split = CpuSplit(self._processes())
+            result = run_load(self.client, [(OVN_LB_VIP, 80)] * 4, seconds, conns, pool=self.pool)
+            self.results["p4"]["ovn_lb"] = {**result.as_dict(), "cpu_cores": split.finish()}
+            say(
+                f"    {result.rps:,.0f} requests/s ({result.errors} errors); cores busy: "
+                + ", ".join(f"{k} {v:.2f}" for k, v in self.results["p4"]["ovn_lb"]["cpu_cores"].items())
+            )
+        except RuntimeError as exc:
+            self.results["p4"]["ovn_lb"] = {"rps": 0.0, "error": str(exc)[:300]}
+        daemon = self._vswitchd()
+        if not daemon.running():
+            crash = last_emergency(daemon.logfile)
+            self.results["p4"]["ovn_lb"] = {
+                **self.results["p4"]["ovn_lb"],
+                "rps": 0.0,
+                "error": f"ovs-vswitchd crashed: {crash}",
+            }
+            say(f"    ovs-vswitchd crashed ({crash}); restarting it for the teardown")
+            self.sandbox.restart("ovs-vswitchd")
+        self._attach_ovn_lb(False)
+
+    def _p5(self, n: int) -> None:
+        # Reloads: a listener timeout alternates (a change only a reload applies)
+        # while a fifth backend comes and goes. Then the same scale-out and -in
+        # alone, which the running haproxy takes without a reload.
+        self.results["p5"] = self._changes_under_load(n, "reloads", "lbagent_haproxy_reloads_total", reload=True)
+        self.lbs[0] = lb_body(self.prefix, 0)  # as P5 found it: the live changes start from there
+        self._post(wait=P5_RELOAD_LIMIT)
+        self.results["p5"]["live"] = self._changes_under_load(
+            n, "live backend changes", "lbagent_haproxy_live_updates_total", reload=False
+        )
+
+    def _changes_under_load(self, n: int, what: str, counter: str, reload: bool) -> dict:
+        changes = self.config.reloads
+        conns = max(4, self.config.connections // 4)
+        vip = self.lbs[0]["network"]["ip"]
+        say(f"==> P5 {changes} {what} under steady load: {conns} clients, a new connection per request")
+        stop = threading.Event()
+        load = LoadLoop(self.pool, [(vip, 80)], conns, stop)
+        done = 0
+        try:
+            load.wait_for_requests(50, 30)  # the load is under way before the first change
+            for k in range(changes):
+                # Every backend answers 200 all along.
+                members = four_backends()
+                if k % 2 == 0:
+                    members.append(backend("be-p5", SPARE_HOSTS["s1"], BACKEND_PORT))
+                listener = {"timeouts": {"client_idle": 60 + k % 2}} if reload else {}
+                self.lbs[0] = lb_body(self.prefix, 0, members, **listener)
+                before = metric(self.agent, counter) or 0
+                self._post_accepted()
+                try:
+                    wait_for(
+                        lambda before=before: (metric(self.agent, counter) or 0) > before,
+                        P5_RELOAD_LIMIT,
+                        f"change {k + 1} ({counter})",
+                        interval=0.1,
+                    )
+                except TimeoutError:
+                    break
+                done += 1
+                load.wait_for_requests(load.requests + 20, 10)  # steady load between changes
+        finally:
+            stop.set()
+            result = load.finish()
+        say(
+            f"    {result.errors} failed of {result.requests:,} requests during {done} {what} "
+            f"({result.rps:,.0f} requests/s)"
+        )
+        return {
+            "n": n,
+            "reloads_wanted": changes,
+            "reloads": done,
+            "failed": result.errors,
+            **{k: v for k, v in result.as_dict().items() if k != "errors"},
+        }
+
+
+class IdleLegs:
+    def _p2_p6(self, n: int) -> None:
+        seconds = self.config.p2_seconds
+        say(f"==> P2 a converged agent at N={n}, idle for {seconds:.0f} s")
+        status = self.agent.status()
+        before = status["agent"]
+        passes_before = sum(lb["passes"] for lb in status["loadbalancers"])
+        proc = psutil.Process(self.agent.proc.pid)
+        profile = self._profile_start(f"p2-n{n}", seconds)
+        cpu0, wall0 = sum(proc.cpu_times()[:2]), time.monotonic()
+        # The window itself is the measurement: nothing to wait for but time.
+        threading.Event().wait(seconds)
+        cpu1, wall1 = sum(proc.cpu_times()[:2]), time.monotonic()
+        rss = proc.memory_info().rss / 2**20
+        after = self.agent.status()
+        writes = {k: after["agent"]["writes"][k] - before["writes"][k] for k in before["writes"]}
+        passes = sum(lb["passes"] for lb in after["loadbalancers"]) - passes_before
+        self.results["p2"] = {
+            "n": n,
+            "seconds": round(wall1 - wall0, 1),
+            "writes": writes,
+            "reloads": after["agent"]["haproxy"]["reloads"] - before["haproxy"]["reloads"],
+            "cpu_seconds": round(cpu1 - cpu0, 2),
+            "cpu_percent": round((cpu1 - cpu0) / (wall1 - wall0) * 100, 2),
+            "passes": passes,
+            "ready": sum(lb["state"] == "ready" for lb in after["loadbalancers"]),
+        }
+        if profile is not None:
+            self.results["p2"]["profile"] = self._profile_finish(profile)
+        peak = max([e.get("peak_rss_mb", 0) for e in self.results["p1"]] + [rss])
+        self.results["p6"] = {"n": n, "rss_mb": round(rss, 1), "peak_rss_mb": round(peak, 1)}
+        p2 = self.results["p2"]
+        say(
+            f"    writes {writes}, reloads {p2['reloads']}, CPU {p2['cpu_percent']:.1f} % of a core "
+            f"({passes} passes); P6 RSS {rss:.0f} MB"
+        )
