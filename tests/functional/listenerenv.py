@@ -8,7 +8,7 @@ fail: the agent's with `lbagent cleanup`, the VPC's with `Vpc.cleanup`.
 
 Backends answer their name on the first line of the body and, as JSON on the
 second, what they saw (peer address, headers, PROXY line), and set a session
-cookie of their own; see devtools.topology.HTTPD_CODE.
+cookie of their own; see devtools.programs.HTTPD_CODE.
 """
 
 from __future__ import annotations
@@ -152,7 +152,7 @@ class ListenerEnv:
 
 def start_backend(host: VpcHost, name: str, **options) -> None:
     """The env's backend server: its name, what it saw, its own cookie, HTTP/1.1 (haproxy
-    compresses only HTTP/1.1 answers); `options` override (devtools.topology.HTTPD_CODE)."""
+    compresses only HTTP/1.1 answers); `options` override (devtools.programs.HTTPD_CODE)."""
     host.start_http(f"backend-{name}", **{"echo": True, "set_cookie": APP_COOKIE, "http11": True, **options})
 
 
