@@ -60,7 +60,7 @@ class LiveApplier(Part):
     def _reload_instead(self, staged: StagedChange, edited: bool) -> str:
         """The files on disk, all checked, put the worker right. If that reload fails
         too: with the worker untouched the old file goes back; with part of the
-        edits in it the new file stays, and the supervisor retries the reload."""
+        edits in it the new file stays, and supervision retries the reload."""
         try:
             outcome = self._process.reload_or_start()
         except BaseException:

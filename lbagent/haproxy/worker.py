@@ -3,7 +3,7 @@
 - A marker file says "on disk but maybe not loaded yet": an agent restarted
   between installing and reloading reloads once when it adopts the master.
 - `reload_due`: a live edit went half-way and its reload failed, so the
-  worker differs from the disk; the supervisor retries that reload every
+  worker differs from the disk; the manager's supervision retries that reload every
   `RELOAD_RETRY` seconds.
 - `live`: the current worker's servers as live edits left them, with those
   still draining.
@@ -21,7 +21,7 @@ from lbagent.haproxy.render import HARD_STOP_AFTER
 
 PENDING_MARKER = "reload-pending"
 READD_PATIENCE = 0.5  # seconds a server added back waits for its draining namesake (then: a reload)
-RELOAD_RETRY = 5.0  # seconds between reloads the supervisor retries after a live edit left one due
+RELOAD_RETRY = 5.0  # seconds between reloads supervision retries after a live edit left one due
 
 
 class WorkerState:

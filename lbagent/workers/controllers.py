@@ -1,13 +1,13 @@
-"""The supervisor and its sibling controllers on the agent's one work queue.
+"""OvnWorker and its sibling controllers on the agent's one work queue.
 
 This module owns who is wired to whom, and nothing else:
-- the supervisor queues `loadbalancer/<id>` (`requeue_loadbalancers`), whose
+- OvnWorker queues `loadbalancer/<id>` (`requeue_loadbalancers`), whose
   handler wakes that load balancer's task (the pass itself stays in the task,
   with its own backoff and resync);
-- every desired state the supervisor accepts reaches the subnet, pod and
+- every desired state OvnWorker accepts reaches the subnet, pod and
   provider-network controllers in the same step, under its lock;
 - the subnet and pod controllers wake load balancers through the
-  supervisor's `dependency_changed`, which skips those a pass already covers;
+  OvnWorker's `dependency_changed`, which skips those a pass already covers;
 - the dispatch table: one handler per kind of key.
 """
 
@@ -33,7 +33,7 @@ class ProviderNetworks(Protocol):
 
 
 def requeue_loadbalancers(queue: WorkQueue[str]) -> Callable[[str], None]:
-    """What the supervisor calls for a load balancer that needs a pass."""
+    """What OvnWorker calls for a load balancer that needs a pass."""
     return lambda lb_id: queue.add(key(LOADBALANCER, lb_id))
 
 

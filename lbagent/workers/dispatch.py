@@ -1,6 +1,6 @@
 """The keys of the agent's one work queue and where each kind of key goes.
 
-The supervisor and the sibling controllers share one `WorkQueue` (one rate
+OvnWorker and the sibling controllers share one `WorkQueue` (one rate
 limit, one place to see what waits). This module owns its key format,
 "<kind>/<name>" (ids and provider-network names never contain "/"), and the
 `Dispatcher` that hands a key's name to the `reconcile(name)` of its kind.

@@ -13,7 +13,7 @@ a pod that was and stays not ready) concerns nobody and queues nothing.
 Otherwise `pod/<id>` goes on the shared work queue and the concerned load
 balancers are remembered until `reconcile(id)`, that key's handler, kicks
 them. Members that did not change keep their ports on INNER: ports are the
-supervisor's allocation, which keeps the port of every key that stays.
+OvnWorker's allocation, which keeps the port of every key that stays.
 """
 
 from __future__ import annotations
@@ -48,7 +48,7 @@ def selections(pods: list[Pod], loadbalancers: list[LoadBalancer]) -> Selections
 class PodController:
     def __init__(self, queue: WorkQueue[str], kick: Callable[[str], None]):
         self._queue = queue
-        self._kick = kick  # wakes one load balancer (the supervisor's dependency_changed)
+        self._kick = kick  # wakes one load balancer (OvnWorker.dependency_changed)
         self._pods: dict[str, Pod] | None = None  # None: no complete desired state yet
         self._selected: Selections = {}
         self._concerned: dict[str, set[str]] = {}  # pod id -> load balancers its key is to kick

@@ -8,7 +8,7 @@ model) and puts `subnet/<id>` on the shared work queue for each one that
 changed or went away; `reconcile(id)`, that key's handler, kicks the load
 balancers on the subnet through the callable it was given. A new subnet needs
 no key: a load balancer can only be on it if it is new or its own spec
-changed, and those are queued by the supervisor.
+changed, and those are queued by OvnWorker.
 
 Status per subnet (`status()`): `state` is `error` when its key failed or any
 load balancer on it failed its last pass (`error` says how many, and which),
@@ -30,7 +30,7 @@ NAMED_IN_ERROR = 3  # failing load balancers named in a subnet's error; the rest
 class SubnetController:
     def __init__(self, queue: WorkQueue[str], kick: Callable[[str], None], lb_state: Callable[[str], str | None]):
         self._queue = queue
-        self._kick = kick  # wakes one load balancer (the supervisor's dependency_changed)
+        self._kick = kick  # wakes one load balancer (OvnWorker.dependency_changed)
         self._lb_state = lb_state
         self._subnets: dict[str, Subnet] | None = None  # None: no complete desired state yet
         self._loadbalancers: dict[str, list[str]] = {}  # subnet id -> ids of the load balancers on it

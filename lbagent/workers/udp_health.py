@@ -3,7 +3,7 @@
 UDP is balanced by the kernel inside the load balancer's namespace, so no
 haproxy checks those members: this module probes them from that namespace
 (sockets opened on a namespace thread stay bound to it), with the listener's
-rise/fall/interval/timeout, and tells the supervisor when a member's health
+rise/fall/interval/timeout, and tells OvnWorker when a member's health
 flips so its next pass gives that member new flows again, or none.
 
 A `udp` check sends `udp_request` and, when `udp_expect` is set, wants it in
