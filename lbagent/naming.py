@@ -5,6 +5,10 @@ Interface names are limited to 15 characters and load balancer ids are up to
 share a prefix still get distinct names. A salt lets the supervisor step
 around the (rare) hash collision; the chosen salt is persisted with the other
 allocations so names stay stable across restarts.
+
+A name says what an object is for, never whose it is: anyone may make an
+`lb-x` namespace or a veth named like these. Ownership is proved by marks
+(`ovnhost.inventory`).
 """
 
 from __future__ import annotations

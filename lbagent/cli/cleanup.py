@@ -2,7 +2,9 @@
 
 What is ours is what our state file allocated and what carries our marks: OVS
 interfaces whose owner key names this agent's host, and the namespaces and
-links derived from those load balancers' ids. Other agents' and foreign
+links derived from those load balancers' ids; then host links whose ifalias
+is this agent's mark and namespaces with this agent's mark file (orphans of
+load balancers the state file no longer records). Other agents' and foreign
 objects are never touched, even if their names look alike.
 """
 
@@ -16,7 +18,8 @@ from lbagent.haproxy.manager import HaproxyManager
 from lbagent.naming import InterfaceNames, interface_names, names_from_interface, netns_name
 from lbagent.ovnhost import links
 from lbagent.ovnhost.bridges import ProviderBridges, bridge_name
-from lbagent.ovnhost.netns import delete_netns, netns_path
+from lbagent.ovnhost.inventory import owner_value
+from lbagent.ovnhost.netns import NamespaceMarks, delete_netns, netns_exists, netns_path
 from lbagent.ovnhost.ovs import OvsClient
 from lbagent.state import StateFileError, StateStore
 
@@ -60,6 +63,15 @@ async def cleanup_host(config: Config) -> list[str]:
         if os.path.exists(netns_path(netns)):
             await asyncio.to_thread(delete_netns, netns)
             report.append(f"removed namespace {netns}")
+    for name in sorted(await asyncio.to_thread(links.marked_host_links, owner_value(config.agent.host))):
+        if await asyncio.to_thread(links.delete_link, name):
+            report.append(f"removed link {name}")
+    marks = NamespaceMarks(config.agent.host)
+    for netns in sorted(marks.marked()):
+        if netns_exists(netns):
+            await asyncio.to_thread(delete_netns, netns)
+            report.append(f"removed namespace {netns}")
+    marks.remove_all()
     outers = {a.outer for a in allocations.values()}
     report += [f"removed policy rule from {o}" for o in await asyncio.to_thread(links.delete_reply_rules, outers)]
     if store.path.exists():

@@ -4,6 +4,12 @@ It owns the namespace `lb-<id>`, both veth pairs, addresses and routes, the
 integration-bridge port bound by `iface-id`, and the NAT rules. It knows
 nothing of haproxy or of the desired-state model: the supervisor hands it a
 `HostSpec` and gets back what it observed.
+
+What it makes carries this agent's mark (`inventory.owner_value` of its
+host), and `inventory` lists only marked objects: the OVS port's owner key,
+the host ends' ifalias (`links`), a mark file per namespace
+(`netns.NamespaceMarks`). An `lb-` namespace or a veth named like ours that
+someone else made is never garbage to this agent.
 """
 
 from __future__ import annotations
@@ -11,19 +17,18 @@ from __future__ import annotations
 import asyncio
 import logging
 import os
-import socket
 from contextlib import nullcontext
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
-from lbagent.naming import INTERFACE_RE, NETNS_PREFIX, InterfaceNames, iface_id, names_from_interface, netns_name
-from lbagent.ovnhost import ethtool, iptables, links
+from lbagent.naming import NETNS_PREFIX, InterfaceNames, iface_id, names_from_interface, netns_name
+from lbagent.ovnhost import iptables, links
 from lbagent.ovnhost.bridgeports import BridgePorts
 from lbagent.ovnhost.errors import AlreadyExists, NetlinkError
-from lbagent.ovnhost.inventory import LB_KEY, Inventory
+from lbagent.ovnhost.inventory import LB_KEY, Inventory, owner_host
 from lbagent.ovnhost.iplib import Netlink
 from lbagent.ovnhost.links import LinkSpec
 from lbagent.ovnhost.nat import NatRule
-from lbagent.ovnhost.netns import NamespaceExecutor, list_netns, netns_exists, netns_path
+from lbagent.ovnhost.netns import NamespaceExecutor, NamespaceMarks, list_netns, netns_exists, netns_path
 from lbagent.ovnhost.ovs import OvsClient
 from lbagent.support.blocking import BlockingPool
 from lbagent.support.waits import InFlight
@@ -60,6 +65,10 @@ class OvnHost:
         self._nat_states: dict[str, str] = {}  # lb id -> what its last pass left in its nat table
         self._reattach: set[str] = set()  # lb ids whose OVN-side veth is newer than their OVS port
         self._host_fd = os.open("/proc/self/ns/net", os.O_RDONLY | os.O_CLOEXEC)
+        # The owner the OVS client writes on its rows marks the links too; an
+        # OVS stand-in without one (kernel-only tests) marks nothing.
+        self.mark: str = getattr(ovs, "owner", "")
+        self.netns_marks = NamespaceMarks(owner_host(self.mark) if self.mark else "")
 
     async def host_addresses(self) -> set[str]:
         return await self._namespaces.run(None, _read_host_addresses)
@@ -68,7 +77,12 @@ class OvnHost:
         return await self.ovsdb.run(self._ovs.datapath_type) == NETDEV
 
     async def converge(self, spec: HostSpec) -> HostObservation:
+        spec = replace(spec, links=replace(spec.links, mark=self.mark))
         fresh = not netns_exists(spec.netns)
+        # Marked before it is made: a namespace of ours is never unmarked.
+        # Known and unmarked (made by an agent without marks): adopted.
+        if self.netns_marks.mark(spec.netns) and not fresh:
+            log.info("action=adopt object=netns lb=%s netns=%s", spec.lb_id, spec.netns)
         if fresh:
             # New veths (the old ones went with their namespace): the port must
             # be added anew, even if this pass fails before it gets that far.
@@ -161,18 +175,31 @@ class OvnHost:
 
     async def inventory(self) -> Inventory:
         """Everything on this host that carries our marks."""
-        marked = await self._namespaces.run(None, _read_marked_links)
+        marked = await self._namespaces.run(None, links.marked_host_links, self.mark)
         rules = await self._namespaces.run(None, links.reply_rule_sources)
         ports = await self.ovsdb.run(self._ovs.owned_ports)
         return Inventory(
-            frozenset(list_netns(NETNS_PREFIX)), frozenset(marked), frozenset(ports), reply_rules=frozenset(rules)
+            frozenset(await self._namespaces.run(None, self._marked_netns)),
+            frozenset(marked),
+            frozenset(ports),
+            reply_rules=frozenset(rules),
         )
+
+    def _marked_netns(self) -> set[str]:
+        """Our namespaces: those that exist and carry our mark. A mark without
+        its namespace goes (one being made now is marked again by its pass)."""
+        existing = set(list_netns(NETNS_PREFIX))
+        marks = self.netns_marks.marked()
+        for stale in marks - existing:
+            self.netns_marks.unmark(stale)
+        return marks & existing
 
     async def delete_orphan(self, kind: str, name: str) -> None:
         if kind == "netns":
             await self._namespaces.delete(name)
+            self.netns_marks.unmark(name)
         elif kind == "links":
-            await self._namespaces.run(None, _delete_link, name)
+            await self._namespaces.run(None, links.delete_link, name)
         elif kind == "ovs_ports":
             await self.ovsdb.run(self._ovs.delete_port, name)
         elif kind == "reply_rules":
@@ -191,6 +218,7 @@ class OvnHost:
         if os.path.exists(netns_path(netns)):  # mounted or a stale file: both go
             await self._namespaces.delete(netns)
             log.info("action=delete object=netns lb=%s netns=%s", lb_id, netns)
+        self.netns_marks.unmark(netns)
 
 
 def _read_address(name: str) -> str:
@@ -198,26 +226,6 @@ def _read_address(name: str) -> str:
         link = nl.link(name)
         addresses = sorted(a.address for a in nl.addresses(link.index)) if link else []
     return addresses[0] if addresses else ""
-
-
-def _read_marked_links() -> set[str]:
-    """Our veths on the host. Names from if_nameindex (names only, parsed in
-    C) and the driver by ioctl: a pyroute2 dump of a host with two thousand
-    veths took two seconds."""
-    return {name for _, name in socket.if_nameindex() if INTERFACE_RE.match(name) and _is_veth(name)}
-
-
-def _is_veth(name: str) -> bool:
-    try:
-        return ethtool.driver(name) == "veth"
-    except NetlinkError:  # gone meanwhile
-        return False
-
-
-def _delete_link(name: str) -> None:
-    with Netlink.open() as nl:
-        if nl.link(name) is not None:
-            nl.delete_link(name)
 
 
 def _read_host_addresses() -> set[str]:

@@ -1,5 +1,9 @@
 """The objects on this host that carry the agent's marks, by kind, and the
-marks the agent puts on OVSDB rows.
+marks themselves.
+
+OVSDB rows carry the owner key; the host ends of the veths carry the same
+value as their `ifalias` (kept by the kernel); namespaces are marked by a file
+per namespace (see `netns.NamespaceMarks` for why).
 
 Shared vocabulary of the host (which finds them), the supervisor (which knows
 which are in use) and garbage collection (which sweeps the difference).
@@ -17,7 +21,14 @@ LB_KEY = "lbagent-lb"
 
 
 def owner_value(host: str) -> str:
+    """The agent's mark: the owner key's value on OVSDB rows, and the
+    `ifalias` of the host ends of the veths it makes."""
     return f"lbagent/{host}"
+
+
+def owner_host(owner: str) -> str:
+    """The host an `owner_value` names."""
+    return owner.removeprefix("lbagent/")
 
 
 @dataclass(frozen=True)

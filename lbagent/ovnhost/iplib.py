@@ -47,6 +47,7 @@ class Link:
     mtu: int
     up: bool
     peer_index: int  # IFLA_LINK: the veth peer's index (in the peer's namespace)
+    alias: str = ""  # IFLA_IFALIAS: the agent's ownership mark on the host ends it made
 
 
 @dataclass(frozen=True)
@@ -249,8 +250,18 @@ class Netlink:
     def delete_link(self, name: str) -> None:
         self._call("delete link", name, self._ipr.link, "del", ifname=name, write=True)
 
-    def set_link(self, link: Link, *, mac: str | None = None, mtu: int | None = None, up: bool | None = None) -> None:
+    def set_link(
+        self,
+        link: Link,
+        *,
+        mac: str | None = None,
+        mtu: int | None = None,
+        up: bool | None = None,
+        alias: str | None = None,
+    ) -> None:
         attrs: dict = {}
+        if alias is not None:
+            attrs["ifalias"] = alias
         if mac is not None:
             attrs["address"] = mac
         if mtu is not None:
@@ -336,6 +347,7 @@ def _to_link(msg) -> Link:
         mtu=msg.get("IFLA_MTU") or 0,
         up=bool(msg["flags"] & IFF_UP),
         peer_index=msg.get("IFLA_LINK") or 0,
+        alias=msg.get("IFLA_IFALIAS") or "",
     )
 
 

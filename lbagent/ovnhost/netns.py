@@ -6,6 +6,23 @@ namespace, runs, and always returns to the host namespace before the thread
 takes the next job. A thread that cannot get back is never reused: the
 process aborts rather than act on the wrong namespace (systemd restarts it
 and the agent adopts what exists).
+
+Which `lb-` namespaces are this agent's is proved by a mark, not by the name:
+an empty file `/run/lbagent-netns/<host>/<namespace>` (`NamespaceMarks`),
+written before the namespace is made. Why a file and there:
+- it survives agent restarts and goes with a reboot, like the namespaces
+  (/run is a tmpfs), and the agent's own run directory may be another path;
+- one `listdir` reads the marks of thousands of namespaces, where a mark
+  inside each namespace (its loopback's ifalias) would cost two setns() and a
+  netlink request per namespace on every garbage-collection pass;
+- not in /run/netns itself: `ip netns list` and `ip -all netns exec` take
+  every entry there for a namespace;
+- a directory per host, so two agents on one machine never claim each
+  other's namespaces.
+A mark left without its namespace (a create that failed) is dropped when the
+inventory finds it; a load balancer still known re-marks its namespace on its
+next pass, so a namespace made by an agent before marks existed is adopted
+as soon as the state file's record of its load balancer converges it.
 """
 
 from __future__ import annotations
@@ -25,6 +42,7 @@ from lbagent.support.blocking import BlockingPool
 log = logging.getLogger(__name__)
 
 NETNS_DIR = "/run/netns"
+MARK_ROOT = "/run/lbagent-netns"
 CLONE_NEWNET = 0x40000000
 _libc = ctypes.CDLL(None, use_errno=True)
 T = TypeVar("T")
@@ -46,6 +64,51 @@ def list_netns(prefix: str = "") -> list[str]:
     except FileNotFoundError:
         return []
     return sorted(n for n in names if n.startswith(prefix))
+
+
+class NamespaceMarks:
+    """The files that mark the namespaces one agent (its host) made."""
+
+    def __init__(self, host: str, root: str = MARK_ROOT):
+        self.dir = os.path.join(root, host) if host else ""  # no host: marks nothing, finds nothing
+
+    def _path(self, name: str) -> str:
+        return os.path.join(self.dir, name)
+
+    def is_marked(self, name: str) -> bool:
+        return bool(self.dir) and os.path.exists(self._path(name))
+
+    def mark(self, name: str) -> bool:
+        """Mark `name` as ours; True if the mark was missing (one stat otherwise)."""
+        if not self.dir or self.is_marked(name):
+            return False
+        os.makedirs(self.dir, exist_ok=True)
+        with open(self._path(name), "a"):
+            pass
+        return True
+
+    def unmark(self, name: str) -> None:
+        if self.dir:
+            try:
+                os.unlink(self._path(name))
+            except FileNotFoundError:
+                pass
+
+    def marked(self) -> set[str]:
+        if not self.dir:
+            return set()
+        try:
+            return set(os.listdir(self.dir))
+        except FileNotFoundError:
+            return set()
+
+    def remove_all(self) -> None:
+        for name in self.marked():
+            self.unmark(name)
+        try:
+            os.rmdir(self.dir)
+        except OSError:  # absent, or someone else's file in it
+            pass
 
 
 def _setns(fd: int, what: str) -> None:

@@ -108,8 +108,11 @@ class RtnlBatch:
         ]
         self._add("add veth", name, _link_msg(index, attrs), RTM_NEWLINK, _CREATE)
 
-    def set_up(self, index: int, name: str) -> None:
-        self._add("set link", name, _link_msg(index, []), RTM_NEWLINK, _SET)
+    def set_up(self, index: int, name: str, alias: str = "") -> None:
+        """The link up and, if given, its `ifalias` set in the same request
+        (the kernel ignores an alias in the request that creates a link)."""
+        attrs = [("IFLA_IFALIAS", alias)] if alias else []
+        self._add("set link", name, _link_msg(index, attrs), RTM_NEWLINK, _SET)
 
     def add_address(self, index: int, name: str, address: str, prefixlen: int, noprefixroute: bool = False) -> None:
         msg = ifaddrmsg()

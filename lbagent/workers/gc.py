@@ -1,8 +1,11 @@
 """Mark-and-sweep garbage collection of what the agent left behind.
 
-An orphan is an object carrying the agent's marks (an `lb-` namespace, a host
-veth named like ours, an OVS port with our owner key, an haproxy file) that
-no known load balancer uses. It is deleted only when a second pass still
+An orphan is an object carrying the agent's marks that no known load
+balancer uses: a namespace with our mark file, a host veth whose ifalias is
+our mark, an OVS port with our owner key, an haproxy file in our run
+directory. A name alone proves nothing: an `lb-` namespace or a veth named
+like ours that someone else made is not in the inventory, so never swept
+(see `ovnhost.netns` and `ovnhost.links` for the marks). It is deleted only when a second pass still
 finds it orphaned, so nothing being created right now is swept, and at most
 `max_deletions` go per pass. The caller runs this only once the complete
 desired state is known: a half-known world never triggers cleanup.

@@ -59,6 +59,10 @@ def _ours(call) -> bytes:
         ),
         (lambda b: b.set_up(1, "lo"), lambda c: c.link("set", index=1, state="up")),
         (
+            lambda b: b.set_up(9, "h1234abcd1", "lbagent/gw-1"),
+            lambda c: c.link("set", index=9, state="up", ifalias="lbagent/gw-1"),
+        ),
+        (
             lambda b: b.add_address(5, "x", "169.254.0.101", 16, noprefixroute=True),
             lambda c: c.addr("add", index=5, address="169.254.0.101", prefixlen=16, flags=0x200),
         ),
