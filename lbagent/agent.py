@@ -84,6 +84,7 @@ class Agent:
             requeue=requeue_loadbalancers(self.queue),
         )
         self.worker.udp_health = UdpHealthChecker(self.namespaces, self.worker.kick)
+        self.worker.installed_ports = self.installed_ports
         self.provider_networks = ProviderNetworkController(
             ProviderBridges(self.ovs),
             self.namespaces,
@@ -114,6 +115,7 @@ class Agent:
         await self.worker.resume(persisted, desired)  # which also feeds the controllers
         await self.provider_networks.start()
         self._background.append(asyncio.create_task(self._supervise_haproxy(), name="haproxy-supervisor"))
+        self._background.append(asyncio.create_task(self.worker.watch_readiness(), name="readiness"))
         self._background.append(asyncio.create_task(self._collect_garbage(), name="gc"))
         self._background.append(asyncio.create_task(self._keep_heap(), name="heap"))
         log.info("action=started host=%s generation=%s", self.config.agent.host, self.worker.generation)
@@ -163,7 +165,7 @@ class Agent:
             await asyncio.sleep(self.config.agent.resync_interval * random.uniform(0.8, 1.2))
             # Nothing is swept before the complete desired state is known and
             # the first pass over it has finished.
-            if self.not_ready_reason() is not None:
+            if self.startup_reason() is not None:
                 self.gc_stats["skipped"] += 1
                 continue
             try:
@@ -194,6 +196,20 @@ class Agent:
         return generation
 
     def not_ready_reason(self) -> str | None:
+        """Why /readyz answers 503: the start-up is not over, haproxy is not
+        running, or some load balancer does not carry traffic yet (its OVS port
+        not installed by ovn-controller)."""
+        reason = self.startup_reason()
+        if reason is not None:
+            return reason
+        haproxy = self.haproxy.status()
+        if not haproxy.get("running"):
+            error = haproxy.get("last_error")
+            return f"haproxy not running: {error}" if error else "haproxy not running"
+        return self.worker.not_serving()
+
+    def startup_reason(self) -> str | None:
+        """Why the agent cannot yet tell what it manages (garbage collection waits for this)."""
         if self.worker.desired is None:
             return "no complete desired state yet (none persisted, no refresh received)"
         if not self.worker.first_pass_done():

@@ -144,6 +144,12 @@ class AgentCollector:
         )
         yield _gauge("lbagent_haproxy_up", "1 while the haproxy master runs", 1 if haproxy.get("running") else 0)
         yield _gauge(
+            "lbagent_haproxy_reload_failing",
+            "1 while haproxy's last reload or (re)start failed and no reload succeeded since "
+            "(agent.haproxy.last_error in /v1/status)",
+            1 if haproxy.get("last_error") else 0,
+        )
+        yield _gauge(
             "lbagent_reconcile_retries",
             "Consecutive failed passes, summed over load balancers",
             sum(t.retries for t in tasks),
@@ -165,7 +171,11 @@ class AgentCollector:
         # Load balancers not yet reconciled at the accepted generation, or still being deleted.
         depths.add_metric(
             ["loadbalancers"],
-            sum(1 for t in tasks if t.deleting or t.state == "pending" or t.attempted_generation != generation),
+            sum(
+                1
+                for t in tasks
+                if t.deleting or (t.state == "pending" and not t.passed) or t.attempted_generation != generation
+            ),
         )
         for name, depth in sorted(queue_depths().items()):
             depths.add_metric([name], depth)

@@ -38,6 +38,7 @@ class Accepted(_Answer):
 class LoadBalancerResult(_Answer):
     id: str
     state: LbState
+    reason: str | None = None  # why it is not ready: see LoadBalancerStatus.reason
     generation: int | None
     last_error: str | None
 
@@ -118,7 +119,12 @@ class BackendStatus(_Answer):
 
 class LoadBalancerStatus(_Answer):
     id: str
+    # ready: it carries traffic (its pass succeeded, ovn-controller installed
+    # its OVS port, and haproxy runs if a listener needs it).
     state: LbState
+    # Why it is not ready, None when it is: for pending e.g. "waiting for
+    # ovn-installed" or "haproxy not running: ...", for error its last_error.
+    reason: str | None = None
     generation: int | None
     netns: str
     inner: str | None

@@ -35,7 +35,7 @@ SOCKET_MODE = 0o600
 async def serve(config: Config) -> None:
     notifier = Notifier.from_environment()
     agent = Agent(config)
-    systemd = SystemdLink(notifier, agent.not_ready_reason)
+    systemd = SystemdLink(notifier, agent.startup_reason)  # READY=1 once started: /readyz says more
     # api.md: a unix socket relies on its file mode instead of a token.
     token = None if config.api.address.is_unix else config.read_token()
     runner = web.AppRunner(create_app(agent, token, config.api.max_body_bytes), access_log=None, handle_signals=False)

@@ -88,6 +88,7 @@ def loadbalancer_status(
     return {
         "id": task.lb_id,
         "state": task.state,
+        "reason": task.reason,  # why it is not ready (None when it is)
         "status": lb.status if lb is not None else None,
         "generation": task.generation,
         "netns": netns,
@@ -179,7 +180,13 @@ class StatusReporter:
         return {
             "generation": generation,
             "loadbalancers": [
-                {"id": t.lb_id, "state": t.state, "generation": t.generation, "last_error": t.last_error}
+                {
+                    "id": t.lb_id,
+                    "state": t.state,
+                    "reason": t.reason,
+                    "generation": t.generation,
+                    "last_error": t.last_error,
+                }
                 for t in sorted(self._source.loadbalancer_tasks(), key=lambda t: t.lb_id)
             ],
         }

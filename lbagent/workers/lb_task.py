@@ -5,6 +5,14 @@ decides *when* — on a kick (the first one comes from the shared work queue
 once the task exists; later ones on a refresh or a dependency change), on a
 jittered periodic resync that repairs drift, or after an exponential backoff
 following a failure — and records the outcome for status.
+
+`ready` means the load balancer carries traffic, not only that its last pass
+succeeded: after a successful pass `readiness(lb_id)` (given by the
+supervisor) names what still keeps it from serving (its OVS port not yet
+installed by ovn-controller, haproxy not running), and the task stays
+`pending` with that `reason` until `set_waiting(None)` clears it, which the
+supervisor's readiness watch does without another pass. `passed` says
+whether the last pass succeeded, whatever the state says.
 """
 
 from __future__ import annotations
@@ -42,17 +50,21 @@ class LbTask:
         reconcile: Callable[[str], Awaitable[int]],
         on_pass: Callable[[LbTask], None],
         resync_interval: Callable[[], float],
+        readiness: Callable[[str], str | None] | None = None,
     ):
         self.lb_id = lb_id
         self._reconcile = reconcile
         self._on_pass = on_pass
         self._resync = resync_interval
+        self._readiness = readiness
         self._wake = asyncio.Event()  # not set: the first pass waits for the first kick, which is queued
         self.state = "pending"
         self.deleting = False
         self.generation: int | None = None  # generation of the last successful pass
         self.attempted_generation: int | None = None  # of the last pass, success or not
         self.last_error: str | None = None
+        self.passed = False  # the last pass succeeded
+        self.waiting: str | None = None  # after a successful pass: what keeps it from serving yet
         self.retries = 0
         self.passes = 0
         self.last_reconciled_at: str | None = None
@@ -63,6 +75,30 @@ class LbTask:
 
     def kick(self) -> None:
         self._wake.set()
+
+    @property
+    def reason(self) -> str | None:
+        """Why the load balancer is not `ready` (None when it is)."""
+        if self.state == "ready":
+            return None
+        if self.state == "error":
+            return self.last_error
+        if self.state == "deleting":
+            return "being deleted"
+        if self.waiting is not None and self.passed:
+            return self.waiting
+        return "not reconciled yet at the accepted generation"
+
+    def set_waiting(self, waiting: str | None) -> bool:
+        """Record what keeps the load balancer from serving (None: nothing). A task
+        whose last pass succeeded turns `pending` or `ready` with it; True if its
+        state changed."""
+        self.waiting = waiting
+        if not self.passed or self.deleting or self.state not in ("ready", "pending"):
+            return False
+        state = "pending" if waiting is not None else "ready"
+        changed, self.state = state != self.state, state
+        return changed
 
     async def stop(self) -> None:
         if self.task is not None:
@@ -95,6 +131,7 @@ class LbTask:
             self.retries += 1
             self.last_error = str(exc) or type(exc).__name__
             self.state = "error"
+            self.passed = False
             self.attempted_generation = getattr(exc, "generation", self.attempted_generation)
             RECONCILE_ERRORS.inc()
             log.warning(
@@ -111,9 +148,12 @@ class LbTask:
             # generation while this pass, started earlier, was running.
             generation = max(generation, self.generation or generation)
             self.generation = self.attempted_generation = generation
-            self.state = "ready"
             self.last_error = None
             self.retries = 0
+            self.passed = True
+            if not self.deleting:  # a deletion queued meanwhile keeps its state
+                self.state = "pending"  # set_waiting makes it ready when nothing else is missing
+            self.set_waiting(self._readiness(self.lb_id) if self._readiness is not None else None)
         self._finish(started)
         return generation
 

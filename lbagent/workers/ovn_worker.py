@@ -13,6 +13,16 @@ select) are left to the subnet and pod controllers, which the refresh updates
 in the same step (`on_accept`) and which call `dependency_changed`; until
 then such a load balancer stays behind the new generation, so a waiting
 refresh keeps waiting. The periodic resync of every task is the safety net.
+
+`ready` means the VIP carries traffic: a successful pass leaves a load
+balancer `pending` while ovn-controller has not installed its OVS port
+(`external_ids:ovn-installed`) or, with listeners served by haproxy, while
+haproxy is not running (`readiness`). `watch_readiness` turns them `ready`
+without another pass: every READINESS_INTERVAL it reads whether haproxy runs
+and, only while some load balancer waits for its port, which ports are
+installed (one read of the local OVSDB replica); with nothing waiting and
+haproxy as it was, a tick does nothing per load balancer. A port that loses
+ovn-installed later is seen by the next pass (the periodic resync).
 """
 
 from __future__ import annotations
@@ -22,8 +32,8 @@ import functools
 import json
 import logging
 import operator
-from collections.abc import Callable
-from dataclasses import dataclass
+from collections.abc import Awaitable, Callable
+from dataclasses import dataclass, replace
 
 from lbagent.config import DEFAULT_RESYNC_RATE
 from lbagent.desired.model import DesiredState, LoadBalancer
@@ -50,6 +60,11 @@ log = logging.getLogger(__name__)
 # the candidate meanwhile, even while the pass waits for its slot, and
 # reloads after it.
 PASS_SLOTS = 128
+
+# Seconds between two looks at what keeps passed load balancers from serving.
+READINESS_INTERVAL = 0.25
+WAITING_FOR_OVN = "waiting for ovn-installed"
+HAPROXY_DOWN = "haproxy not running"
 
 
 class IdentityMemo:
@@ -127,6 +142,11 @@ class OvnWorker:
         self._lock = asyncio.Lock()
         self._pass_slots = asyncio.Semaphore(PASS_SLOTS)
         self._handoff = HaproxyHandoff(haproxy)
+        self._haproxy = haproxy
+        self._haproxy_up = True  # as last seen by the readiness watch
+        self._waiting_for_ovn: set[str] = set()  # passed load balancers whose port is not installed yet
+        # Our installed OVS ports, read now (the agent sets it); None: only passes observe them.
+        self.installed_ports: Callable[[], Awaitable[set[str]]] | None = None
         self._changed = asyncio.Condition()
         self.desired: DesiredState | None = None
         self._raw: dict | None = None
@@ -254,10 +274,12 @@ class OvnWorker:
                 runtime.wanted = (self._own_fingerprint(lb_id), self._deps_fingerprint(lb_id))
             own, deps = runtime.wanted
             if task is None:
-                task = self.tasks[lb_id] = LbTask(lb_id, self.reconcile, self._pass_done, self.resync_interval)
+                task = self.tasks[lb_id] = LbTask(
+                    lb_id, self.reconcile, self._pass_done, self.resync_interval, readiness=self.readiness
+                )
                 task.start()
                 self._requeue(lb_id)
-            elif task.state != "ready" or task.deleting or runtime.own != own:
+            elif not task.passed or task.deleting or runtime.own != own:
                 # Changed, or with no successful pass to stand on (failed, pending, being deleted).
                 task.deleting = False
                 self._requeue(lb_id)
@@ -315,9 +337,80 @@ class OvnWorker:
         if task is None or runtime is None or lb is None:
             return  # gone, or going: its own key handles it
         deps = self._deps_fingerprint(lb_id)
-        if (task.state == "ready" and deps == runtime.deps) or deps == runtime.running_deps:
+        if (task.passed and deps == runtime.deps) or deps == runtime.running_deps:
             return
         task.kick()
+
+    # --- readiness -------------------------------------------------------------
+
+    def readiness(self, lb_id: str) -> str | None:
+        """What keeps a load balancer whose pass succeeded from carrying traffic (None: nothing)."""
+        lb, runtime = self._lb(lb_id), self.runtime.get(lb_id)
+        self._waiting_for_ovn.discard(lb_id)
+        if lb is None or runtime is None or not lb.enabled:
+            return None  # going, or disabled: nothing is meant to serve
+        if not self._haproxy_up and any(ls.enabled and ls.kind.through_haproxy for ls in lb.listeners):
+            error = self._haproxy_status().get("last_error")
+            return f"{HAPROXY_DOWN}: {error}" if error else HAPROXY_DOWN
+        observation = runtime.observation
+        if observation is not None and not observation.ovn_installed:
+            self._waiting_for_ovn.add(lb_id)
+            return WAITING_FOR_OVN
+        return None
+
+    def not_serving(self) -> str | None:
+        """Why some passed load balancers do not serve yet (None: all that passed do)."""
+        waiting = sorted(t.lb_id for t in self.tasks.values() if t.passed and t.state == "pending")
+        if not waiting:
+            return None
+        reason = self.tasks[waiting[0]].waiting
+        return f"{len(waiting)} load balancer(s) not serving yet, e.g. {waiting[0]}: {reason}"
+
+    def haproxy_up(self) -> bool:
+        """Whether the haproxy master runs, as the readiness watch last saw it."""
+        return self._haproxy_up
+
+    def _haproxy_status(self) -> dict:
+        status = getattr(self._haproxy, "status", None)
+        return status() if status is not None else {}
+
+    async def check_readiness(self) -> int:
+        """One look (see the module's docstring); how many load balancers changed state."""
+        up = bool(self._haproxy_status().get("running", True))
+        haproxy_changed, self._haproxy_up = up != self._haproxy_up, up
+        if haproxy_changed:
+            log.warning("object=haproxy action=observe running=%s", up)
+        again: set[str] = set(self.tasks) if haproxy_changed else set()
+        if self._waiting_for_ovn and self.installed_ports is not None:
+            installed = await self.installed_ports()
+            for lb_id in list(self._waiting_for_ovn):
+                runtime = self.runtime.get(lb_id)
+                if runtime is None or runtime.observation is None:
+                    self._waiting_for_ovn.discard(lb_id)
+                elif runtime.observation.ovs_port in installed:
+                    runtime.observation = replace(runtime.observation, ovn_installed=True)
+                    again.add(lb_id)
+        changed = 0
+        for lb_id in again:
+            task = self.tasks.get(lb_id)
+            if task is None:
+                continue
+            if task.set_waiting(self.readiness(lb_id)):
+                changed += 1
+                log.info("lb=%s action=readiness state=%s reason=%r", lb_id, task.state, task.waiting)
+            if haproxy_changed and up and task.state == "error":
+                task.kick()  # its failure may have been haproxy's: retry now, not after its backoff
+        if changed:
+            await self._notify()
+        return changed
+
+    async def watch_readiness(self, interval: float = READINESS_INTERVAL) -> None:
+        while True:
+            await asyncio.sleep(interval)
+            try:
+                await self.check_readiness()
+            except Exception as exc:  # OVSDB reconnecting, say: the next tick looks again
+                log.debug("action=readiness result=error error=%r", str(exc))
 
     def haproxy_changes_coming(self) -> bool:
         """Some pass has yet to hand its haproxy change over."""
@@ -442,6 +535,7 @@ class OvnWorker:
             self.allocations.pop(lb_id, None)
             self.tasks.pop(lb_id, None)
             self.runtime.pop(lb_id, None)
+            self._waiting_for_ovn.discard(lb_id)
             self._derived.forget(lb_id)
             await asyncio.to_thread(self._store.save, PersistedState(self._raw, dict(self.allocations), self._raw_text))
             log.info("lb=%s action=deleted", lb_id)
@@ -469,9 +563,9 @@ class OvnWorker:
             self._changed.notify_all()
 
     def settled(self, generation: int) -> bool:
-        """Every load balancer reached `generation` or failed at it; deletions finished."""
+        """Every load balancer reached `generation` and serves, or failed at it; deletions finished."""
         for task in self.tasks.values():
-            if task.deleting:
+            if task.deleting or task.state == "pending":
                 return False
             reached = task.attempted_generation is not None and task.attempted_generation >= generation
             if not reached:

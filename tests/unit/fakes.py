@@ -70,6 +70,8 @@ class FakeHost:
         self.converged = []
         self.removed = []
         self.fail = set()
+        self.not_installed = set()  # lb ids whose OVS port ovn-controller has not installed (yet)
+        self.ports = {}  # lb id -> its OVS port, as the last converge left it
 
     async def host_addresses(self):
         return {"169.254.0.101"}
@@ -81,7 +83,11 @@ class FakeHost:
         if spec.lb_id in self.fail:
             raise RuntimeError(f"boom {spec.lb_id}")
         self.converged.append(spec)
-        return HostObservation(spec.links.names.ovn_host, True)
+        self.ports[spec.lb_id] = spec.links.names.ovn_host
+        return HostObservation(spec.links.names.ovn_host, spec.lb_id not in self.not_installed)
+
+    async def installed_ports(self):
+        return {port for lb_id, port in self.ports.items() if lb_id not in self.not_installed}
 
     async def remove(self, lb_id, netns, names, outer):
         self.removed.append(lb_id)

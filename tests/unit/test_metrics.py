@@ -7,9 +7,10 @@ from tests.unit.samples import AUTH
 
 
 class Task:
-    def __init__(self, state, retries=0, last_error=None, attempted=7, deleting=False):
+    def __init__(self, state, retries=0, last_error=None, attempted=7, deleting=False, passed=None):
         self.state, self.retries, self.last_error = state, retries, last_error
         self.attempted_generation, self.deleting = attempted, deleting
+        self.passed = state == "ready" if passed is None else passed
 
 
 def samples(text: str) -> dict[tuple[str, tuple], float]:
@@ -56,6 +57,23 @@ async def test_agent_figures_are_exported(client):
     assert found[("lbagent_haproxy_up", ())] == 0
     assert found[("lbagent_generation", ())] == -1
     assert found[("lbagent_queue_depth", (("queue", "loadbalancers"),))] == 0
+
+
+async def test_haproxy_failing_and_load_balancers_waiting_to_serve(client):
+    agent = client.agent
+    agent.worker.generation = 7
+    # Passed, waiting for ovn-installed: not ready, yet nothing left to reconcile.
+    agent.worker.tasks = {"a": Task("pending", passed=True)}
+    agent.haproxy.counts.update(running=False, last_error="haproxy did not start (exit 1)")
+    agent.ready_reason = "haproxy not running: haproxy did not start (exit 1)"
+    found = await scrape(client)
+    assert found[("lbagent_haproxy_up", ())] == 0
+    assert found[("lbagent_haproxy_reload_failing", ())] == 1
+    assert found[("lbagent_ready", ())] == 0
+    assert found[("lbagent_queue_depth", (("queue", "loadbalancers"),))] == 0
+    agent.haproxy.counts.update(running=True, last_error=None)
+    found = await scrape(client)
+    assert found[("lbagent_haproxy_reload_failing", ())] == 0
 
 
 async def test_registered_queues_are_read_at_scrape_time(client):

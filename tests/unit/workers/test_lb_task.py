@@ -33,3 +33,36 @@ async def test_stop_wins_over_a_kick_in_the_same_step():
 async def _until(predicate):
     while not predicate():
         await asyncio.sleep(0.001)
+
+
+async def test_a_passed_task_waits_for_what_it_lacks_and_says_why():
+    lacks = ["waiting for ovn-installed"]
+    done = []
+
+    async def reconcile(lb_id):
+        return 3
+
+    task = LbTask("lb-1", reconcile, done.append, lambda: 3600.0, readiness=lambda lb_id: lacks[0])
+    assert (task.state, task.reason) == ("pending", "not reconciled yet at the accepted generation")
+    task.start()
+    task.kick()
+    await asyncio.wait_for(_until(lambda: done), 5)
+    assert (task.state, task.reason, task.passed, task.generation) == ("pending", lacks[0], True, 3)
+    assert task.set_waiting(None) is True
+    assert (task.state, task.reason) == ("ready", None)
+    assert task.set_waiting(None) is False
+    await task.stop()
+
+
+async def test_a_failed_task_stays_in_error_whatever_it_waits_for():
+    async def reconcile(lb_id):
+        raise RuntimeError("boom")
+
+    done = []
+    task = LbTask("lb-1", reconcile, done.append, lambda: 3600.0, readiness=lambda lb_id: None)
+    task.start()
+    task.kick()
+    await asyncio.wait_for(_until(lambda: done), 5)
+    assert task.set_waiting("haproxy not running") is False
+    assert (task.state, task.reason, task.passed) == ("error", "boom", False)
+    await task.stop()

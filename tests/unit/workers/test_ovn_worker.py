@@ -407,3 +407,82 @@ async def test_a_refresh_looks_again_only_at_the_load_balancers_it_changed(worke
         worker.dependency_changed(lb_id)
     assert await worker.wait_settled(3, 5)
     assert all(task.passes == passes[lb_id] + 1 + (lb_id == "lb-3") for lb_id, task in worker.tasks.items())
+
+
+def watched(worker):
+    worker.installed_ports = worker._host.installed_ports
+    return worker
+
+
+async def test_a_load_balancer_is_pending_until_ovn_controller_installs_its_port(worker):
+    watched(worker)._host.not_installed.add("a")
+    await apply(worker, state(1, [lb_body("a"), lb_body("b", ip="198.18.0.13")]))
+    await _until(lambda: all(t.passes for t in worker.tasks.values()))
+    a, b = worker.tasks["a"], worker.tasks["b"]
+    assert (a.state, a.reason, b.state, b.reason) == ("pending", "waiting for ovn-installed", "ready", None)
+    assert not await worker.wait_settled(1, 0.1)  # ?wait answers 504 meanwhile
+    assert "waiting for ovn-installed" in worker.not_serving()
+    assert await worker.check_readiness() == 0  # still not installed: nothing changes
+    passes = a.passes
+    worker._host.not_installed.clear()  # ovn-controller installs the port
+    assert await worker.check_readiness() == 1
+    assert (a.state, a.reason, a.passes) == ("ready", None, passes)  # without another pass
+    assert await worker.wait_settled(1, 0)
+    assert worker.not_serving() is None
+    await worker.stop()
+
+
+async def test_the_readiness_watch_turns_a_load_balancer_ready_by_itself(worker):
+    watched(worker)._host.not_installed.add("a")
+    await apply(worker, state(1, [lb_body("a")]))
+    await _until(lambda: worker.tasks["a"].state == "pending" and worker.tasks["a"].passes)
+    watch = asyncio.create_task(worker.watch_readiness(0.01))
+    try:
+        worker._host.not_installed.clear()
+        assert await worker.wait_settled(1, 5)
+        assert worker.tasks["a"].state == "ready"
+    finally:
+        watch.cancel()
+        await asyncio.gather(watch, return_exceptions=True)
+        await worker.stop()
+
+
+async def test_a_waiting_load_balancer_is_not_queued_again_by_an_unchanged_refresh(worker):
+    watched(worker)._host.not_installed.add("a")
+    await apply(worker, state(1, [lb_body("a")]))
+    await _until(lambda: worker.tasks["a"].passes)
+    worker.queued.clear()
+    await apply(worker, state(2, [lb_body("a")]))
+    assert worker.queued == [] and worker.tasks["a"].generation == 2
+    assert worker.tasks["a"].state == "pending"
+    await worker.stop()
+
+
+async def test_haproxy_not_running_keeps_its_load_balancers_from_ready(worker):
+    await apply(worker, state(1, [lb_body("a")]))
+    assert await worker.wait_settled(1, 5)
+    worker.haproxy.counts.update(running=False, last_error="haproxy did not start (exit 1)")
+    assert await worker.check_readiness() == 1
+    task = worker.tasks["a"]
+    assert task.state == "pending"
+    assert task.reason == "haproxy not running: haproxy did not start (exit 1)"
+    assert not worker.haproxy_up() and not worker.settled(1)
+    worker.haproxy.counts.update(running=True, last_error=None)
+    assert await worker.check_readiness() == 1
+    assert task.state == "ready" and worker.settled(1)
+    await worker.stop()
+
+
+async def test_haproxy_coming_back_retries_failed_load_balancers_at_once(worker):
+    worker._host.fail.add("a")
+    await apply(worker, state(1, [lb_body("a")]))
+    await _until(lambda: worker.tasks["a"].state == "error")
+    worker.haproxy.counts["running"] = False
+    await worker.check_readiness()
+    assert worker.tasks["a"].state == "error"  # a failed pass stays failed
+    worker._host.fail.clear()
+    worker.tasks["a"].retries = 8  # a long backoff
+    worker.haproxy.counts["running"] = True
+    await worker.check_readiness()
+    await _until(lambda: worker.tasks["a"].state == "ready")
+    await worker.stop()
