@@ -22,7 +22,10 @@ without another pass: every READINESS_INTERVAL it reads whether haproxy runs
 and, only while some load balancer waits for its port, which ports are
 installed (one read of the local OVSDB replica); with nothing waiting and
 haproxy as it was, a tick does nothing per load balancer. A port that loses
-ovn-installed later is seen by the next pass (the periodic resync).
+ovn-installed later is seen by the next pass (the periodic resync). When a
+master was started again (it died), the load balancers with haproxy
+listeners stay `pending` until a pass, kicked at once, has re-applied their
+files: a master that could not start on the files on disk starts without them.
 """
 
 from __future__ import annotations
@@ -65,6 +68,7 @@ PASS_SLOTS = 128
 READINESS_INTERVAL = 0.25
 WAITING_FOR_OVN = "waiting for ovn-installed"
 HAPROXY_DOWN = "haproxy not running"
+HAPROXY_RESTARTED = "haproxy restarted: waiting for a pass to re-apply its configuration"
 
 
 class IdentityMemo:
@@ -144,6 +148,7 @@ class OvnWorker:
         self._handoff = HaproxyHandoff(haproxy)
         self._haproxy = haproxy
         self._haproxy_up = True  # as last seen by the readiness watch
+        self._haproxy_starts: int | None = None  # masters started, as last seen by the readiness watch
         self._waiting_for_ovn: set[str] = set()  # passed load balancers whose port is not installed yet
         # Our installed OVS ports, read now (the agent sets it); None: only passes observe them.
         self.installed_ports: Callable[[], Awaitable[set[str]]] | None = None
@@ -376,11 +381,20 @@ class OvnWorker:
 
     async def check_readiness(self) -> int:
         """One look (see the module's docstring); how many load balancers changed state."""
-        up = bool(self._haproxy_status().get("running", True))
+        status = self._haproxy_status()
+        up, starts = bool(status.get("running", True)), status.get("starts")
         haproxy_changed, self._haproxy_up = up != self._haproxy_up, up
+        restarted = up and self._haproxy_starts is not None and starts != self._haproxy_starts
+        self._haproxy_starts = starts
         if haproxy_changed:
             log.warning("object=haproxy action=observe running=%s", up)
-        again: set[str] = set(self.tasks) if haproxy_changed else set()
+        if restarted:
+            self._haproxy_restarted()
+        if up and (restarted or haproxy_changed):
+            for task in self.tasks.values():
+                if task.state == "error":
+                    task.kick()  # its failure may have been haproxy's: retry now, not after its backoff
+        again: set[str] = set(self.tasks) if haproxy_changed and not restarted else set()
         if self._waiting_for_ovn and self.installed_ports is not None:
             installed = await self.installed_ports()
             for lb_id in list(self._waiting_for_ovn):
@@ -392,17 +406,21 @@ class OvnWorker:
                     again.add(lb_id)
         changed = 0
         for lb_id in again:
-            task = self.tasks.get(lb_id)
-            if task is None:
-                continue
-            if task.set_waiting(self.readiness(lb_id)):
+            found = self.tasks.get(lb_id)
+            if found is not None and found.set_waiting(self.readiness(lb_id)):
                 changed += 1
-                log.info("lb=%s action=readiness state=%s reason=%r", lb_id, task.state, task.waiting)
-            if haproxy_changed and up and task.state == "error":
-                task.kick()  # its failure may have been haproxy's: retry now, not after its backoff
+                log.info("lb=%s action=readiness state=%s reason=%r", lb_id, found.state, found.waiting)
         if changed:
             await self._notify()
         return changed
+
+    def _haproxy_restarted(self) -> None:
+        """A new master runs: every load balancer it serves passes again before it is ready."""
+        for lb_id, task in self.tasks.items():
+            lb = self._lb(lb_id)
+            if lb is not None and lb.enabled and any(ls.enabled and ls.kind.through_haproxy for ls in lb.listeners):
+                task.set_waiting(HAPROXY_RESTARTED)
+                task.kick()
 
     async def watch_readiness(self, interval: float = READINESS_INTERVAL) -> None:
         while True:

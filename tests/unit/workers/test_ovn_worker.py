@@ -486,3 +486,18 @@ async def test_haproxy_coming_back_retries_failed_load_balancers_at_once(worker)
     await worker.check_readiness()
     await _until(lambda: worker.tasks["a"].state == "ready")
     await worker.stop()
+
+
+async def test_a_restarted_haproxy_serves_a_load_balancer_only_after_its_next_pass(worker):
+    await apply(worker, state(1, [lb_body("a")]))
+    assert await worker.wait_settled(1, 5)
+    await worker.check_readiness()  # the watch learns how many masters were started
+    task, passes = worker.tasks["a"], worker.tasks["a"].passes
+    gate = gate_host(worker)
+    worker.haproxy.counts["starts"] += 1  # the master died and the supervisor started another
+    await worker.check_readiness()
+    assert task.state == "pending" and task.reason.startswith("haproxy restarted")
+    gate.set()
+    await _until(lambda: task.passes > passes)  # kicked at once, not at the next resync
+    assert task.state == "ready"
+    await worker.stop()
