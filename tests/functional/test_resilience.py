@@ -168,6 +168,11 @@ def test_orphans_survive_until_the_desired_state_is_complete(agent_factory, vpc,
     host = f"{prefix}-gw0"  # the host name agent_factory gives the first agent
     sh("ip", "netns", "add", stale_ns)
     sh("ip", "link", "add", f"o{tag}1", "type", "veth", "peer", "name", f"o{tag}0", "netns", stale_ns)
+    # The marks that life left: the host end's ifalias and the namespace's mark file.
+    sh("ip", "link", "set", f"o{tag}1", "alias", f"lbagent/{host}")
+    mark = f"/run/lbagent-netns/{host}/{stale_ns}"
+    os.makedirs(os.path.dirname(mark), exist_ok=True)
+    open(mark, "a").close()
     sandbox.vsctl(
         "add-port",
         "br-int",
@@ -195,6 +200,8 @@ def test_orphans_survive_until_the_desired_state_is_complete(agent_factory, vpc,
     finally:
         subprocess.run(["ip", "netns", "del", stale_ns], capture_output=True)
         subprocess.run(["ip", "link", "del", f"o{tag}1"], capture_output=True)
+        if os.path.exists(mark):
+            os.unlink(mark)
         sandbox.vsctl("--if-exists", "del-port", "br-int", f"o{tag}1")
 
 
