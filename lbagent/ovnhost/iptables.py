@@ -1,10 +1,14 @@
-"""python-iptables, confined to one thread, converging the nat table of a namespace.
+"""python-iptables, confined to one thread, converging the tables of a namespace.
 
 libiptc keeps process-wide table handles with no locking, and a handle
 remembers the namespace it was opened in. So every iptc call runs on the one
 thread of an `iptc` NamespaceExecutor; a pass refreshes the handle after
 entering the namespace, stages all changes with autocommit off, commits once
-(libiptc swaps the whole table: atomic) and closes the handle before leaving.
+per table it changed (libiptc swaps the whole table: atomic) and closes the
+handle before leaving. The nat table is always converged; the filter table
+(UDP access lists) only while a rule wants it or it exists, so that a
+namespace without access lists never gets one, and it is committed first: a
+listener's access list is in force before the rules that open the listener.
 What reads without libiptc (the table's digest, `nat_state`) may run on any
 namespace thread.
 """
@@ -19,47 +23,76 @@ import iptc
 
 from lbagent.metrics import count_write
 from lbagent.ovnhost.errors import IptablesError
-from lbagent.ovnhost.iptdigest import nat_table_digest
-from lbagent.ovnhost.nat import CHAIN_HOOKS, PRE_CHAIN, NatRule, backend_key_from_comment, comment_hash
+from lbagent.ovnhost.iptdigest import present_tables, table_digest
+from lbagent.ovnhost.nat import HMARK_SEED, PRE_CHAIN, TABLE_HOOKS, NatRule, backend_key_from_comment, comment_hash
 
 if TYPE_CHECKING:
     from lbagent.ovnhost.netns import NamespaceExecutor
 
 COMMIT_ATTEMPTS = 3
+HMARK_SOURCE_ONLY = (
+    ("hmark-src-prefix", "32"),
+    ("hmark-dst-prefix", "0"),
+    ("hmark-sport-mask", "0"),
+    ("hmark-dport-mask", "0"),
+    ("hmark-proto-mask", "0"),
+)
 
 
 def sync_nat(rules: list[NatRule]) -> int:
-    """Make the agent's rules in this namespace's nat table exactly `rules`.
+    """Make the agent's rules in this namespace's tables exactly `rules`.
 
     Only rules with our hash comments are touched in the built-in chains; our
     own chains are ours entirely. Returns the number of rules changed.
     """
+    present = present_tables()
+    changes = 0
+    for name in _tables_to_converge(rules, present):
+        changes += _sync_table(name, [rule for rule in rules if rule.table == name])
+    return changes
+
+
+def _tables_to_converge(rules: list[NatRule], present: set[str]) -> list[str]:
+    """The filter table before the nat table; a table other than nat only if a rule
+    wants it or it exists (to take our rules out again)."""
+    wanted = {rule.table for rule in rules}
+    return [name for name in ("filter", "nat") if name == "nat" or name in wanted or name in present]
+
+
+def _sync_table(name: str, rules: list[NatRule]) -> int:
     for attempt in range(COMMIT_ATTEMPTS):
-        table = iptc.Table(iptc.Table.NAT, autocommit=False)
+        table = _table(name)
         try:
             table.refresh()
-            changes = _stage(table, rules)
+            changes = _stage(table, name, rules)
             if changes:
                 table.commit()
-                count_write("iptables", changes, what=f"commit nat table ({changes} rule changes)")
+                count_write("iptables", changes, what=f"commit {name} table ({changes} rule changes)")
             return changes
         except iptc.IPTCError as exc:
             # A concurrent writer makes commit fail with EAGAIN: start over.
             if attempt + 1 < COMMIT_ATTEMPTS and _is_eagain(exc):
                 continue
-            raise IptablesError(f"iptables nat: {exc}") from exc
+            raise IptablesError(f"iptables {name}: {exc}") from exc
         finally:
             table.close()
     raise AssertionError("unreachable")
 
 
 def nat_state(rules: list[NatRule]) -> str:
-    """These rules and this namespace's nat table as they are now, for the next
-    pass to compare (`converge_nat`): the wanted rules' hashes and the table's
-    digest. It reads the kernel through a plain socket, not python-iptables, so
-    any thread in the namespace may take it."""
-    wanted = hashlib.sha256(repr(sorted((r.chain, r.hash) for r in rules)).encode()).hexdigest()
-    return f"{wanted}:{nat_table_digest()}"
+    """These rules and this namespace's tables as they are now, for the next
+    pass to compare (`converge_nat`): the wanted rules' hashes and the digests
+    of the tables a pass converges. It reads the kernel through a plain socket,
+    not python-iptables, so any thread in the namespace may take it."""
+    wanted = hashlib.sha256(repr(sorted((r.table, r.chain, r.hash) for r in rules)).encode()).hexdigest()
+    present = present_tables()
+    # A table a rule wants but that does not exist yet is not read (reading it
+    # would make it): its name alone stands for its absence.
+    digests = [
+        table_digest(name) if name == "nat" or name in present else f"no {name}"
+        for name in _tables_to_converge(rules, present)
+    ]
+    return ":".join([wanted, *digests])
 
 
 def write_nat(rules: list[NatRule]) -> tuple[int, str]:
@@ -83,7 +116,7 @@ async def converge_nat(
 
 def observed_backend_ports() -> dict[str, int]:
     """Member key -> port on INNER, read back from the backend DNAT rules' tags."""
-    table = iptc.Table(iptc.Table.NAT, autocommit=False)
+    table = _table(iptc.Table.NAT)
     try:
         table.refresh()
         ports = {}
@@ -101,23 +134,45 @@ def observed_backend_ports() -> dict[str, int]:
         table.close()
 
 
+def _table(name: str) -> iptc.Table:
+    """python-iptables' handle of table `name`, the only one it may consult.
+
+    To tell a jump to a chain from a target extension (HMARK, a chain name),
+    python-iptables asks every table it believes exists whether the name is a
+    chain there (`Rule.tables`), for the rules it builds and for those it reads
+    back: a table it has not cached yet it opens then, in whatever namespace
+    the thread is in, and never closes; one the agent has closed (`close()`
+    leaves no handle) crashes the process. A jump goes to a chain of its own
+    table, the one whose handle is open now, so that is the only table it is
+    told about."""
+    iptc.Table.existing_table_names.clear()
+    iptc.Table.existing_table_names.update({table: table == name for table in iptc.Table.ALL})
+    return iptc.Table(name, autocommit=False)
+
+
 def _is_eagain(exc: Exception) -> bool:
     return "Resource temporarily unavailable" in str(exc) or getattr(exc, "errno", None) == errno.EAGAIN
 
 
-def _stage(table: iptc.Table, rules: list[NatRule]) -> int:
+def _stage(table: iptc.Table, table_name: str, rules: list[NatRule]) -> int:
+    """Stage the changes that make `table` hold exactly `rules`. Our own chains
+    exist while a rule lives in one or jumps to it: without access lists the
+    filter table keeps no chain of ours."""
+    hooks = TABLE_HOOKS[table_name]
+    needed = {name for rule in rules for name in (rule.chain, rule.target) if name in hooks}
     changes = 0
-    for chain_name in CHAIN_HOOKS:
+    for chain_name in needed:
         if not table.is_chain(chain_name):
             table.create_chain(chain_name)
             changes += 1
+    present = {name for name in hooks if name in needed or table.is_chain(name)}
     by_chain: dict[str, dict[str, NatRule]] = {}
     for rule in rules:
         by_chain.setdefault(rule.chain, {})[rule.hash] = rule
-    for chain_name in set(by_chain) | set(CHAIN_HOOKS) | set(CHAIN_HOOKS.values()):
+    for chain_name in set(by_chain) | present | set(hooks.values()):
         chain = iptc.Chain(table, chain_name)
         wanted = by_chain.get(chain_name, {})
-        owned = chain_name in CHAIN_HOOKS
+        owned = chain_name in hooks
         seen: set[str] = set()
         for rule, rule_hash in list(_hashed_rules(chain, include_foreign=owned)):
             if rule_hash in wanted and rule_hash not in seen:
@@ -129,6 +184,9 @@ def _stage(table: iptc.Table, rules: list[NatRule]) -> int:
             if rule_hash not in seen:
                 table.append_entry(chain_name, build_rule(rule).rule)
                 changes += 1
+    for chain_name in present - needed:  # emptied above, and the jumps to it gone
+        table.delete_chain(chain_name)
+        changes += 1
     return changes
 
 
@@ -150,6 +208,8 @@ def build_rule(spec: NatRule) -> iptc.Rule:
         rule.in_interface = spec.in_interface
     if spec.out_interface:
         rule.out_interface = spec.out_interface
+    if spec.src:
+        rule.src = spec.src
     if spec.dst:
         rule.dst = spec.dst
     if spec.protocol:
@@ -160,12 +220,29 @@ def build_rule(spec: NatRule) -> iptc.Rule:
         statistic = rule.create_match("statistic")
         statistic.parse("mode", "random")
         statistic.parse("probability", spec.probability)
+    if spec.mark:
+        rule.create_match("mark").parse("mark", spec.mark)
+    if spec.ct_orig_dst:
+        conntrack = rule.create_match("conntrack")
+        conntrack.parse("ctdir", "ORIGINAL")
+        conntrack.parse("ctorigdst", spec.ct_orig_dst)
+        conntrack.parse("ctorigdstport", str(spec.ct_orig_dport))
     rule.create_match("comment").parse("comment", spec.comment)
     target = rule.create_target(spec.target)
     if spec.target == "DNAT":
         target.parse("to-destination", spec.to)
     elif spec.target == "SNAT":
         target.parse("to-source", spec.to)
+    elif spec.target == "HMARK":
+        # The source address alone, every other field masked out, said field
+        # by field: "--hmark-tuple src" means the same but is saved as just
+        # "--hmark-src-prefix 32", which parses back with the other fields in
+        # (python-iptables re-parses what it reads before deleting it: it
+        # could never delete such a rule).
+        for option, value in HMARK_SOURCE_ONLY:
+            target.parse(option, value)
+        target.parse("hmark-rnd", HMARK_SEED)
+        target.parse("hmark-mod", str(spec.hmark_mod))
     _final_check(rule)
     return rule
 

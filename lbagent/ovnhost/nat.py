@@ -1,30 +1,44 @@
-"""The NAT rules of one load balancer's namespace, as data.
+"""The iptables rules of one load balancer's namespace, as data.
 
 Each rule carries a comment `<hash>:<tag>`; the hash covers the rule and its
 tag, so "is this exact rule present?" is a set lookup on comments and any
 edit of a rule (by hand or by an older agent) shows up as an unknown hash.
 Tags are built only from validated ids and fixed words.
+
+Most rules live in the nat table. UDP access lists are filter rules: the nat
+table sees only the first datagram of a flow and is no place to drop
+anything, while the filter table's FORWARD chain sees every datagram a
+listener forwards, so a list that changes applies to flows already under way.
 """
 
 from __future__ import annotations
 
 import hashlib
-from dataclasses import dataclass
+import math
+from dataclasses import dataclass, replace
+from typing import Literal
 
 from lbagent.desired.members import Member
 
 HASH_CHARS = 12
 PRE_CHAIN = "LBAGENT-PRE"
 POST_CHAIN = "LBAGENT-POST"
+ACL_CHAIN = "LBAGENT-ACL"
 # Our chains hang off the built-in ones; the jumps are hashed rules too.
-CHAIN_HOOKS = {PRE_CHAIN: "PREROUTING", POST_CHAIN: "POSTROUTING"}
+CHAIN_HOOKS = {PRE_CHAIN: "PREROUTING", POST_CHAIN: "POSTROUTING"}  # the nat table's
+# Per table, the agent's own chains and the built-in chain each hangs off. A
+# table other than nat is touched only while a rule wants it (or it exists).
+TABLE_HOOKS = {"nat": CHAIN_HOOKS, "filter": {ACL_CHAIN: "FORWARD"}}
+# The seed of the source hash of `sch` UDP listeners: fixed, so a client keeps
+# its member across agent restarts and on every host of a load balancer.
+HMARK_SEED = "0x6c62736b"
 
 
 @dataclass(frozen=True)
 class NatRule:
     chain: str
     tag: str
-    target: str  # DNAT | SNAT | a chain name to jump to
+    target: str  # DNAT | SNAT | HMARK | DROP | RETURN | a chain name to jump to
     to: str = ""  # DNAT/SNAT address[:port]
     in_interface: str = ""
     out_interface: str = ""
@@ -32,23 +46,41 @@ class NatRule:
     dst: str = ""
     dport: int = 0
     probability: str = ""  # statistic match in random mode; "" for none
+    table: str = "nat"
+    src: str = ""  # a source prefix
+    mark: str = ""  # mark match "value/mask"; "" for none
+    hmark_mod: int = 0  # HMARK target: the packet's mark becomes a hash of its source modulo this
+    ct_orig_dst: str = ""  # conntrack match: original direction, to this address ...
+    ct_orig_dport: int = 0  # ... and port
 
     @property
     def hash(self) -> str:
-        material = repr(
-            (
-                self.chain,
-                self.target,
-                self.to,
-                self.in_interface,
-                self.out_interface,
-                self.protocol,
-                self.dst,
-                self.dport,
-                self.probability,
-                self.tag,
-            )
+        fields = (
+            self.chain,
+            self.target,
+            self.to,
+            self.in_interface,
+            self.out_interface,
+            self.protocol,
+            self.dst,
+            self.dport,
+            self.probability,
+            self.tag,
         )
+        # Fields added later count only when set, so the hashes of the rules
+        # that existed before them (and the rules in the tables) stay as they were.
+        extra = tuple(
+            (name, value)
+            for name, value in (
+                ("table", "" if self.table == "nat" else self.table),
+                ("src", self.src),
+                ("mark", self.mark),
+                ("hmark", f"{self.hmark_mod} {HMARK_SEED}" if self.hmark_mod else ""),
+                ("ct_orig", f"{self.ct_orig_dst}:{self.ct_orig_dport}" if self.ct_orig_dst else ""),
+            )
+            if value
+        )
+        material = repr(fields + extra if extra else fields)
         return hashlib.sha256(material.encode()).hexdigest()[:HASH_CHARS]
 
     @property
@@ -69,8 +101,25 @@ def backend_key_from_comment(comment: str) -> str | None:
     return tag[len(BACKEND_TAG) :] if sep and tag.startswith(BACKEND_TAG) else None
 
 
-def jump_rules() -> list[NatRule]:
-    return [NatRule(chain=hook, tag=f"jump {chain}", target=chain) for chain, hook in CHAIN_HOOKS.items()]
+def jump_rules(table: str = "nat") -> list[NatRule]:
+    return [
+        NatRule(chain=hook, tag=f"jump {chain}", target=chain, table=table)
+        for chain, hook in TABLE_HOOKS[table].items()
+    ]
+
+
+@dataclass(frozen=True)
+class UdpAcl:
+    type: Literal["white", "black"]  # white: only these sources; black: all but these
+    cidrs: tuple[str, ...]
+
+
+@dataclass(frozen=True)
+class UdpListener:
+    port: int
+    members: tuple[Member, ...]  # the healthy ones
+    source_hash: bool = False  # `sch`: a client address always gets the same member
+    acl: UdpAcl | None = None
 
 
 @dataclass(frozen=True)
@@ -84,7 +133,7 @@ class NatPlan:
     outer: str
     tcp_ports: tuple[int, ...]  # enabled TCP-class listener ports
     members: tuple[Member, ...]  # every member of every group, unique by key
-    udp: tuple[tuple[int, tuple[Member, ...]], ...] = ()  # (port, healthy members) per UDP listener
+    udp: tuple[UdpListener, ...] = ()  # the enabled UDP listeners
 
 
 def nat_rules(plan: NatPlan) -> list[NatRule]:
@@ -115,38 +164,102 @@ def nat_rules(plan: NatPlan) -> list[NatRule]:
                 dport=member.mapped_port,
             )
         )
-    for port, members in plan.udp:
-        rules += udp_listener_rules(plan, port, members)
+    for listener in plan.udp:
+        rules += udp_listener_rules(plan, listener)
     rules.append(NatRule(POST_CHAIN, "to vpc", "SNAT", plan.vip, out_interface=plan.ovn_ns))
+    acl = [rule for listener in plan.udp for rule in udp_acl_rules(plan, listener)]
+    if acl:
+        rules += jump_rules("filter") + acl
     return rules
 
 
-def udp_listener_rules(plan: NatPlan, port: int, members: tuple[Member, ...]) -> list[NatRule]:
+def udp_listener_rules(plan: NatPlan, listener: UdpListener) -> list[NatRule]:
     """UDP is balanced by the kernel: new flows pick a member at random in
     proportion to its weight (rule i matches with w_i / (w_i + ... + w_n), the
-    last always); conntrack keeps a flow on its member. The tag carries a hash
-    of the whole set, so any change replaces all of the listener's rules and
-    they are appended again in order."""
-    live = [m for m in members if m.weight > 0]
-    material = repr([(m.address, m.port, m.weight) for m in live])
-    set_tag = hashlib.sha256(material.encode()).hexdigest()[:8]
-    remaining = sum(m.weight for m in live)
+    last always), or with `source_hash` by a hash of the client's address
+    (`mark_blocks`); conntrack keeps a flow on its member. The tag carries a
+    hash of the whole set, so any change replaces all of the listener's rules
+    and they are appended again in order."""
+    live = [m for m in listener.members if m.weight > 0]
+    material = [(m.address, m.port, m.weight) for m in live]
+    source_hash = listener.source_hash and len(live) > 1
+    set_tag = _short_hash(("sch", material) if source_hash else material)
+    port = listener.port
+    base = NatRule(PRE_CHAIN, "", "DNAT", in_interface=plan.ovn_ns, protocol="udp", dst=plan.vip, dport=port)
     rules = []
-    for index, member in enumerate(live):
-        last = index == len(live) - 1
-        probability = "" if last else f"{member.weight / remaining:.6f}"
-        remaining -= member.weight
-        rules.append(
-            NatRule(
-                PRE_CHAIN,
-                f"listener udp/{port} {set_tag} {index}",
-                "DNAT",
-                f"{member.address}:{member.port}",
-                in_interface=plan.ovn_ns,
-                protocol="udp",
-                dst=plan.vip,
-                dport=port,
-                probability=probability,
+    if not source_hash:
+        remaining = sum(m.weight for m in live)
+        for index, member in enumerate(live):
+            last = index == len(live) - 1
+            probability = "" if last else f"{member.weight / remaining:.6f}"
+            remaining -= member.weight
+            rules.append(
+                replace(
+                    base,
+                    tag=f"listener udp/{port} {set_tag} {index}",
+                    to=f"{member.address}:{member.port}",
+                    probability=probability,
+                )
             )
-        )
+        return rules
+    divisor = math.gcd(*(m.weight for m in live))
+    weights = [m.weight // divisor for m in live]
+    rules.append(replace(base, tag=f"listener udp/{port} {set_tag} hash", target="HMARK", hmark_mod=sum(weights)))
+    start = 0
+    for index, (member, weight) in enumerate(zip(live, weights, strict=True)):
+        dnat = replace(base, tag=f"listener udp/{port} {set_tag} {index}", to=f"{member.address}:{member.port}")
+        if index == len(live) - 1:  # the rest: whatever mark the hash left
+            rules.append(dnat)
+        else:
+            rules += [
+                replace(dnat, mark=f"0x{value:x}/0x{mask:x}") for value, mask in mark_blocks(start, start + weight)
+            ]
+        start += weight
     return rules
+
+
+def mark_blocks(start: int, end: int) -> list[tuple[int, int]]:
+    """The marks start..end-1 as (value, mask) pairs for the mark match, which
+    compares mark & mask with value: aligned blocks of powers of two, the
+    largest first (at most two per bit of `end`)."""
+    blocks = []
+    while start < end:
+        size = start & -start if start else 1 << (end.bit_length())
+        while start + size > end:
+            size //= 2
+        blocks.append((start, 0xFFFFFFFF ^ (size - 1)))
+        start += size
+    return blocks
+
+
+def udp_acl_rules(plan: NatPlan, listener: UdpListener) -> list[NatRule]:
+    """The access list of a UDP listener, in the filter table's FORWARD path:
+    datagrams that a client sent to VIP:port (conntrack's original direction,
+    before the DNAT that sent them on) from a refused source are dropped. A
+    white list returns for each admitted prefix and then drops, so its rules
+    must stay in order: like the balancing rules, the tag carries a hash of
+    the whole list."""
+    acl = listener.acl
+    if acl is None:
+        return []
+    port = listener.port
+    tag = f"acl udp/{port} {acl.type} {_short_hash((acl.type, acl.cidrs))}"
+    base = NatRule(
+        ACL_CHAIN,
+        tag,
+        "DROP",
+        table="filter",
+        in_interface=plan.ovn_ns,
+        protocol="udp",
+        ct_orig_dst=plan.vip,
+        ct_orig_dport=port,
+    )
+    listed = "RETURN" if acl.type == "white" else "DROP"
+    rules = [replace(base, tag=f"{tag} {i}", target=listed, src=cidr) for i, cidr in enumerate(acl.cidrs)]
+    if acl.type == "white":
+        rules.append(replace(base, tag=f"{tag} others"))
+    return rules
+
+
+def _short_hash(value: object) -> str:
+    return hashlib.sha256(repr(value).encode()).hexdigest()[:8]

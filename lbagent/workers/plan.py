@@ -13,7 +13,7 @@ from lbagent.desired.members import Member
 from lbagent.naming import interface_names, netns_name
 from lbagent.ovnhost.host import HostSpec
 from lbagent.ovnhost.links import LinkSpec
-from lbagent.ovnhost.nat import NatPlan, nat_rules
+from lbagent.ovnhost.nat import NatPlan, UdpAcl, UdpListener, nat_rules
 from lbagent.state import Allocation
 
 
@@ -116,11 +116,13 @@ def host_spec(
         for member in group_members:
             unique.setdefault(member.key, member)
     udp = tuple(
-        (
+        UdpListener(
             listener.listener_port,
             tuple(
                 m for m in members.get(listener.backend_group_id, []) if m.key not in unhealthy.get(listener.id, set())
             ),
+            source_hash=listener.scheduler == "sch",
+            acl=UdpAcl(listener.acl.type, tuple(listener.acl.cidrs)) if listener.acl is not None else None,
         )
         for listener in udp_listeners(lb)
     )

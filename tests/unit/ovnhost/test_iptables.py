@@ -1,4 +1,4 @@
-"""The NAT rules the agent builds are the bytes python-iptables' own append path would build.
+"""The rules the agent builds are the bytes python-iptables' own append path would build.
 
 `iptables.build_rule` runs the extensions' final checks itself instead of
 python-iptables' `Rule.final_check`, which re-parses every option first.
@@ -12,16 +12,28 @@ import pytest
 
 from lbagent.desired.members import Member
 from lbagent.ovnhost import iptables
-from lbagent.ovnhost.nat import NatPlan, nat_rules
+from lbagent.ovnhost.nat import NatPlan, UdpAcl, UdpListener, nat_rules
 
 MEMBERS = (
     Member("be-1", "198.18.0.21", 8000, 3, "off", False, 1025),
     Member("be-2", "198.18.0.22", 8001, 1, "off", False, 1026),
 )
 PLAN = NatPlan(
-    "oabc0", "habc0", "198.18.0.12", "169.254.0.100", "169.254.0.101", (80, 443), MEMBERS, udp=((53, MEMBERS),)
+    "oabc0",
+    "habc0",
+    "198.18.0.12",
+    "169.254.0.100",
+    "169.254.0.101",
+    (80, 443),
+    MEMBERS,
+    udp=(
+        UdpListener(53, MEMBERS),
+        UdpListener(54, MEMBERS, source_hash=True, acl=UdpAcl("white", ("198.18.0.0/24",))),
+        UdpListener(55, MEMBERS, acl=UdpAcl("black", ("198.18.0.31/32",))),
+    ),
 )
-RULES = [rule for rule in nat_rules(PLAN) if rule.target in ("DNAT", "SNAT")]
+# Every rule but the jumps to our chains, which need the chains to exist.
+RULES = [rule for rule in nat_rules(PLAN) if not rule.target.startswith("LBAGENT-")]
 
 
 def _as_python_iptables_appends(spec, monkeypatch) -> bytes:
@@ -33,12 +45,20 @@ def _as_python_iptables_appends(spec, monkeypatch) -> bytes:
 
 
 def test_the_rules_cover_every_kind_the_agent_writes():
-    kinds = {(r.target, r.protocol, bool(r.probability), bool(r.in_interface), bool(r.out_interface)) for r in RULES}
+    kinds = {
+        (r.table, r.target, r.protocol, bool(r.probability), bool(r.mark), bool(r.src), bool(r.out_interface))
+        for r in RULES
+    }
     assert kinds == {
-        ("DNAT", "tcp", False, True, False),
-        ("DNAT", "udp", True, True, False),
-        ("DNAT", "udp", False, True, False),
-        ("SNAT", "", False, False, True),
+        ("nat", "DNAT", "tcp", False, False, False, False),
+        ("nat", "DNAT", "udp", True, False, False, False),
+        ("nat", "DNAT", "udp", False, False, False, False),
+        ("nat", "HMARK", "udp", False, False, False, False),
+        ("nat", "DNAT", "udp", False, True, False, False),
+        ("nat", "SNAT", "", False, False, False, True),
+        ("filter", "RETURN", "udp", False, False, True, False),
+        ("filter", "DROP", "udp", False, False, False, False),
+        ("filter", "DROP", "udp", False, False, True, False),
     }
 
 

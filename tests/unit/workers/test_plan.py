@@ -1,5 +1,6 @@
-from lbagent.desired.model import Pod, PodSelector
-from lbagent.workers.plan import Target, selected_pods
+from lbagent.desired.model import LoadBalancer, Pod, PodSelector, Subnet
+from lbagent.state import Allocation
+from lbagent.workers.plan import Target, group_targets, host_spec, members_by_group, selected_pods
 
 
 def pod(pod_id, ip, ready=True, namespace="shop", labels=None, ports=None):
@@ -40,3 +41,60 @@ def test_members_come_in_pod_id_order_whatever_the_list_order():
     selector = PodSelector(namespace="shop", labels={"app": "web"}, port="http")
     assert [t.key for t in selected_pods(selector, pods)] == ["p1", "p2", "p3"]
     assert selected_pods(selector, pods) == selected_pods(selector, list(reversed(pods)))
+
+
+def _udp_lb(**listener):
+    return LoadBalancer.model_validate(
+        {
+            "id": "lb-1",
+            "network": {"subnet_id": "net-1", "ip": "198.18.0.12", "mac": "00:22:0a:00:00:12"},
+            "listeners": [
+                {"id": "dns", "listener_type": "udp", "listener_port": 53, "backend_group_id": "bg-1", **listener}
+            ],
+            "backend_groups": [
+                {
+                    "id": "bg-1",
+                    "backends": [
+                        {"id": "be-1", "address": "198.18.0.21", "port": 53},
+                        {"id": "be-2", "address": "198.18.0.22", "port": 53},
+                    ],
+                }
+            ],
+        }
+    )
+
+
+def _udp_rules(lb, unhealthy=None):
+    targets = group_targets(lb, [])
+    ports = {"be-1": 1025, "be-2": 1026}
+    subnet = Subnet(id="net-1", cidr="198.18.0.0/24", gateway="198.18.0.1")
+    spec = host_spec(
+        lb, subnet, Allocation("169.254.0.100", "169.254.0.101"), members_by_group(targets, ports), True, unhealthy
+    )
+    return [rule for rule in spec.nat if rule.protocol == "udp"]
+
+
+def test_a_udp_listener_with_sch_hashes_client_addresses():
+    rules = _udp_rules(_udp_lb(scheduler="sch"))
+    assert [(r.target, r.to, r.mark) for r in rules] == [
+        ("HMARK", "", ""),
+        ("DNAT", "198.18.0.21:53", "0x0/0xffffffff"),
+        ("DNAT", "198.18.0.22:53", ""),
+    ]
+    assert all(rule.table == "nat" for rule in rules)
+    for scheduler in ("rr", "wrr", "wlc", "tch"):  # keep the weighted random split
+        assert [r.target for r in _udp_rules(_udp_lb(scheduler=scheduler))] == ["DNAT", "DNAT"]
+
+
+def test_a_udp_listener_access_list_becomes_filter_rules():
+    rules = _udp_rules(_udp_lb(acl={"type": "white", "cidrs": ["198.18.0.32/32"]}))
+    acl = [(r.target, r.src, r.ct_orig_dst, r.ct_orig_dport) for r in rules if r.table == "filter"]
+    assert acl == [("RETURN", "198.18.0.32/32", "198.18.0.12", 53), ("DROP", "", "198.18.0.12", 53)]
+    black = _udp_rules(_udp_lb(acl={"type": "black", "cidrs": ["198.18.0.31/32"]}))
+    assert [(r.target, r.src) for r in black if r.table == "filter"] == [("DROP", "198.18.0.31/32")]
+    assert not [r for r in _udp_rules(_udp_lb()) if r.table == "filter"]
+
+
+def test_unhealthy_members_leave_the_hash_too():
+    rules = _udp_rules(_udp_lb(scheduler="sch"), unhealthy={"dns": {"be-1"}})
+    assert [(r.target, r.to) for r in rules] == [("DNAT", "198.18.0.22:53")]
