@@ -4,6 +4,7 @@ else made survives both, on the real kernel, next to a served load balancer."""
 
 from __future__ import annotations
 
+import os
 import subprocess
 
 from agentproc import wait_until
@@ -55,6 +56,19 @@ def test_foreign_lookalikes_survive_gc_and_cleanup(agent_factory, vpc, web, pref
         assert {foreign_host, foreign_peer} <= link_names()
         assert own_ns in netns_list() and own_links <= link_names()
         assert client.curl(URL, timeout=5).strip() in {"backend-a", "backend-b"}
+
+        # Objects of a load balancer the state file records but without marks
+        # (made by an agent before marks existed) are adopted by its next pass.
+        mark_file = f"/run/lbagent-netns/{agent.host}/{own_ns}"
+        assert os.path.exists(mark_file)
+        os.unlink(mark_file)
+        sh("ip", "link", "set", status["interfaces"]["haproxy"][1], "alias", "")
+        wait_until(
+            lambda: os.path.exists(mark_file) and {alias(name) for name in own_links} == {f"lbagent/{agent.host}"},
+            10,
+            "the marks added back by a pass",
+        )
+        assert own_ns in netns_list() and own_links <= link_names()
 
         assert agent.stop() == 0
         report = agent.cli("cleanup", "--yes").stdout
