@@ -13,6 +13,7 @@ from lbstate import desired
 
 URL = f"http://{VIP}:80/"
 FOREIGN_TAG = "f0e1d2c3"  # h<tag>1 / h<tag>0: the agent's naming pattern exactly
+ORPHAN_TAG = "a1b2c3d4"
 
 
 def sh(*cmd: str) -> str:
@@ -36,6 +37,8 @@ def test_foreign_lookalikes_survive_gc_and_cleanup(agent_factory, vpc, web, pref
     lb_id, client = web
     foreign_ns = f"lb-{prefix}-foreign"
     foreign_host, foreign_peer = f"h{FOREIGN_TAG}1", f"h{FOREIGN_TAG}0"
+    orphan_ns = f"lb-{prefix}-orphan"
+    orphan_host, orphan_peer = f"h{ORPHAN_TAG}1", f"h{ORPHAN_TAG}0"
     try:
         agent = agent_factory(resync_interval=0.5)
         assert agent.refresh(desired(1, web_lb(lb_id)))[0] == 200
@@ -71,7 +74,17 @@ def test_foreign_lookalikes_survive_gc_and_cleanup(agent_factory, vpc, web, pref
         assert own_ns in netns_list() and own_links <= link_names()
 
         assert agent.stop() == 0
+        # Orphans with the agent's marks that the state file no longer records
+        # (their load balancer's removal was cut short): cleanup takes them too.
+        sh("ip", "netns", "add", orphan_ns)
+        with open(f"/run/lbagent-netns/{agent.host}/{orphan_ns}", "a"):
+            pass
+        sh("ip", "link", "add", orphan_host, "type", "veth", "peer", "name", orphan_peer)
+        sh("ip", "link", "set", orphan_host, "alias", f"lbagent/{agent.host}")
         report = agent.cli("cleanup", "--yes").stdout
+        assert orphan_ns in report and orphan_host in report, report
+        assert orphan_ns not in netns_list() and not {orphan_host, orphan_peer} & link_names()
+        assert not os.path.exists(f"/run/lbagent-netns/{agent.host}")
         assert own_ns in report, report
         assert own_ns not in netns_list()
         assert not own_links & link_names()
@@ -81,3 +94,5 @@ def test_foreign_lookalikes_survive_gc_and_cleanup(agent_factory, vpc, web, pref
     finally:
         subprocess.run(["ip", "netns", "del", foreign_ns], capture_output=True)
         subprocess.run(["ip", "link", "del", foreign_host], capture_output=True)
+        subprocess.run(["ip", "netns", "del", orphan_ns], capture_output=True)
+        subprocess.run(["ip", "link", "del", orphan_host], capture_output=True)
