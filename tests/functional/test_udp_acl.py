@@ -152,6 +152,25 @@ def test_changed_lists_apply_and_a_removed_one_admits_everyone_again(env):
     env.apply(udp_lb(env.lb_id, white=[f"{ADMITTED}/32"], black=[f"{REFUSED}/32"]))
 
 
+def test_the_lists_live_in_the_filter_table_and_a_converged_pass_writes_nothing(env):
+    netns = env.agent.lb(env.lb_id)["netns"]
+    save = subprocess.run(
+        ["ip", "netns", "exec", netns, "iptables-legacy-save", "-t", "filter"],
+        capture_output=True,
+        text=True,
+        check=True,
+        timeout=10,
+    ).stdout
+    ours = [line for line in save.splitlines() if line.startswith("-A LBAGENT-ACL ")]
+    # white: one RETURN and the DROP; black: one DROP; nobody: the DROP alone.
+    assert sorted(line.rsplit(" ", 1)[1] for line in ours) == ["DROP"] * 3 + ["RETURN"], save
+    assert any(line.startswith("-A FORWARD ") and line.endswith("-j LBAGENT-ACL") for line in save.splitlines())
+
+    before = env.agent.status()["agent"]["writes"]["iptables"]
+    env.apply(udp_lb(env.lb_id, white=[f"{ADMITTED}/32"], black=[f"{REFUSED}/32"]))  # the next generation, unchanged
+    assert env.agent.status()["agent"]["writes"]["iptables"] == before
+
+
 def test_sch_sends_every_datagram_of_a_client_address_to_one_member(env):
     """30 flows of one client on one member: by chance, with the random split
     over two members, 1 in 2^29. Over the clients both members are used."""
