@@ -90,7 +90,8 @@ def text_type(check: Callable[[str], str | None], schema: dict[str, Any], *, all
 
 def bounded_dict(key: Any, value: Any, max_length: int) -> Any:
     """A JSON object of at most `max_length` entries whose keys and values are of those types."""
-    return Annotated[dict[key, value], Field(max_length=max_length)]
+    # additionalProperties: false, since patternProperties alone leaves other keys unchecked.
+    return Annotated[dict[key, value], Field(max_length=max_length, json_schema_extra={"additionalProperties": False})]
 
 
 def pattern_type(regex: str, what: str, *, allow_empty: bool = False) -> Any:
@@ -152,7 +153,19 @@ def _check_name(value: str) -> None:
         raise ValueError("must not contain control characters or line breaks")
 
 
-Name = text_type(_check_name, {"maxLength": MAX_NAME_LEN}, allow_empty=True)
+# _BAD_TEXT_CATEGORIES spelled out for the JSON schema, but for the lone
+# surrogates (Cs): they are no Unicode text, and a regex over UTF-16 would
+# take every character beyond the BMP for two of them.
+_NAME_CHAR = r"[^\x00-\x1f\x7f-\x9f\u2028\u2029]"
+Name = text_type(
+    _check_name,
+    {
+        "maxLength": MAX_NAME_LEN,
+        "pattern": f"^{_NAME_CHAR}*$",
+        "description": "free text without control characters, line or paragraph separators (or lone surrogates)",
+    },
+    allow_empty=True,
+)
 
 # --- host names, URIs, probe payloads ---------------------------------------
 
@@ -215,7 +228,8 @@ def _check_http_codes(value: str) -> None:
         raise ValueError("must not name a status class twice")
 
 
-HttpCodes = text_type(_check_http_codes, {"pattern": r"^http_[2-5]xx(,http_[2-5]xx)*$"})
+# The lookahead refuses a class named twice.
+HttpCodes = text_type(_check_http_codes, {"pattern": r"^(?!.*(http_[2-5]xx).*\1)http_[2-5]xx(,http_[2-5]xx)*$"})
 
 # --- IPv4 ---------------------------------------------------------------------
 
@@ -263,9 +277,37 @@ def _check_ipv4(value: str) -> None:
     parse_ipv4(value)  # the value stays the text: the field is a str
 
 
-IPv4 = text_type(_check_ipv4, {"format": "ipv4"})
-HostIPv4 = text_type(_check_host_ipv4, {"format": "ipv4"})
-Cidr = text_type(_check_cidr, {"pattern": rf"^{_DOTTED_QUAD}/{_PREFIX_LEN}$"})
+# The JSON schema spells out what the checks above accept: octets 0-255
+# without leading zeros and, for a host address, none of the refused ranges;
+# for a prefix, only the addresses whose host bits are zero.
+_OCTET = r"(?:25[0-5]|2[0-4][0-9]|1[0-9][0-9]|[1-9]?[0-9])"
+_IPV4 = rf"{_OCTET}(?:\.{_OCTET}){{3}}"
+_NOT_HOST = r"(?!0\.0\.0\.0$)(?!127\.)(?!169\.254\.)(?!(?:22[4-9]|2[3-5][0-9])\.)"
+
+
+def _cidr_pattern() -> str:
+    """Every IPv4 prefix without host bits, one alternative per prefix length."""
+    alternatives = []
+    for length in range(33):
+        whole, rest = divmod(length, 8)
+        octets = [_OCTET] * whole
+        if rest:
+            step = 2 ** (8 - rest)
+            octets.append("(?:" + "|".join(str(n) for n in range(256 - step, -1, -step)) + ")")
+        octets += ["0"] * (4 - len(octets))
+        alternatives.append(r"\.".join(octets) + f"/{length}")
+    return "^(?:" + "|".join(alternatives) + ")$"
+
+
+IPv4 = text_type(_check_ipv4, {"pattern": f"^{_IPV4}$"})
+HostIPv4 = text_type(
+    _check_host_ipv4,
+    {
+        "pattern": f"^{_NOT_HOST}{_IPV4}$",
+        "description": "a unicast host address: not 0.0.0.0, 127/8, 169.254/16, 224/4 or 240/4",
+    },
+)
+Cidr = text_type(_check_cidr, {"pattern": _cidr_pattern(), "description": "an IPv4 prefix whose host bits are zero"})
 
 _MAC = r"[0-9A-Fa-f]{2}(?::[0-9A-Fa-f]{2}){5}"
 _MAC_RE = re.compile(_MAC)
@@ -281,7 +323,8 @@ def _check_mac(value: str) -> str:
     return value.lower()  # one spelling, so equal MACs compare equal
 
 
-Mac = text_type(_check_mac, {"pattern": f"^{_MAC}$"})
+# Unicast (the first octet even) and not all zeros.
+Mac = text_type(_check_mac, {"pattern": "^(?!00(?::00){5}$)[0-9A-Fa-f][02468ACEace](?::[0-9A-Fa-f]{2}){5}$"})
 
 # --- numbers ------------------------------------------------------------------
 
@@ -360,5 +403,22 @@ def _check_private_key(value: str) -> None:
         raise ValueError("must contain a PEM private key (-----BEGIN PRIVATE KEY----- ... -----END PRIVATE KEY-----)")
 
 
-PemCertificate = text_type(_check_certificate, {"maxLength": MAX_PEM_BYTES})
-PemPrivateKey = text_type(_check_private_key, {"maxLength": MAX_PEM_BYTES, "writeOnly": True})
+# The checks above as patterns: printable ASCII and line breaks only (so a
+# character is a byte and maxLength is the byte limit), a body of base64 and
+# white space, and no other key kind.
+_PEM_CHAR = r"[ -~\t\r\n]"
+_PEM_BODY = r"[A-Za-z0-9+/= \t\r\n]+"
+_CERT_PATTERN = (
+    rf"^(?!{_PEM_CHAR}*-----BEGIN [A-Z ]*PRIVATE KEY-----){_PEM_CHAR}*"
+    rf"-----BEGIN CERTIFICATE-----{_PEM_BODY}-----END CERTIFICATE-----{_PEM_CHAR}*$"
+)
+_KEY_PATTERN = (
+    rf"^(?!{_PEM_CHAR}*(?:ENCRYPTED PRIVATE KEY|Proc-Type: 4,ENCRYPTED)){_PEM_CHAR}*"
+    "(?:"
+    + "|".join(
+        rf"-----BEGIN {kind}PRIVATE KEY-----{_PEM_BODY}-----END {kind}PRIVATE KEY-----" for kind in ("", "RSA ", "EC ")
+    )
+    + rf"){_PEM_CHAR}*$"
+)
+PemCertificate = text_type(_check_certificate, {"maxLength": MAX_PEM_BYTES, "pattern": _CERT_PATTERN})
+PemPrivateKey = text_type(_check_private_key, {"maxLength": MAX_PEM_BYTES, "pattern": _KEY_PATTERN, "writeOnly": True})
