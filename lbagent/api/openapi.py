@@ -20,6 +20,7 @@ from pydantic.json_schema import models_json_schema
 
 from lbagent import __version__
 from lbagent.api.responses import ANSWERS
+from lbagent.desired.listener_types import KINDS, OPTION_TYPES
 from lbagent.desired.model import json_schema
 
 REF = "#/components/schemas/"
@@ -153,10 +154,122 @@ def _rewrite_refs(node: Any) -> Any:
     return node
 
 
+# What the validation checks beyond the JSON schema: the rules across objects
+# (lbagent.desired.crosschecks), which JSON Schema cannot express, and one
+# difference of number semantics. A body the schema calls valid is refused
+# only for one of these.
+BEYOND_THE_SCHEMA = (
+    "Beyond this schema, the agent refuses (400, each problem at the path of the field that breaks it): "
+    "an id used twice in its list (subnets, pods, load balancers, and within a load balancer its listeners, "
+    "backend groups, backends, rules and a listener's certificates, its rules' included), a provider network name "
+    "used twice, a host named twice in one provider network's custom interfaces, a pod port name used twice in a "
+    "pod, two routes of a subnet to the same prefix, two listeners of a load balancer on the same transport port "
+    "(http, https and tcp are all TCP), two rules of a listener for the same domain and path, two load balancers "
+    "with the same address or MAC in one subnet; a network.subnet_id naming no subnet of the request, a "
+    "backend_group_id naming no backend group of its load balancer; a gateway, route next hop or load balancer "
+    "address outside its subnet, a gateway or load balancer address that is the subnet's network or broadcast "
+    "address, and a load balancer address equal to the subnet's gateway. Integers must be written as integers: "
+    "JSON Schema counts 1.0 as the integer 1, the agent refuses it."
+)
+
+
+def _ref_name(schema: dict) -> str | None:
+    for branch in [schema, *schema.get("anyOf", [])]:
+        if "$ref" in branch:
+            return str(branch["$ref"]).rsplit("/", 1)[-1]
+    return None
+
+
+def _unset(found: dict[str, dict], model: str, path: list[str]) -> dict:
+    """A schema for an object of `model` whose field at `path` holds its default
+    (an absent or null parent object counts as unset)."""
+    name, *rest = path
+    prop = found[model]["properties"][name]
+    if rest:
+        inner = _ref_name(prop)
+        assert inner is not None, path
+        return {"properties": {name: _unset(found, inner, rest)}}
+    if "default" in prop:
+        only: dict = {"const": prop["default"]}
+    elif prop.get("type") == "array":
+        only = {"maxItems": 0}
+    else:
+        only = {"maxProperties": 0}
+    return {"properties": {name: only}}
+
+
+def _when_type(types: set[str] | frozenset[str], then: dict, otherwise: dict | None = None) -> dict:
+    rule = {"if": {"properties": {"listener_type": {"enum": sorted(types)}}}, "then": then}
+    if otherwise is not None:
+        rule["else"] = otherwise
+    return rule
+
+
+def _listener_rules(found: dict[str, dict]) -> list[dict]:
+    """What each listener type may carry (listener_types.OPTION_TYPES: an option
+    set, i.e. not at its default, on another type is refused), as if/then rules."""
+    rules = []
+    for option, types in OPTION_TYPES.items():
+        others = set(KINDS) - types
+        if others:
+            rules.append(_when_type(others, _unset(found, "Listener", option.split("."))))
+    tls = {name for name, kind in KINDS.items() if kind.terminates_tls}
+    no_rule_certificates = {"properties": {"rules": {"items": {"properties": {"certificates": {"maxItems": 0}}}}}}
+    rules.append(
+        _when_type(
+            tls, {"required": ["certificates"], "properties": {"certificates": {"minItems": 1}}}, no_rule_certificates
+        )
+    )
+    udp = {name for name, kind in KINDS.items() if kind.transport == "udp"}
+    rules.append(
+        _when_type(
+            udp,
+            {"properties": {"health_check": {"properties": {"type": {"enum": ["tcp", "udp"]}}}}},
+            {"properties": {"health_check": {"properties": {"type": {"enum": ["tcp", "http"]}}}}},
+        )
+    )
+    return rules
+
+
+def _health_check_rules(found: dict[str, dict]) -> list[dict]:
+    """The fields only one type of health check reads stay at their defaults on the others."""
+    rules = []
+    for check_type, fields in (("http", ["uri", "domain", "http_code"]), ("udp", ["udp_request", "udp_expect"])):
+        unset: dict = {"properties": {}}
+        for field in fields:
+            unset["properties"].update(_unset(found, "HealthCheck", [field])["properties"])
+        rules.append({"if": {"required": ["type"], "properties": {"type": {"const": check_type}}}, "else": unset})
+    return rules
+
+
+def _one_of_nonempty(*names: str) -> dict:
+    return {"anyOf": [{"required": [name], "properties": {name: {"minLength": 1}}} for name in names]}
+
+
+def _tighten(found: dict[str, dict]) -> None:
+    """The rules inside one object that pydantic's schema leaves out (model
+    validators and crosschecks that look at one object only)."""
+    found["DesiredState"]["description"] = BEYOND_THE_SCHEMA
+    found["Redirect"]["allOf"] = [_one_of_nonempty("scheme", "host", "path")]
+    found["Rule"]["allOf"] = [
+        _one_of_nonempty("domain", "path"),
+        # exactly one of a backend group and a redirect
+        {
+            "oneOf": [
+                {"required": ["backend_group_id"], "properties": {"backend_group_id": {"type": "string"}}},
+                {"required": ["redirect"], "properties": {"redirect": {"type": "object"}}},
+            ]
+        },
+    ]
+    found["Listener"]["allOf"] = _listener_rules(found)
+    found["HealthCheck"]["allOf"] = _health_check_rules(found)
+
+
 def schemas() -> dict[str, dict]:
     body = json_schema()
     found = dict(body.pop("$defs", {}))
     found["DesiredState"] = body
+    _tighten(found)
     _, answers = models_json_schema([(model, "serialization") for model in ANSWERS], ref_template=REF + "{model}")
     for name, schema in answers.get("$defs", {}).items():
         if name in found:
