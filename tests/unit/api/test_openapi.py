@@ -11,6 +11,7 @@ from lbagent.api import app as api
 from lbagent.api.app import create_app
 from lbagent.api.openapi import document, open_paths
 from lbagent.desired.model import parse_desired_state
+from lbagent.errors import InvalidDesiredState
 from lbagent.workers.dispatch import kind_of
 from lbagent.workers.pods import PodController
 from lbagent.workers.queue import WorkQueue
@@ -68,12 +69,30 @@ def test_the_example_body_matches_the_request_schema():
         lambda body: body.update(bogus=1),
         lambda body: body["loadbalancers"][0]["listeners"][0].update(listener_port=0),
         lambda body: body["loadbalancers"][0]["network"].update(mac=7),
+        # What fields.py checks in Python, spelled out in the schema as patterns:
+        lambda body: body["loadbalancers"][0]["network"].update(ip="0.0.0.0"),
+        lambda body: body["loadbalancers"][0]["network"].update(ip="127.0.0.1"),
+        lambda body: body["loadbalancers"][0]["network"].update(ip="198.018.0.12"),
+        lambda body: body["loadbalancers"][0]["network"].update(mac="00:00:00:00:00:00"),
+        lambda body: body["loadbalancers"][0]["network"].update(mac="01:22:0a:00:00:12"),
+        lambda body: body["subnets"][0].update(cidr="198.18.0.1/24"),
+        lambda body: body["loadbalancers"][0].update(name="two\nlines"),
+        lambda body: body["pods"].append({"id": "p", "namespace": "n", "ip": "198.18.0.50", "labels": {"b@d": "x"}}),
+        lambda body: body["loadbalancers"][0]["listeners"][0].update(
+            health_check={"type": "http", "http_code": "http_2xx,http_2xx"}
+        ),
+        # Rules inside one object (model validators and per-listener checks):
+        lambda body: body["loadbalancers"][0]["listeners"][0].update(redirect={"code": 301}),
+        lambda body: body["loadbalancers"][0]["listeners"][0].update(listener_type="tcp", gzip=True),
+        lambda body: body["loadbalancers"][0]["listeners"][0].update(listener_type="https"),
     ],
 )
 def test_the_request_schema_refuses_what_the_validator_refuses(breaks):
     body = copy.deepcopy(EXAMPLE)
     breaks(body)
     assert not answer_validator("DesiredState").is_valid(body)
+    with pytest.raises(InvalidDesiredState):
+        parse_desired_state(body)
 
 
 async def test_real_answers_match_their_schemas(client):
