@@ -83,3 +83,10 @@ def test_a_failing_extension_check_raises():
     rule.create_target("ACCEPT")
     with pytest.raises(iptc.XTablesError):
         iptables._final_check(rule)
+
+
+def test_the_filter_table_is_converged_first_and_only_when_wanted_or_present():
+    nat_only = [rule for rule in RULES if rule.table == "nat"]
+    assert iptables._tables_to_converge(nat_only, {"nat"}) == ["nat"]  # never made without a list
+    assert iptables._tables_to_converge(RULES, {"nat"}) == ["filter", "nat"]  # the lists first
+    assert iptables._tables_to_converge(nat_only, {"nat", "filter"}) == ["filter", "nat"]  # to take ours out
