@@ -17,7 +17,7 @@ from typing import TYPE_CHECKING, Any
 from pydantic import BaseModel
 
 from lbagent.desired.details import Location, json_pointer
-from lbagent.desired.listener_types import HTTP_TYPES, OPTION_TYPES
+from lbagent.desired.listener_types import KINDS, OPTION_TYPES
 
 if TYPE_CHECKING:  # the models call these rules from their validators
     from lbagent.desired.model import DesiredState, Listener, LoadBalancer, Rule, Subnet
@@ -187,11 +187,15 @@ def _check_group_reference(problems: _Problems, location: Location, group_id: st
 def _check_listener(problems: _Problems, at: Location, listener: Listener, group_ids: set[str]) -> None:
     kind = listener.listener_type
     _check_group_reference(problems, (*at, "backend_group_id"), listener.backend_group_id, group_ids)
-    for field, types in OPTION_TYPES.items():
-        if types == HTTP_TYPES and kind not in types and getattr(listener, field):
-            problems.add((*at, field), f"only allowed on http and https listeners, not on {kind}")
-    if listener.http2 and kind not in OPTION_TYPES["http2"]:
-        problems.add((*at, "http2"), "needs an https listener (HTTP/2 is negotiated through TLS)")
+    for option, types in OPTION_TYPES.items():
+        if kind in types or option == "certificates":  # certificates: below, with the rules' own
+            continue
+        path = tuple(option.split("."))
+        if _is_set(listener, path):
+            if option == "http2":
+                problems.add((*at, *path), "needs an https listener (HTTP/2 is negotiated through TLS)")
+            else:
+                problems.add((*at, *path), f"only allowed on {_type_names(types)} listeners, not on {kind}")
 
     rule_certificates = [(r, rule) for r, rule in enumerate(listener.rules) if rule.certificates]
     if listener.kind.terminates_tls:
@@ -214,6 +218,13 @@ def _check_listener(problems: _Problems, at: Location, listener: Listener, group
             problems.add((*at, "health_check", "type"), "an http health check cannot probe a udp listener")
         if check.type == "udp" and kind != "udp":
             problems.add((*at, "health_check", "type"), f"a udp health check needs a udp listener, not {kind}")
+        # What one type of check reads, another ignores (a tcp check sends no uri).
+        for field, check_type in CHECK_FIELDS.items():
+            option = f"health_check.{field}"
+            if check.type != check_type and kind in OPTION_TYPES.get(option, KINDS) and _is_set(check, (field,)):
+                problems.add(
+                    (*at, "health_check", field), f"only used by a {check_type} health check, not {check.type}"
+                )
 
     for index, rule in enumerate(listener.rules):
         _check_rule(problems, (*at, "rules", index), rule, group_ids)
@@ -221,6 +232,26 @@ def _check_listener(problems: _Problems, at: Location, listener: Listener, group
         (((rule.domain, rule.path), (*at, "rules", r, "path")) for r, rule in enumerate(listener.rules)),
         lambda key: f"a rule for domain {key[0]!r} and path {key[1]!r}",
     )
+
+
+# Health check fields that only one type of check reads.
+CHECK_FIELDS = {"uri": "http", "domain": "http", "http_code": "http", "udp_request": "udp", "udp_expect": "udp"}
+
+
+def _is_set(model: BaseModel, path: Sequence[str]) -> bool:
+    """Whether the field at `path` below `model` differs from its default (an absent parent: not set)."""
+    *parents, field = path
+    for name in parents:
+        model = getattr(model, name)
+        if model is None:
+            return False
+    default = type(model).model_fields[field].get_default(call_default_factory=True)
+    return getattr(model, field) != default
+
+
+def _type_names(types: frozenset[str]) -> str:
+    names = [name for name in KINDS if name in types]
+    return names[0] if len(names) == 1 else f"{', '.join(names[:-1])} and {names[-1]}"
 
 
 def _check_rule(problems: _Problems, at: Location, rule: Rule, group_ids: set[str]) -> None:

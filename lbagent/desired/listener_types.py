@@ -43,16 +43,41 @@ KINDS: dict[str, ListenerKind] = {
 }
 
 HTTP_TYPES = frozenset(name for name, kind in KINDS.items() if kind.is_http)
+HAPROXY_TYPES = frozenset(name for name, kind in KINDS.items() if kind.through_haproxy)
+UDP_TYPES = frozenset(name for name, kind in KINDS.items() if kind.transport == "udp")
+HTTPS_TYPES = frozenset(name for name, kind in KINDS.items() if kind.terminates_tls)
 
-# Listener options that only some types may carry (an option not listed here
-# applies to every type). A body that sets one on another type is refused
-# with a 400 naming the option's path.
+# Listener options that only some types may carry, by path below the listener
+# ("timeouts.client_request" is the field client_request of the listener's
+# timeouts). An option not listed here applies to every type. An option is set
+# when its value differs from its default; a body that sets one on another type
+# is refused with a 400 naming the option's path. The table in docs/api.md
+# ("Options by listener type") says the same and a unit test compares the two.
 OPTION_TYPES: dict[str, frozenset[str]] = {
+    # haproxy runs http checks (option httpchk) in tcp and http mode alike;
+    # the udp prober sends udp_request and looks for udp_expect, nothing else.
+    "health_check.uri": HAPROXY_TYPES,
+    "health_check.domain": HAPROXY_TYPES,
+    "health_check.http_code": HAPROXY_TYPES,
+    "health_check.udp_request": UDP_TYPES,
+    "health_check.udp_expect": UDP_TYPES,
     "sticky_session": HTTP_TYPES,
+    "x_forwarded_for": HTTP_TYPES,
+    "gzip": HTTP_TYPES,
+    "http2": HTTPS_TYPES,
+    # A PROXY header is written by haproxy on a TCP connection.
+    "send_proxy": HAPROXY_TYPES,
+    # haproxy timeouts; udp flows live as long as conntrack keeps them.
+    "timeouts.client_request": HTTP_TYPES,
+    "timeouts.client_idle": HAPROXY_TYPES,
+    "timeouts.backend_connect": HAPROXY_TYPES,
+    "timeouts.backend_idle": HAPROXY_TYPES,
+    "http_request_rate": HTTP_TYPES,
+    "http_request_rate_per_src": HTTP_TYPES,
     "redirect": HTTP_TYPES,
+    "certificates": HTTPS_TYPES,
+    "tls_cipher_policy": HTTPS_TYPES,
     "rules": HTTP_TYPES,
-    "http2": frozenset({"https"}),
-    "certificates": frozenset({"https"}),
 }
 
 

@@ -29,6 +29,7 @@ from lbagent.haproxy.views import (
     BackendView,
     CookieView,
     HaproxyConfig,
+    HashKeyView,
     HealthView,
     HttpCheckView,
     ListenerView,
@@ -42,7 +43,13 @@ DEFAULT_TIMEOUTS = {"client_request": 10, "client_idle": 90, "backend_connect": 
 # reloads does not leave a crowd of old workers holding memory.
 HARD_STOP_AFTER = 1800
 
-BALANCE = {"rr": "roundrobin", "wrr": "roundrobin", "wlc": "leastconn", "sch": "source", "tch": "source"}
+BALANCE = {"rr": "roundrobin", "wrr": "roundrobin", "wlc": "leastconn", "sch": "source", "tch": "hash"}
+# tch hashes the connection's 4-tuple, so one client's connections spread over
+# the members by source port (sch, `balance source`, keeps them on one). haproxy
+# 2.6 hashes one sample, so a rule joins the four into a variable first.
+FLOW_KEY_VARIABLE = "txn.lbagent_flow"
+FLOW_KEY_FORMAT = "%[src]:%[src_port]:%[dst]:%[dst_port]"
+FLOW_KEY_RULE = {"tcp": ("tcp-request", "content"), "http": ("http-request",)}
 SEND_PROXY = {
     "off": None,
     "v1": "send-proxy",
@@ -153,16 +160,21 @@ def _listener_view(lb_id: str, listener, outer: str, inner: str, members: dict[s
         backend_timeouts += (("check", listener.health_check.timeout),)
 
     cookie = _cookie(listener.sticky_session) if http else None
+    balance = _lookup(BALANCE, listener.scheduler, "scheduler")
+    hash_key = None
+    if balance == "hash":
+        hash_key = HashKeyView(rule=FLOW_KEY_RULE[mode], variable=FLOW_KEY_VARIABLE, format=FLOW_KEY_FORMAT)
 
     def backend(name: str, group_id: str) -> BackendView:
         return BackendView(
             name=name,
             mode=mode,
-            balance=_lookup(BALANCE, listener.scheduler, "scheduler"),
+            balance=balance,
+            hash_key=hash_key,
             timeouts=backend_timeouts,
             health=health,
             cookie=cookie,
-            servers=_servers(members.get(group_id, []), inner, listener, use_ssl=http, cookies=cookie is not None),
+            servers=_servers(members.get(group_id, []), inner, listener, cookies=cookie is not None),
         )
 
     default = backend(backend_name(lb_id, listener.id), listener.backend_group_id)
@@ -253,7 +265,7 @@ def _acl(acl) -> AclView | None:
     return AclView(cidr_lines=lines, reject_listed=kind == "black")
 
 
-def _servers(members: list[Member], inner: str, listener, use_ssl: bool, cookies: bool) -> tuple[ServerView, ...]:
+def _servers(members: list[Member], inner: str, listener, cookies: bool) -> tuple[ServerView, ...]:
     scheduler = listener.scheduler
     listener_keyword = _lookup(SEND_PROXY, listener.send_proxy, "send_proxy")
     servers = []
@@ -273,7 +285,7 @@ def _servers(members: list[Member], inner: str, listener, use_ssl: bool, cookies
                 port=member.mapped_port,
                 weight=_weight(member.weight, scheduler),
                 send_proxy=listener_keyword or _lookup(SEND_PROXY, member.send_proxy, "send_proxy"),
-                ssl=use_ssl and member.ssl,
+                ssl=member.ssl,  # TLS to the member, in tcp mode as in http
                 cookie=cookie,
             )
         )

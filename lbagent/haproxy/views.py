@@ -54,10 +54,20 @@ class CookieView:
 
 
 @dataclass(frozen=True)
+class HashKeyView:
+    """What `balance hash` hashes: a variable set from a log-format before a server is chosen."""
+
+    rule: tuple[str, ...]  # the words of the rule that sets it: ("tcp-request", "content") or ("http-request",)
+    variable: str
+    format: str
+
+
+@dataclass(frozen=True)
 class BackendView:
     name: str
     mode: str
     balance: str
+    hash_key: HashKeyView | None
     timeouts: tuple[tuple[str, int], ...]
     health: HealthView | None
     cookie: CookieView | None

@@ -41,7 +41,7 @@ def sample_lb(**overrides):
                 8001,
                 "rr",
                 health_check={"type": "tcp", "rise": 2, "fall": 3, "interval": 2, "timeout": 1},
-                timeouts={"client_request": 7, "client_idle": 60, "backend_connect": 4, "backend_idle": 61},
+                timeouts={"client_idle": 60, "backend_connect": 4, "backend_idle": 61},
             ),
             tcp("wrr", 8002, "wrr", send_proxy="v2"),
             tcp(
@@ -195,15 +195,31 @@ def test_rr_ignores_weights_but_still_drains():
 
 def test_listener_send_proxy_overrides_member():
     text = render_sample(sample_lb(listeners=[tcp("l", 80, "wrr", send_proxy="v2-ssl-cn")]))
-    assert text.count(" send-proxy-v2-ssl-cn\n") == 4
+    assert text.count(" send-proxy-v2-ssl-cn") == 4
 
 
-def test_backend_ssl_only_on_http_listeners():
-    assert " ssl verify none" not in render_sample(sample_lb(listeners=[tcp("l", 80, "rr")]))
+def test_backend_ssl_applies_on_tcp_and_http_listeners_alike():
+    # It used to be dropped on tcp listeners; haproxy speaks TLS to the member in tcp mode too.
+    line = "server be-2 169.254.0.100:1026 weight 1 send-proxy-v2-ssl ssl verify none\n"
+    assert line in render_sample(sample_lb(listeners=[tcp("l", 80, "rr")]))
     http = {"id": "h", "listener_type": "http", "listener_port": 80, "backend_group_id": "bg-web"}
-    assert "server be-2 169.254.0.100:1026 weight 1 send-proxy-v2-ssl ssl verify none\n" in render_sample(
-        sample_lb(listeners=[http])
-    )
+    assert line in render_sample(sample_lb(listeners=[http]))
+    assert "server be-1 169.254.0.100:1025 weight 1\n" in render_sample(sample_lb(listeners=[http]))
+
+
+def test_sch_hashes_the_source_and_tch_the_four_tuple():
+    sch = render_sample(sample_lb(listeners=[tcp("l", 80, "sch")]))
+    assert "    balance source\n" in sch
+    assert "set-var-fmt" not in sch
+    tch = render_sample(sample_lb(listeners=[tcp("l", 80, "tch")]))
+    assert (
+        "    tcp-request content set-var-fmt(txn.lbagent_flow) %[src]:%[src_port]:%[dst]:%[dst_port]\n"
+        "    balance hash var(txn.lbagent_flow)\n"
+    ) in tch
+    http = {"id": "h", "listener_type": "http", "listener_port": 80, "backend_group_id": "bg-web", "scheduler": "tch"}
+    text = render_sample(sample_lb(listeners=[http]))
+    assert "    http-request set-var-fmt(txn.lbagent_flow) %[src]:%[src_port]:%[dst]:%[dst_port]\n" in text
+    assert "tcp-request content set-var-fmt" not in text
 
 
 # --- refusing unsafe values --------------------------------------------------------------

@@ -261,21 +261,18 @@ def test_empty_white_list_admits_no_one_and_empty_black_list_everyone():
     assert "tcp-request" not in render(lb_with(http("l", 80, acl={"type": "black"}))).text
 
 
-def test_tcp_listener_takes_the_access_list_but_no_http_option():
+def test_tcp_listener_takes_the_access_list_and_no_http_line():
+    # The http options themselves are refused on tcp listeners (tests/unit/desired/test_listener_types.py).
     listener = {
         "id": "t",
         "listener_type": "tcp",
         "listener_port": 80,
         "backend_group_id": "bg-web",
         "acl": {"type": "black", "cidrs": ["198.18.0.66/32"]},
-        "gzip": True,
-        "x_forwarded_for": True,
-        "http_request_rate": 5,
-        "http_request_rate_per_src": 5,
     }
     text = render(lb_with(listener)).text
     assert "tcp-request connection reject if lbagent_src\n" in text
-    for http_only in ("429", "compression", "forwardfor", "stick-table", " ssl verify none"):
+    for http_only in ("429", "compression", "forwardfor", "stick-table", "http-request"):
         assert http_only not in text
 
 
