@@ -282,21 +282,23 @@ def test_create_delete_cycles_leak_nothing(agent_factory, vpc, prefix):
     before = host_state()
 
     def batch(round_no: int) -> list[dict]:
-        return [
-            loadbalancer(
-                f"{prefix}-c{round_no}-{i}",
-                f"198.18.0.{100 + i}",
-                f"00:22:0a:00:02:{i:02x}",
-                [tcp_listener("l", 80)],
-                {"bg-1": [backend("be", "198.18.0.21")]},
-            )
-            for i in range(10)
-        ]
+        """Ten load balancers, each with its logical switch port: ready means ovn-installed."""
+        lbs = []
+        for i in range(10):
+            lb_id, ip, mac = f"{prefix}-c{round_no}-{i}", f"198.18.0.{100 + i}", f"00:22:0a:00:02:{i:02x}"
+            vpc.add_lb_port(lb_id, mac, ip)
+            lbs.append(loadbalancer(lb_id, ip, mac, [tcp_listener("l", 80)], {"bg-1": [backend("be", "198.18.0.21")]}))
+        return lbs
+
+    def retire(round_no: int) -> None:
+        for i in range(10):
+            vpc.del_lb_port(f"{prefix}-c{round_no}-{i}")
 
     assert agent.refresh(desired(1, *batch(0)))[0] == 200
     proc = psutil.Process(agent.proc.pid)
     fds = proc.num_fds()
     for round_no in range(1, 21):  # 200 load balancers created, 200 deleted
+        retire(round_no - 1)  # first: the next round reuses their addresses
         code, body = agent.refresh(desired(round_no + 1, *batch(round_no)), wait=120)
         assert code == 200 and all(lb["state"] == "ready" for lb in body["loadbalancers"]), body
     assert agent.refresh(desired(30))[0] == 200
