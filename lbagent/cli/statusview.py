@@ -193,7 +193,7 @@ def render_status(document: dict, source: str, color: bool = False, detail: bool
     if not lbs:
         lines.append("no load balancers")
         return "\n".join(lines)
-    rows = [("ID", "STATE", "VIP", "INNER/OUTER", "LISTENERS", "BACKENDS", "LAST ERROR")]
+    rows = [("ID", "STATE", "VIP", "INNER/OUTER", "LISTENERS", "BACKENDS", "REASON")]
     for lb in lbs:
         listeners = ",".join(f"{ls['listener_type']}/{ls['listener_port']}" for ls in lb.get("listeners", []))
         backends = ",".join(
@@ -207,7 +207,7 @@ def render_status(document: dict, source: str, color: bool = False, detail: bool
                 f"{lb.get('inner')}/{lb.get('outer')}",
                 listeners,
                 backends,
-                lb.get("last_error"),
+                lb.get("reason") or lb.get("last_error"),  # what keeps it from ready, if anything
             )
         )
     lines += table(rows, color, colored=(1,))
@@ -225,6 +225,8 @@ def render_detail(lb: dict, color: bool = False) -> list[str]:
         f"  netns {lb.get('netns')}{'' if present is None else (' (present)' if present else ' (absent)')}"
         f"  ovs_port {lb.get('ovs_port') or '-'}  ovn_installed={lb.get('ovn_installed', '-')}",
     ]
+    if lb.get("reason") and lb.get("reason") != lb.get("last_error"):
+        lines.append(f"  reason: {lb['reason']}")
     if lb.get("last_error"):
         lines.append(f"  last error: {lb['last_error']}")
     lines.append("  listeners:")
