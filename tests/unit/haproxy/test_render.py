@@ -222,6 +222,15 @@ def test_sch_hashes_the_source_and_tch_the_four_tuple():
     assert "tcp-request content set-var-fmt" not in text
 
 
+def test_tch_on_an_http_listener_is_valid_haproxy_too(tmp_path):
+    http = {"id": "h", "listener_type": "http", "listener_port": 80, "backend_group_id": "bg-web", "scheduler": "tch"}
+    lb = sample_lb(listeners=[http])
+    config = render_config(lb, "127.0.0.1", sample_members(lb), inner="127.0.0.1")
+    result = haproxy_check(*write_checkable(tmp_path, config, lb.id))
+    assert result.returncode == 0, result.stdout + result.stderr
+    assert "WARNING" not in result.stdout + result.stderr
+
+
 # --- refusing unsafe values --------------------------------------------------------------
 
 UNSAFE = ["a b", "a\nb", 'a"b', "a'b", "a#b", "a\\b", "a\tb", "", "é"]
