@@ -116,7 +116,10 @@ PATHS: dict[str, dict[str, dict]] = {
     "/readyz": {
         "get": {
             "operationId": "readyz",
-            "summary": "Readiness: a complete desired state is known and its first pass finished",
+            "summary": (
+                "Readiness: a complete desired state is known, its first pass finished, "
+                "every load balancer carries traffic (its port ovn-installed) and haproxy runs"
+            ),
             "security": OPEN,
             "responses": {"200": _json("ready", "Readiness"), "503": _json("not ready, with the reason", "Readiness")},
         },
