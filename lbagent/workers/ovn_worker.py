@@ -1,4 +1,4 @@
-"""`OvnWorker`: the supervisor of this host's load balancers.
+"""`OvnWorker`: this host's load balancers, their allocations and their passes.
 
 It owns the accepted desired state, the allocations (address pairs, interface
 name salts, backend ports), one `LbTask` per load balancer, and what a pass
@@ -14,18 +14,9 @@ in the same step (`on_accept`) and which call `dependency_changed`; until
 then such a load balancer stays behind the new generation, so a waiting
 refresh keeps waiting. The periodic resync of every task is the safety net.
 
-`ready` means the VIP carries traffic: a successful pass leaves a load
-balancer `pending` while ovn-controller has not installed its OVS port
-(`external_ids:ovn-installed`) or, with listeners served by haproxy, while
-haproxy is not running (`readiness`). `watch_readiness` turns them `ready`
-without another pass: every READINESS_INTERVAL it reads whether haproxy runs
-and, only while some load balancer waits for its port, which ports are
-installed (one read of the local OVSDB replica); with nothing waiting and
-haproxy as it was, a tick does nothing per load balancer. A port that loses
-ovn-installed later is seen by the next pass (the periodic resync). When a
-master was started again (it died), the load balancers with haproxy
-listeners stay `pending` until a pass, kicked at once, has re-applied their
-files: a master that could not start on the files on disk starts without them.
+When a pass succeeds, `readiness.ReadinessWatch` decides whether the load
+balancer is `ready` or still `pending` (its port not ovn-installed, haproxy
+not running).
 """
 
 from __future__ import annotations
@@ -34,9 +25,8 @@ import asyncio
 import functools
 import json
 import logging
-import operator
 from collections.abc import Awaitable, Callable
-from dataclasses import dataclass, replace
+from dataclasses import dataclass
 
 from lbagent.config import DEFAULT_RESYNC_RATE
 from lbagent.desired.model import DesiredState, LoadBalancer
@@ -50,6 +40,8 @@ from lbagent.state import Allocation, PersistedState, StateStore
 from lbagent.workers import plan
 from lbagent.workers.allocator import AddressPair, PairAllocator, assign_ports
 from lbagent.workers.lb_task import DONE, LbTask
+from lbagent.workers.memo import IdentityMemo, same_models
+from lbagent.workers.readiness import ReadinessWatch
 
 log = logging.getLogger(__name__)
 
@@ -63,38 +55,6 @@ log = logging.getLogger(__name__)
 # the candidate meanwhile, even while the pass waits for its slot, and
 # reloads after it.
 PASS_SLOTS = 128
-
-# Seconds between two looks at what keeps passed load balancers from serving.
-READINESS_INTERVAL = 0.25
-WAITING_FOR_OVN = "waiting for ovn-installed"
-HAPROXY_DOWN = "haproxy not running"
-HAPROXY_RESTARTED = "haproxy restarted: waiting for a pass to re-apply its configuration"
-
-
-class IdentityMemo:
-    """Values computed from some objects, kept while the same objects (by identity,
-    not equality: comparing a model costs what recomputing from it costs) come again."""
-
-    def __init__(self) -> None:
-        # name -> kind -> (the inputs, kept alive so their ids stay theirs; their ids; the value)
-        self._values: dict[str, dict[str, tuple[tuple, tuple[int, ...], object]]] = {}
-
-    def get(self, key: tuple[str, str], inputs: tuple, compute: Callable[[], object]):
-        kind, name = key
-        kept = self._values.get(name)
-        if kept is None:
-            kept = self._values[name] = {}
-        ids = tuple(map(id, inputs))
-        hit = kept.get(kind)
-        if hit is not None and hit[1] == ids:
-            return hit[2]
-        value = compute()
-        kept[kind] = (inputs, ids, value)
-        return value
-
-    def forget(self, name: str) -> None:
-        """Drop every value kept under `name` (a load balancer that is gone)."""
-        self._values.pop(name, None)
 
 
 class ReconcileError(LbAgentError):
@@ -120,7 +80,7 @@ class LbRuntime:
     rendered: tuple[str, HaproxyConfig] | None = None
 
 
-class OvnWorker:
+class OvnWorker(ReadinessWatch):
     def __init__(
         self,
         host: OvnHost,
@@ -221,7 +181,7 @@ class OvnWorker:
         balancers, deriving it again for each took 10 ms of every refresh."""
         previous = self.desired
         if previous is None or not (
-            _same_models(previous.subnets, desired.subnets) and _same_models(previous.pods, desired.pods)
+            same_models(previous.subnets, desired.subnets) and same_models(previous.pods, desired.pods)
         ):
             return frozenset()
         before = {id(lb) for lb in previous.loadbalancers}
@@ -347,88 +307,6 @@ class OvnWorker:
         task.kick()
 
     # --- readiness -------------------------------------------------------------
-
-    def readiness(self, lb_id: str) -> str | None:
-        """What keeps a load balancer whose pass succeeded from carrying traffic (None: nothing)."""
-        lb, runtime = self._lb(lb_id), self.runtime.get(lb_id)
-        self._waiting_for_ovn.discard(lb_id)
-        if lb is None or runtime is None or not lb.enabled:
-            return None  # going, or disabled: nothing is meant to serve
-        if not self._haproxy_up and any(ls.enabled and ls.kind.through_haproxy for ls in lb.listeners):
-            error = self._haproxy_status().get("last_error")
-            return f"{HAPROXY_DOWN}: {error}" if error else HAPROXY_DOWN
-        observation = runtime.observation
-        if observation is not None and not observation.ovn_installed:
-            self._waiting_for_ovn.add(lb_id)
-            return WAITING_FOR_OVN
-        return None
-
-    def not_serving(self) -> str | None:
-        """Why some passed load balancers do not serve yet (None: all that passed do)."""
-        waiting = sorted(t.lb_id for t in self.tasks.values() if t.passed and t.state == "pending")
-        if not waiting:
-            return None
-        reason = self.tasks[waiting[0]].waiting
-        return f"{len(waiting)} load balancer(s) not serving yet, e.g. {waiting[0]}: {reason}"
-
-    def haproxy_up(self) -> bool:
-        """Whether the haproxy master runs, as the readiness watch last saw it."""
-        return self._haproxy_up
-
-    def _haproxy_status(self) -> dict:
-        status = getattr(self._haproxy, "status", None)
-        return status() if status is not None else {}
-
-    async def check_readiness(self) -> int:
-        """One look (see the module's docstring); how many load balancers changed state."""
-        status = self._haproxy_status()
-        up, starts = bool(status.get("running", True)), status.get("starts")
-        haproxy_changed, self._haproxy_up = up != self._haproxy_up, up
-        restarted = up and self._haproxy_starts is not None and starts != self._haproxy_starts
-        self._haproxy_starts = starts
-        if haproxy_changed:
-            log.warning("object=haproxy action=observe running=%s", up)
-        if restarted:
-            self._haproxy_restarted()
-        if up and (restarted or haproxy_changed):
-            for task in self.tasks.values():
-                if task.state == "error":
-                    task.kick()  # its failure may have been haproxy's: retry now, not after its backoff
-        again: set[str] = set(self.tasks) if haproxy_changed and not restarted else set()
-        if self._waiting_for_ovn and self.installed_ports is not None:
-            installed = await self.installed_ports()
-            for lb_id in list(self._waiting_for_ovn):
-                runtime = self.runtime.get(lb_id)
-                if runtime is None or runtime.observation is None:
-                    self._waiting_for_ovn.discard(lb_id)
-                elif runtime.observation.ovs_port in installed:
-                    runtime.observation = replace(runtime.observation, ovn_installed=True)
-                    again.add(lb_id)
-        changed = 0
-        for lb_id in again:
-            found = self.tasks.get(lb_id)
-            if found is not None and found.set_waiting(self.readiness(lb_id)):
-                changed += 1
-                log.info("lb=%s action=readiness state=%s reason=%r", lb_id, found.state, found.waiting)
-        if changed:
-            await self._notify()
-        return changed
-
-    def _haproxy_restarted(self) -> None:
-        """A new master runs: every load balancer it serves passes again before it is ready."""
-        for lb_id, task in self.tasks.items():
-            lb = self._lb(lb_id)
-            if lb is not None and lb.enabled and any(ls.enabled and ls.kind.through_haproxy for ls in lb.listeners):
-                task.set_waiting(HAPROXY_RESTARTED)
-                task.kick()
-
-    async def watch_readiness(self, interval: float = READINESS_INTERVAL) -> None:
-        while True:
-            await asyncio.sleep(interval)
-            try:
-                await self.check_readiness()
-            except Exception as exc:  # OVSDB reconnecting, say: the next tick looks again
-                log.debug("action=readiness result=error error=%r", str(exc))
 
     def haproxy_changes_coming(self) -> bool:
         """Some pass has yet to hand its haproxy change over."""
@@ -607,12 +485,6 @@ class OvnWorker:
         await self._handoff.stop()
         if self.udp_health is not None:
             await self.udp_health.stop()
-
-
-def _same_models(before: list, now: list) -> bool:
-    """The very same objects, in the same order (the parser hands over the
-    models of unchanged entries, so an unchanged list holds the same ones)."""
-    return len(before) == len(now) and all(map(operator.is_, before, now))
 
 
 def _ports_for(ports: dict[str, int], targets: dict[str, list[plan.Target]]) -> dict[str, int]:

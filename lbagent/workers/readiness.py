@@ -1,0 +1,137 @@
+"""`ReadinessWatch`: whether a load balancer whose pass succeeded carries traffic.
+
+`ready` means the VIP carries traffic: a successful pass leaves a load
+balancer `pending` while ovn-controller has not installed its OVS port
+(`external_ids:ovn-installed`) or, with listeners served by haproxy, while
+haproxy is not running (`readiness`). `watch_readiness` turns them `ready`
+without another pass: every READINESS_INTERVAL it reads whether haproxy runs
+and, only while some load balancer waits for its port, which ports are
+installed (one read of the local OVSDB replica); with nothing waiting and
+haproxy as it was, a tick does nothing per load balancer. A port that loses
+ovn-installed later is seen by the next pass (the periodic resync). When a
+master was started again (it died), the load balancers with haproxy
+listeners stay `pending` until a pass, kicked at once, has re-applied their
+files: a master that could not start on the files on disk starts without them.
+
+It is part of `OvnWorker` (a mixin over the worker's tasks and runtime), kept
+apart because when a load balancer is ready is a question of its own.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from collections.abc import Awaitable, Callable
+from dataclasses import replace
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from lbagent.desired.model import LoadBalancer
+    from lbagent.workers.lb_task import LbTask
+
+log = logging.getLogger("lbagent.workers.ovn_worker")  # its lines are the worker's
+
+# Seconds between two looks at what keeps passed load balancers from serving.
+READINESS_INTERVAL = 0.25
+WAITING_FOR_OVN = "waiting for ovn-installed"
+HAPROXY_DOWN = "haproxy not running"
+HAPROXY_RESTARTED = "haproxy restarted: waiting for a pass to re-apply its configuration"
+
+
+class ReadinessWatch:
+    # Kept by OvnWorker, whose part this is.
+    tasks: dict[str, LbTask]
+    runtime: dict[str, Any]
+    installed_ports: Callable[[], Awaitable[set[str]]] | None
+    _haproxy: Any
+    _haproxy_up: bool
+    _haproxy_starts: Any
+    _waiting_for_ovn: set[str]
+
+    def _lb(self, lb_id: str) -> LoadBalancer | None:
+        raise NotImplementedError
+
+    async def _notify(self) -> None:
+        raise NotImplementedError
+
+    def readiness(self, lb_id: str) -> str | None:
+        """What keeps a load balancer whose pass succeeded from carrying traffic (None: nothing)."""
+        lb, runtime = self._lb(lb_id), self.runtime.get(lb_id)
+        self._waiting_for_ovn.discard(lb_id)
+        if lb is None or runtime is None or not lb.enabled:
+            return None  # going, or disabled: nothing is meant to serve
+        if not self._haproxy_up and any(ls.enabled and ls.kind.through_haproxy for ls in lb.listeners):
+            error = self._haproxy_status().get("last_error")
+            return f"{HAPROXY_DOWN}: {error}" if error else HAPROXY_DOWN
+        observation = runtime.observation
+        if observation is not None and not observation.ovn_installed:
+            self._waiting_for_ovn.add(lb_id)
+            return WAITING_FOR_OVN
+        return None
+
+    def not_serving(self) -> str | None:
+        """Why some passed load balancers do not serve yet (None: all that passed do)."""
+        waiting = sorted(t.lb_id for t in self.tasks.values() if t.passed and t.state == "pending")
+        if not waiting:
+            return None
+        reason = self.tasks[waiting[0]].waiting
+        return f"{len(waiting)} load balancer(s) not serving yet, e.g. {waiting[0]}: {reason}"
+
+    def haproxy_up(self) -> bool:
+        """Whether the haproxy master runs, as the readiness watch last saw it."""
+        return self._haproxy_up
+
+    def _haproxy_status(self) -> dict:
+        status = getattr(self._haproxy, "status", None)
+        return status() if status is not None else {}
+
+    async def check_readiness(self) -> int:
+        """One look (see the module's docstring); how many load balancers changed state."""
+        status = self._haproxy_status()
+        up, starts = bool(status.get("running", True)), status.get("starts")
+        haproxy_changed, self._haproxy_up = up != self._haproxy_up, up
+        restarted = up and self._haproxy_starts is not None and starts != self._haproxy_starts
+        self._haproxy_starts = starts
+        if haproxy_changed:
+            log.warning("object=haproxy action=observe running=%s", up)
+        if restarted:
+            self._haproxy_restarted()
+        if up and (restarted or haproxy_changed):
+            for task in self.tasks.values():
+                if task.state == "error":
+                    task.kick()  # its failure may have been haproxy's: retry now, not after its backoff
+        again: set[str] = set(self.tasks) if haproxy_changed and not restarted else set()
+        if self._waiting_for_ovn and self.installed_ports is not None:
+            installed = await self.installed_ports()
+            for lb_id in list(self._waiting_for_ovn):
+                runtime = self.runtime.get(lb_id)
+                if runtime is None or runtime.observation is None:
+                    self._waiting_for_ovn.discard(lb_id)
+                elif runtime.observation.ovs_port in installed:
+                    runtime.observation = replace(runtime.observation, ovn_installed=True)
+                    again.add(lb_id)
+        changed = 0
+        for lb_id in again:
+            found = self.tasks.get(lb_id)
+            if found is not None and found.set_waiting(self.readiness(lb_id)):
+                changed += 1
+                log.info("lb=%s action=readiness state=%s reason=%r", lb_id, found.state, found.waiting)
+        if changed:
+            await self._notify()
+        return changed
+
+    def _haproxy_restarted(self) -> None:
+        """A new master runs: every load balancer it serves passes again before it is ready."""
+        for lb_id, task in self.tasks.items():
+            lb = self._lb(lb_id)
+            if lb is not None and lb.enabled and any(ls.enabled and ls.kind.through_haproxy for ls in lb.listeners):
+                task.set_waiting(HAPROXY_RESTARTED)
+                task.kick()
+
+    async def watch_readiness(self, interval: float = READINESS_INTERVAL) -> None:
+        while True:
+            await asyncio.sleep(interval)
+            try:
+                await self.check_readiness()
+            except Exception as exc:  # OVSDB reconnecting, say: the next tick looks again
+                log.debug("action=readiness result=error error=%r", str(exc))
