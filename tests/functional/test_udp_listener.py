@@ -5,64 +5,24 @@ fails gets no new flows until it recovers."""
 from __future__ import annotations
 
 import collections
-import subprocess
-import sys
 
 import pytest
 
 from agentproc import wait_until
-from helpers import MAC, VIP
+from helpers import MAC, UDP_PORT, VIP, UdpServers, udp_backends_of
 from lbstate import backend, desired, loadbalancer
 
-PORT = 5353
-UDP_SERVER = (
-    "import socket, sys\n"
-    "s = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)\n"
-    "s.bind(('0.0.0.0', int(sys.argv[2])))\n"
-    "while True:\n"
-    "    data, peer = s.recvfrom(2048)\n"
-    "    s.sendto(sys.argv[1].encode() + b' ' + data, peer)\n"
-)
-UDP_CLIENT = (
-    "import socket, sys\n"
-    "for _ in range(int(sys.argv[3])):\n"
-    "    s = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)  # a new source port: a new flow\n"
-    "    s.settimeout(2)\n"
-    "    s.sendto(b'hello', (sys.argv[1], int(sys.argv[2])))\n"
-    "    try:\n"
-    "        print(s.recv(2048).split()[0].decode())\n"
-    "    except OSError as exc:\n"
-    "        print('error', type(exc).__name__)\n"
-    "    s.close()\n"
-)
-
-
-class UdpServers:
-    def __init__(self):
-        self.procs: dict[str, subprocess.Popen] = {}
-
-    def start(self, host, name: str) -> None:
-        self.procs[name] = subprocess.Popen(
-            ["ip", "netns", "exec", host.netns, sys.executable, "-c", UDP_SERVER, name, str(PORT)]
-        )
-
-    def stop(self, name: str) -> None:
-        proc = self.procs.pop(name)
-        proc.terminate()
-        proc.wait(10)
+PORT = UDP_PORT
 
 
 @pytest.fixture
 def udp_servers():
-    servers = UdpServers()
-    yield servers
-    for name in list(servers.procs):
-        servers.stop(name)
+    with UdpServers(PORT) as servers:
+        yield servers
 
 
 def ask(client, count: int) -> collections.Counter:
-    out = client.run(sys.executable, "-c", UDP_CLIENT, VIP, str(PORT), str(count), timeout=count * 3 + 10)
-    return collections.Counter(out.split("\n")[i].split()[0] for i in range(count))
+    return udp_backends_of(client, VIP, PORT, count)
 
 
 def udp_lb(lb_id: str) -> dict:

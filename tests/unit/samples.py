@@ -177,7 +177,8 @@ def haproxy_pids_for(run_dir: Path) -> list[int]:
     return pids
 
 
-def lb_config(lb_id: str, listeners: list[dict], backend_port: int, outer: str = "127.0.0.1") -> HaproxyConfig:
+def only_loadbalancer(lb_id: str, listeners: list[dict], backend_groups: list[dict]):
+    """The validated model of a state holding this one load balancer on 198.18.0.0/24."""
     state = parse_desired_state(
         {
             "generation": 1,
@@ -187,13 +188,18 @@ def lb_config(lb_id: str, listeners: list[dict], backend_port: int, outer: str =
                     "id": lb_id,
                     "network": {"subnet_id": "net-1", "ip": "198.18.0.12", "mac": "00:22:0a:00:00:12"},
                     "listeners": listeners,
-                    "backend_groups": [{"id": "g", "backends": [{"id": "be-1", "address": "198.18.0.21", "port": 80}]}],
+                    "backend_groups": backend_groups,
                 }
             ],
         }
     )
+    return state.loadbalancers[0]
+
+
+def lb_config(lb_id: str, listeners: list[dict], backend_port: int, outer: str = "127.0.0.1") -> HaproxyConfig:
+    groups = [{"id": "g", "backends": [{"id": "be-1", "address": "198.18.0.21", "port": 80}]}]
     members = {"g": [Member("be-1", "198.18.0.21", 80, 1, "off", False, backend_port)]}
-    return render_config(state.loadbalancers[0], outer, members, inner="127.0.0.1")
+    return render_config(only_loadbalancer(lb_id, listeners, groups), outer, members, inner="127.0.0.1")
 
 
 def lb_text(

@@ -13,11 +13,10 @@ from pathlib import Path
 import pytest
 
 from lbagent.desired.members import Member
-from lbagent.desired.model import parse_desired_state
 from lbagent.haproxy.live import LiveEditError, ServerEdit, apply_edits, plan_server_edits
 from lbagent.haproxy.render import render_config
 from lbagent.haproxy.sockets import parse_show_stat, send_command
-from tests.unit.samples import WAIT, free_port, until
+from tests.unit.samples import WAIT, free_port, only_loadbalancer, until
 
 BACKEND = "be:lb-1:l"
 
@@ -42,30 +41,10 @@ def text(
     }
     if sticky:
         listener["sticky_session"] = {"type": "insert", "cookie": "SRV"}
-    state = parse_desired_state(
-        {
-            "generation": 1,
-            "subnets": [{"id": "net-1", "cidr": "198.18.0.0/24", "gateway": "198.18.0.1"}],
-            "loadbalancers": [
-                {
-                    "id": lb_id,
-                    "network": {"subnet_id": "net-1", "ip": "198.18.0.12", "mac": "00:22:0a:00:00:12"},
-                    "listeners": [listener],
-                    "backend_groups": [
-                        {
-                            "id": "g",
-                            "backends": [
-                                {"id": key, "address": "198.18.0.21", "port": 80, "weight": weight}
-                                for key, _, weight in servers
-                            ],
-                        }
-                    ],
-                }
-            ],
-        }
-    )
+    backends = [{"id": key, "address": "198.18.0.21", "port": 80, "weight": weight} for key, _, weight in servers]
+    lb = only_loadbalancer(lb_id, [listener], [{"id": "g", "backends": backends}])
     members = {"g": [Member(key, "198.18.0.21", 80, weight, "off", False, mapped) for key, mapped, weight in servers]}
-    return render_config(state.loadbalancers[0], "127.0.0.1", members, inner="127.0.0.1").text
+    return render_config(lb, "127.0.0.1", members, inner="127.0.0.1").text
 
 
 # --- planning ------------------------------------------------------------------------------

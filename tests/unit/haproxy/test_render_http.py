@@ -9,12 +9,19 @@ Regenerate the golden files after an intended change with
 
 import pytest
 
-from lbagent.desired.model import Redirect, parse_desired_state
+from lbagent.desired.model import Redirect
 from lbagent.haproxy.errors import RenderError
 from lbagent.haproxy.render import render_config, server_cookie
 from lbagent.haproxy.routing import redirect_view, rule_views
 from lbagent.haproxy.tls import STRICT_CIPHERS, TLS_POLICIES, certificate_files
-from tests.unit.samples import assert_golden, certificate, haproxy_check, sample_members, write_checkable
+from tests.unit.samples import (
+    assert_golden,
+    certificate,
+    haproxy_check,
+    only_loadbalancer,
+    sample_members,
+    write_checkable,
+)
 
 GROUPS = [
     {
@@ -45,21 +52,7 @@ def https(listener_id, port, cert_names=("one.example.com",), **fields):
 
 
 def lb_with(*listeners, lb_id="lb-h"):
-    state = parse_desired_state(
-        {
-            "generation": 1,
-            "subnets": [{"id": "net-1", "cidr": "198.18.0.0/24", "gateway": "198.18.0.1"}],
-            "loadbalancers": [
-                {
-                    "id": lb_id,
-                    "network": {"subnet_id": "net-1", "ip": "198.18.0.12", "mac": "00:22:0a:00:00:12"},
-                    "listeners": list(listeners),
-                    "backend_groups": GROUPS,
-                }
-            ],
-        }
-    )
-    return state.loadbalancers[0]
+    return only_loadbalancer(lb_id, list(listeners), GROUPS)
 
 
 def render(lb, outer="169.254.0.101", inner="169.254.0.100"):
