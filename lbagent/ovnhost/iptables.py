@@ -75,7 +75,7 @@ def _sync_table(name: str, rules: list[NatRule]) -> int:
                 continue
             raise IptablesError(f"iptables {name}: {exc}") from exc
         finally:
-            table.close()
+            _release(table)
     raise AssertionError("unreachable")
 
 
@@ -131,7 +131,7 @@ def observed_backend_ports() -> dict[str, int]:
     except iptc.IPTCError as exc:
         raise IptablesError(f"iptables nat: {exc}") from exc
     finally:
-        table.close()
+        _release(table)
 
 
 def _table(name: str) -> iptc.Table:
@@ -148,6 +148,15 @@ def _table(name: str) -> iptc.Table:
     iptc.Table.existing_table_names.clear()
     iptc.Table.existing_table_names.update({table: table == name for table in iptc.Table.ALL})
     return iptc.Table(name, autocommit=False)
+
+
+def _release(table: iptc.Table) -> None:
+    """Close `table` and tell python-iptables no table exists any more: a rule
+    built after the pass (bench/floor.py, tests) must not ask a closed handle
+    whether a name is a chain, which crashes the process."""
+    table.close()
+    iptc.Table.existing_table_names.clear()
+    iptc.Table.existing_table_names.update(dict.fromkeys(iptc.Table.ALL, False))
 
 
 def _is_eagain(exc: Exception) -> bool:
