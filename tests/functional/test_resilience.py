@@ -125,15 +125,9 @@ def test_restart_mid_refresh_adopts_everything_and_drops_nothing(agent_factory, 
     before = agent.lb(lb_id)
     many = []
     for index in range(50):
-        many.append(
-            loadbalancer(
-                f"{lb_id}-{index}",
-                f"198.18.0.{100 + index}",
-                f"00:22:0a:00:01:{index:02x}",
-                [tcp_listener("l", 80)],
-                {"bg-1": [backend("be", "198.18.0.21")]},
-            )
-        )
+        many_id, ip, mac = f"{lb_id}-{index}", f"198.18.0.{100 + index}", f"00:22:0a:00:01:{index:02x}"
+        vpc.add_lb_port(many_id, mac, ip)  # ready means ovn-installed: each needs its port
+        many.append(loadbalancer(many_id, ip, mac, [tcp_listener("l", 80)], {"bg-1": [backend("be", "198.18.0.21")]}))
     with TrafficLoop(client) as loop:
         wait_until(lambda: loop.ok >= 5, 20, "traffic flowing")
         code, body = agent.refresh(desired(2, web_lb(lb_id), *many), wait=None)
