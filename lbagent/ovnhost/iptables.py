@@ -145,8 +145,7 @@ def _table(name: str) -> iptc.Table:
     leaves no handle) crashes the process. A jump goes to a chain of its own
     table, the one whose handle is open now, so that is the only table it is
     told about."""
-    iptc.Table.existing_table_names.clear()
-    iptc.Table.existing_table_names.update({table: table == name for table in iptc.Table.ALL})
+    _declare_open(name)
     return iptc.Table(name, autocommit=False)
 
 
@@ -155,8 +154,13 @@ def _release(table: iptc.Table) -> None:
     built after the pass (bench/floor.py, tests) must not ask a closed handle
     whether a name is a chain, which crashes the process."""
     table.close()
+    _declare_open(None)
+
+
+def _declare_open(name: str | None) -> None:
+    """Tell python-iptables that table `name` is the only one that exists (None: none does)."""
     iptc.Table.existing_table_names.clear()
-    iptc.Table.existing_table_names.update(dict.fromkeys(iptc.Table.ALL, False))
+    iptc.Table.existing_table_names.update({table: table == name for table in iptc.Table.ALL})
 
 
 def _is_eagain(exc: Exception) -> bool:
