@@ -28,7 +28,7 @@ from lbagent.ovnhost.bridges import ProviderBridges
 from lbagent.ovnhost.host import OvnHost
 from lbagent.ovnhost.netns import NamespaceExecutor
 from lbagent.ovnhost.ovs import OvsClient
-from lbagent.state import PersistedState, StateFileError, StateStore
+from lbagent.state import PersistedState, StateFileError, StateStore, private_dir
 from lbagent.support.heap import TICK_INTERVAL, HeapKeeper
 from lbagent.workers.controllers import requeue_loadbalancers, wire
 from lbagent.workers.dispatch import LOADBALANCER, kind_of
@@ -106,7 +106,8 @@ class Agent:
         self._background: list[asyncio.Task] = []
 
     async def start(self) -> None:
-        self.config.agent.run_dir.mkdir(parents=True, exist_ok=True, mode=0o700)
+        private_dir(self.config.agent.run_dir)
+        self.store.prepare()
         persisted, desired = self._load_state()
         await asyncio.to_thread(self.ovs.start)
         await self.haproxy.start()

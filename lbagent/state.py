@@ -1,15 +1,23 @@
 """The agent's persisted state: the last accepted desired state and every allocation.
 
 Written atomically (temporary file, fsync, rename, fsync of the directory) so
-a crash leaves either the old or the new file, never a torn one. A file that
+a crash leaves either the old or the new file, never a torn one. The temporary
+file gets a fresh unpredictable name (mkstemp: created exclusively, 0600), so
+nothing planted in the directory beforehand is followed or kept. A file that
 does not parse, or is not ours, raises `StateFileError`; the agent reports it
 and starts from what it finds on the host instead of crashing.
+
+Also owns the rule for the directories the agent keeps to itself (the state
+and run directories): `private_dir` makes them, or tightens them to 0700.
 """
 
 from __future__ import annotations
 
 import json
+import logging
 import os
+import stat
+import tempfile
 import time
 from dataclasses import dataclass, field
 from functools import cached_property
@@ -18,8 +26,11 @@ from pathlib import Path
 from lbagent.errors import LbAgentError
 from lbagent.metrics import STATE_WRITES
 
+log = logging.getLogger(__name__)
+
 FORMAT = "lbagent-state"
 VERSION = 1
+PRIVATE_DIR_MODE = 0o700
 
 
 class StateFileError(LbAgentError):
@@ -60,9 +71,28 @@ class PersistedState:
     desired_text: str | None = field(default=None, compare=False, repr=False)
 
 
+def private_dir(path: Path) -> None:
+    """Make `path` a directory only its owner may enter, tightening one that
+    exists with a looser mode (and saying so: someone else made it, or changed it)."""
+    path.mkdir(parents=True, exist_ok=True, mode=PRIVATE_DIR_MODE)
+    mode = stat.S_IMODE(path.stat().st_mode)
+    if mode & ~PRIVATE_DIR_MODE:
+        os.chmod(path, PRIVATE_DIR_MODE)
+        log.warning("action=tighten_dir path=%s mode=%o new_mode=%o", path, mode, PRIVATE_DIR_MODE)
+
+
 class StateStore:
     def __init__(self, state_dir: Path):
         self.path = Path(state_dir) / "state.json"
+
+    def prepare(self) -> None:
+        """Make the state directory private, and drop what is at the temporary
+        name earlier versions used (a symlink is removed, not followed)."""
+        private_dir(self.path.parent)
+        try:
+            os.unlink(self.path.with_name(f".{self.path.name}.tmp"))
+        except FileNotFoundError:
+            pass
 
     def load(self) -> PersistedState:
         try:
@@ -109,9 +139,9 @@ class StateStore:
 
     def save(self, state: PersistedState) -> None:
         data = self._encode(state)
-        self.path.parent.mkdir(parents=True, exist_ok=True, mode=0o700)
-        tmp = self.path.with_name(f".{self.path.name}.tmp")
-        fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+        self.path.parent.mkdir(parents=True, exist_ok=True, mode=PRIVATE_DIR_MODE)
+        fd, tmp_name = tempfile.mkstemp(dir=self.path.parent, prefix=f".{self.path.name}.", suffix=".tmp")
+        tmp = Path(tmp_name)
         try:
             with os.fdopen(fd, "wb") as f:
                 f.write(data)
@@ -119,8 +149,7 @@ class StateStore:
                 os.fsync(f.fileno())
             os.replace(tmp, self.path)
         finally:
-            if tmp.exists():
-                tmp.unlink()
+            tmp.unlink(missing_ok=True)
         dir_fd = os.open(self.path.parent, os.O_RDONLY)
         try:
             os.fsync(dir_fd)

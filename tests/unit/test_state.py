@@ -1,11 +1,15 @@
 """StateStore: what it writes reads back, whether it encodes the desired state
-itself or saves the text the agent received."""
+itself or saves the text the agent received; what it writes is private and
+nothing planted in its directory is followed."""
 
 from __future__ import annotations
 
 import json
+import logging
+import os
+import stat
 
-from lbagent.state import Allocation, PersistedState, StateStore
+from lbagent.state import Allocation, PersistedState, StateStore, private_dir
 
 DESIRED = {"generation": 3, "loadbalancers": [{"id": "lb-1", "weight": 1.0, "name": "caf\u00e9"}]}
 
@@ -39,3 +43,63 @@ def test_kept_allocation_texts_write_what_a_fresh_store_writes(tmp_path):
     assert store.path.read_bytes() == fresh.path.read_bytes()
     assert store.load().allocations == second
     assert json.loads(store.path.read_bytes())["allocations"]["lb-1"]["ports"] == {"be": 1026, "be-2": 1027}
+
+
+def test_a_symlink_at_the_old_temporary_name_is_not_followed(tmp_path):
+    state_dir, outside = tmp_path / "state", tmp_path / "outside.txt"
+    state_dir.mkdir(mode=0o700)
+    outside.write_text("untouched")
+    (state_dir / ".state.json.tmp").symlink_to(outside)
+    store = StateStore(state_dir)
+    store.save(PersistedState(DESIRED))
+    assert outside.read_text() == "untouched"
+    assert not store.path.is_symlink()
+    assert store.load().desired == DESIRED
+
+
+def test_prepare_removes_what_is_at_the_old_temporary_name_without_following_it(tmp_path):
+    outside = tmp_path / "outside.txt"
+    outside.write_text("untouched")
+    (tmp_path / ".state.json.tmp").symlink_to(outside)
+    StateStore(tmp_path).prepare()
+    assert not (tmp_path / ".state.json.tmp").is_symlink()
+    assert outside.read_text() == "untouched"
+
+
+def test_a_world_writable_file_at_the_old_temporary_name_does_not_become_the_state_file(tmp_path):
+    planted = tmp_path / ".state.json.tmp"
+    planted.write_text("{}")
+    planted.chmod(0o666)
+    store = StateStore(tmp_path)
+    store.save(PersistedState(DESIRED))
+    assert stat.S_IMODE(store.path.stat().st_mode) == 0o600
+    assert store.load().desired == DESIRED
+
+
+def test_the_state_file_is_private_and_no_temporary_file_is_left(tmp_path):
+    store = StateStore(tmp_path / "state")
+    store.save(PersistedState(DESIRED))
+    store.save(PersistedState(DESIRED))
+    assert stat.S_IMODE(store.path.stat().st_mode) == 0o600
+    assert os.listdir(store.path.parent) == ["state.json"]
+
+
+def test_a_loose_state_dir_is_tightened_to_0700_and_logged(tmp_path, caplog):
+    state_dir = tmp_path / "state"
+    state_dir.mkdir()
+    state_dir.chmod(0o777)
+    caplog.set_level(logging.WARNING, logger="lbagent.state")
+    StateStore(state_dir).prepare()
+    assert stat.S_IMODE(state_dir.stat().st_mode) == 0o700
+    assert [r.getMessage() for r in caplog.records if "tighten_dir" in r.getMessage()] == [
+        f"action=tighten_dir path={state_dir} mode=777 new_mode=700"
+    ]
+    caplog.clear()
+    StateStore(state_dir).prepare()
+    assert not caplog.records
+
+
+def test_a_missing_private_dir_is_made_0700(tmp_path):
+    run_dir = tmp_path / "run" / "lbagent"
+    private_dir(run_dir)
+    assert stat.S_IMODE(run_dir.stat().st_mode) == 0o700
