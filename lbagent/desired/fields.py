@@ -45,6 +45,9 @@ MAX_RISE_FALL = 100
 MAX_CHECK_SECONDS = 3600
 # haproxy keeps timeouts in milliseconds in a signed 32-bit int (~24.8 days).
 MAX_TIMEOUT_SECONDS = (2**31 - 1) // 1000
+# A client may hold a connection (and its slot in haproxy's maxconn) open for
+# this long while idle or sending headers: longer lets a few clients starve others.
+MAX_CLIENT_TIMEOUT_SECONDS = 3600
 MAX_COOKIE_TIMEOUT = 365 * 24 * 3600
 MAX_RATE = 1_000_000
 # Generations are persisted and compared; keep them inside a signed 64-bit int.
@@ -334,6 +337,7 @@ Weight = int_range(MIN_WEIGHT, MAX_WEIGHT)
 RiseFall = int_range(1, MAX_RISE_FALL)
 CheckSeconds = int_range(1, MAX_CHECK_SECONDS)
 TimeoutSeconds = int_range(1, MAX_TIMEOUT_SECONDS)
+ClientTimeoutSeconds = int_range(1, MAX_CLIENT_TIMEOUT_SECONDS)
 CookieTimeout = int_range(0, MAX_COOKIE_TIMEOUT)
 Rate = int_range(0, MAX_RATE)
 Generation = int_range(0, MAX_GENERATION)

@@ -42,6 +42,7 @@ from lbagent.desired.fields import (
     BridgeSuffix,
     CheckSeconds,
     Cidr,
+    ClientTimeoutSeconds,
     Cookie,
     CookieTimeout,
     DomainPatternOrEmpty,
@@ -224,8 +225,8 @@ class Redirect(_Model):
 class Timeouts(_Model):
     """Seconds; None takes the agent's default."""
 
-    client_request: TimeoutSeconds | None = None
-    client_idle: TimeoutSeconds | None = None
+    client_request: ClientTimeoutSeconds | None = None
+    client_idle: ClientTimeoutSeconds | None = None
     backend_connect: TimeoutSeconds | None = None
     backend_idle: TimeoutSeconds | None = None
 

@@ -12,7 +12,7 @@ from hypothesis import strategies as st
 from pydantic import ValidationError
 
 from lbagent.desired.fields import MAX_ECHO_LEN, MAX_LISTENERS_PER_LB
-from lbagent.desired.model import DesiredState, json_schema, parse_desired_state
+from lbagent.desired.model import DesiredState, Timeouts, json_schema, parse_desired_state
 from lbagent.errors import InvalidDesiredState, LbAgentError
 from tests.unit.samples import EXAMPLE
 
@@ -261,6 +261,8 @@ BAD_VALUES = [
     (f"{LSN}__acl__cidrs__0", "198.18.0.0", "IPv4 prefix"),
     (f"{LSN}__acl__type", "grey", "'black'"),
     (f"{LSN}__timeouts__client_idle", 0, "greater than or equal to 1"),
+    (f"{LSN}__timeouts__client_idle", 3601, "less than or equal to 3600"),
+    (f"{LSN}__timeouts__client_request", 3601, "less than or equal to 3600"),
     (f"{LSN}__http_request_rate", -1, "greater than or equal to 0"),
     (f"{LSN}__send_proxy", "v3", "'off'"),
     (f"{LB}__backend_groups__0__backends__0__weight", 257, "less than or equal to 256"),
@@ -284,6 +286,12 @@ BAD_VALUES = [
 def test_bad_value_reported_at_its_path(where: str, value: Any, fragment: str) -> None:
     path = "/" + where.replace("__", "/")
     assert fragment in problem_at(body(**{where: value}), path)
+
+
+def test_client_timeouts_reach_an_hour_and_backend_ones_stay_longer() -> None:
+    timeouts = {"client_idle": 3600, "client_request": 3600, "backend_idle": 86400, "backend_connect": 86400}
+    state = parse_desired_state(body(**{f"{LSN}__timeouts": timeouts}))
+    assert state.loadbalancers[0].listeners[0].timeouts == Timeouts(**timeouts)
 
 
 @pytest.mark.parametrize(
