@@ -7,16 +7,29 @@ Regenerate the golden files after an intended change with
 `make golden` and review the diff.
 """
 
+import contextlib
+import socket
+import ssl
+import subprocess
+import threading
+import time
+from http.client import HTTPConnection, HTTPSConnection
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+
 import pytest
 
+from lbagent.desired.members import Member
 from lbagent.desired.model import Redirect
 from lbagent.haproxy.errors import RenderError
 from lbagent.haproxy.render import render_config, server_cookie
 from lbagent.haproxy.routing import redirect_view, rule_views
 from lbagent.haproxy.tls import STRICT_CIPHERS, TLS_POLICIES, certificate_files
 from tests.unit.samples import (
+    HAPROXY,
+    WAIT,
     assert_golden,
     certificate,
+    free_port,
     haproxy_check,
     only_loadbalancer,
     sample_members,
@@ -196,7 +209,7 @@ def test_each_routing_rule_has_its_own_backend_named_with_colons():
     assert "backend be:lb-h:rules:api\n" in text and "backend be:lb-h:rules:path\n" in text
     # Redirect rules need no backend.
     assert "be:lb-h:rules:old" not in text and "be:lb-h:rules:admin" not in text
-    assert "    use_backend be:lb-h:rules:wild if { var(txn.lbagent_rule) -m str wild }\n" in text
+    assert "    use_backend be:lb-h:rules:wild if { var(txn.lbagent_rule) -m str -- wild }\n" in text
 
 
 def redirect(**fields):
@@ -398,3 +411,145 @@ def test_https_listener_without_certificate_is_refused():
     lb = lb_with(https("tls", 443))
     with pytest.raises(RenderError, match="no certificate"):
         render(replace_in_listener(lb, certificates=[]))
+
+
+# --- ids that look like haproxy flags ---------------------------------------------------------
+
+# Ids may start with '-'. Where an id is an ACL pattern, haproxy would read
+# these as its own flags: "-u" takes the next word as an ACL id, "--" ends the
+# flags so nothing is left to match, "-m" and "-f" change how or from where.
+FLAG_IDS = ("-u", "--", "-m", "-f", "-i")
+
+
+class NamedBackend(BaseHTTPRequestHandler):
+    """Answers every request with the member key its server was started for."""
+
+    def do_GET(self):  # noqa: N802 - http.server's name
+        body = self.server.member_key.encode()
+        self.send_response(200)
+        self.send_header("Content-Length", str(len(body)))
+        self.end_headers()
+        self.wfile.write(body)
+
+    def log_message(self, *args):
+        pass
+
+
+@contextlib.contextmanager
+def named_backends(keys):
+    """One HTTP server on 127.0.0.1 per member key; yields key -> port."""
+    servers = {}
+    try:
+        for key in keys:
+            server = ThreadingHTTPServer(("127.0.0.1", 0), NamedBackend)
+            server.member_key = key
+            threading.Thread(target=server.serve_forever, daemon=True).start()
+            servers[key] = server
+        yield {key: server.server_address[1] for key, server in servers.items()}
+    finally:
+        for server in servers.values():
+            server.shutdown()
+            server.server_close()
+
+
+@contextlib.contextmanager
+def running_haproxy(paths, ports):
+    """haproxy in the foreground on these files until the block ends, once it accepts on every port."""
+    (paths[0].parent / "haproxy").mkdir(exist_ok=True)  # where the base file puts the stats socket
+    command = [HAPROXY, "-db"] + [word for path in paths for word in ("-f", str(path))]
+    proc = subprocess.Popen(command, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
+    try:
+        deadline = time.monotonic() + WAIT
+        for port in ports:
+            while not port_accepts(port):
+                assert proc.poll() is None, proc.stdout.read().decode()
+                assert time.monotonic() < deadline, f"haproxy does not accept on {port}"
+                time.sleep(0.02)
+        yield proc
+    finally:
+        proc.terminate()
+        proc.wait(WAIT)
+        proc.stdout.close()
+
+
+def port_accepts(port):
+    try:
+        socket.create_connection(("127.0.0.1", port), timeout=1).close()
+    except OSError:
+        return False
+    return True
+
+
+def get(port, path="/", host="x.example.com", tls=False):
+    """(status, body, Location) of one GET through haproxy."""
+    if tls:
+        context = ssl.create_default_context()
+        context.check_hostname = False
+        context.verify_mode = ssl.CERT_NONE
+        conn = HTTPSConnection("127.0.0.1", port, timeout=WAIT, context=context)
+    else:
+        conn = HTTPConnection("127.0.0.1", port, timeout=WAIT)
+    try:
+        conn.request("GET", path, headers={"Host": host})
+        response = conn.getresponse()
+        return response.status, response.read().decode(), response.getheader("Location")
+    finally:
+        conn.close()
+
+
+def flag_id_lb(http_port, https_port):
+    groups = [
+        {"id": "-d", "backends": [{"id": "--", "address": "198.18.0.21", "port": 80}]},
+        {"id": "-i", "backends": [{"id": "-f", "address": "198.18.0.22", "port": 80}]},
+        {"id": "-m", "backends": [{"id": "-u", "address": "198.18.0.23", "port": 80}]},
+    ]
+    rules = [
+        {"id": "-u", "path": "/u", "backend_group_id": "-i"},
+        {"id": "--", "domain": "dash.example.com", "backend_group_id": "-m"},
+        {"id": "-m", "domain": "*.m.example.com", "path": "/m", "backend_group_id": "-i"},
+        {"id": "-f", "path": "/r", "redirect": {"code": 302, "path": "/moved"}},
+    ]
+    listeners = [
+        {"id": "-f", "listener_type": "http", "listener_port": http_port, "backend_group_id": "-d", "rules": rules},
+        {
+            "id": "--",
+            "listener_type": "https",
+            "listener_port": https_port,
+            "backend_group_id": "-d",
+            "sticky_session": {"type": "insert", "cookie": "S"},
+            "certificates": [{"id": "-u", **certificate("one.example.com")}],
+            "rules": [
+                {
+                    "id": "-i",
+                    "domain": "two.example.com",
+                    "backend_group_id": "-m",
+                    "certificates": [{"id": "--", **certificate("two.example.com")}],
+                }
+            ],
+        },
+    ]
+    return only_loadbalancer("-u", listeners, groups)
+
+
+def test_ids_that_look_like_flags_are_valid_and_route(tmp_path):
+    http_port, https_port = free_port(), free_port()
+    lb = flag_id_lb(http_port, https_port)
+    keys = [backend.id for group in lb.backend_groups for backend in group.backends]
+    with named_backends(keys) as ports:
+        members = {
+            group.id: [Member(b.id, b.address, b.port, 1, "off", False, ports[b.id]) for b in group.backends]
+            for group in lb.backend_groups
+        }
+        config = render_config(lb, "127.0.0.1", members, inner="127.0.0.1")
+        checkable = write_checkable(tmp_path, config, lb.id)
+        result = haproxy_check(*checkable)
+        assert result.returncode == 0, result.stdout + result.stderr
+        with running_haproxy(checkable, (http_port, https_port)):
+            assert get(http_port, "/u/x")[:2] == (200, "-f")
+            assert get(http_port, host="dash.example.com")[:2] == (200, "-u")
+            assert get(http_port, "/m", host="a.m.example.com")[:2] == (200, "-f")
+            assert get(http_port, "/m", host="m.example.org")[:2] == (200, "--")
+            assert get(http_port, "/r") == (302, "", "/moved")
+            assert get(http_port)[:2] == (200, "--")
+            assert get(https_port, tls=True)[:2] == (200, "--")
+            assert get(https_port, host="two.example.com", tls=True)[:2] == (200, "-u")
