@@ -2,7 +2,8 @@
 
 Owns the schema and defaults of every key, reading the file, and the checks
 that let a misconfigured agent fail at start instead of at its first request:
-unknown keys, the listen address, the bearer token of a TCP listener and the
+unknown keys, the listen address, the bearer token of a TCP listener (present,
+at least MIN_TOKEN_LENGTH characters) and the
 TLS certificate/key pair. Every key is optional; load_config(None) gives the
 defaults.
 """
@@ -26,6 +27,8 @@ from lbagent.errors import ConfigError
 DEFAULT_CONFIG_PATH = Path("/etc/lbagent/lbagent.toml")
 DEFAULT_LISTEN = "127.0.0.1:9680"
 DEFAULT_MAX_BODY_BYTES = 16 * 1024 * 1024
+# A bearer token shorter than this is guessable, and most likely a placeholder.
+MIN_TOKEN_LENGTH = 16
 
 
 @dataclass(frozen=True)
@@ -158,13 +161,21 @@ class Config(_Section):
     haproxy: HaproxySection = Field(default_factory=HaproxySection)
 
     def read_token(self) -> str | None:
-        """The API bearer token, stripped; None when the token file does not exist or is empty."""
+        """The API bearer token, stripped; None when the token file does not exist or is empty.
+
+        ConfigError if it is shorter than MIN_TOKEN_LENGTH (the message says how
+        long it is, never what it is)."""
         try:
             token = self.api.token_file.read_text(encoding="utf-8").strip()
         except FileNotFoundError:
             return None
         except (OSError, UnicodeDecodeError) as exc:
             raise ConfigError(f"cannot read api.token_file {self.api.token_file}: {exc}") from None
+        if token and len(token) < MIN_TOKEN_LENGTH:
+            raise ConfigError(
+                f"api.token_file {self.api.token_file} holds a token of {len(token)} characters;"
+                f" it must have at least {MIN_TOKEN_LENGTH} (e.g. head -c 32 /dev/urandom | base64)"
+            )
         return token or None
 
 

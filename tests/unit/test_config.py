@@ -7,14 +7,14 @@ from pathlib import Path
 
 import pytest
 
-from lbagent.config import DEFAULT_MAX_BODY_BYTES, Config, load_config, parse_listen
+from lbagent.config import DEFAULT_MAX_BODY_BYTES, MIN_TOKEN_LENGTH, Config, load_config, parse_listen
 from lbagent.errors import ConfigError, LbAgentError
 
 
 @pytest.fixture
 def token_file(tmp_path: Path) -> Path:
     path = tmp_path / "token"
-    path.write_text("s3cret-token\n")
+    path.write_text("s3cret-token-of-the-tests\n")
     return path
 
 
@@ -40,7 +40,7 @@ def test_defaults(tmp_path: Path, token_file: Path) -> None:
     assert config.ovs.integration_bridge == "br-int"
     assert config.haproxy.binary == "haproxy"
     assert config.haproxy.prometheus_listen == "" and config.haproxy.prometheus_address is None
-    assert config.read_token() == "s3cret-token"
+    assert config.read_token() == "s3cret-token-of-the-tests"
 
 
 def test_every_key_set(tmp_path: Path, token_file: Path) -> None:
@@ -135,6 +135,22 @@ def test_tcp_listener_needs_a_non_empty_token(tmp_path: Path) -> None:
     empty.write_text("  \n")
     with pytest.raises(ConfigError, match="missing or empty"):
         load_config(write_config(tmp_path, f'[api]\ntoken_file = "{empty}"\n'))
+
+
+@pytest.mark.parametrize("token", ["s3cret", "x" * (MIN_TOKEN_LENGTH - 1)])
+def test_short_token_is_refused_without_showing_it(tmp_path: Path, token: str) -> None:
+    short = tmp_path / "token"
+    short.write_text(token + "\n")
+    with pytest.raises(ConfigError, match=f"{len(token)} characters.*at least {MIN_TOKEN_LENGTH}") as raised:
+        load_config(write_config(tmp_path, f'[api]\ntoken_file = "{short}"\n'))
+    assert token not in str(raised.value)
+
+
+def test_token_of_the_minimum_length_is_taken(tmp_path: Path) -> None:
+    token_file = tmp_path / "token"
+    token_file.write_text(" " + "x" * MIN_TOKEN_LENGTH + " \n")  # surrounding blanks do not count
+    config = load_config(write_config(tmp_path, f'[api]\ntoken_file = "{token_file}"\n'))
+    assert config.read_token() == "x" * MIN_TOKEN_LENGTH
 
 
 def test_unix_listener_needs_no_token(tmp_path: Path) -> None:
