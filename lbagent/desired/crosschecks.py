@@ -20,7 +20,7 @@ from lbagent.desired.details import Location, json_pointer
 from lbagent.desired.listener_types import KINDS, OPTION_TYPES
 
 if TYPE_CHECKING:  # the models call these rules from their validators
-    from lbagent.desired.model import DesiredState, Listener, LoadBalancer, Rule, Subnet
+    from lbagent.desired.model import DesiredState, Listener, LoadBalancer, Redirect, Rule, Subnet
 
 # A problem: where, what, and where the value it repeats was first used (or None).
 Problem = tuple[Location, str, Location | None]
@@ -36,8 +36,9 @@ class _Problems:
     def __init__(self) -> None:
         self.found: list[Problem] = []
 
-    def add(self, location: Location, message: str) -> None:
-        self.found.append((location, message, None))
+    def add(self, location: Location, message: str, first: Location | None = None) -> None:
+        """A problem at `location`; with `first`, the message ends with that location's path."""
+        self.found.append((location, message, first))
 
     def extend(self, base: Location, problems: Iterable[Problem]) -> None:
         for location, message, first in problems:
@@ -85,8 +86,9 @@ def check_state(state: DesiredState) -> list[dict[str, str]]:
         _keyed(state.provider_networks, ("provider_networks",), "name"), lambda key: f"provider network {key!r}"
     )
     problems.unique(_keyed(state.loadbalancers, ("loadbalancers",)), lambda key: f"load balancer id {key!r}")
+    vips = _vips_by_subnet(state)
     for index, subnet in enumerate(state.subnets):
-        _check_subnet(problems, ("subnets", index), subnet)
+        _check_subnet(problems, ("subnets", index), subnet, vips.get(subnet.id, {}))
     for index, network in enumerate(state.provider_networks):
         problems.unique(
             (
@@ -116,14 +118,32 @@ def check_state(state: DesiredState) -> list[dict[str, str]]:
     return problems.details
 
 
-def _check_subnet(problems: _Problems, at: Location, subnet: Subnet) -> None:
+def _vips_by_subnet(state: DesiredState) -> dict[str, dict[str, Location]]:
+    """Subnet id -> the load balancers' addresses on it -> where the first one is given."""
+    vips: dict[str, dict[str, Location]] = {}
+    for index, lb in enumerate(state.loadbalancers):
+        on_subnet = vips.setdefault(lb.network.subnet_id, {})
+        on_subnet.setdefault(lb.network.ip, ("loadbalancers", index, "network", "ip"))
+    return vips
+
+
+def _check_subnet(problems: _Problems, at: Location, subnet: Subnet, vips: dict[str, Location]) -> None:
     network = subnet.network
     problem = _host_problem(subnet.gateway, network)
     if problem:
         problems.add((*at, "gateway"), problem)
     for index, route in enumerate(subnet.routes):
-        if IPv4Address(route.nexthop) not in network:
-            problems.add((*at, "routes", index, "nexthop"), f"must lie inside the subnet {network}")
+        route_at = (*at, "routes", index)
+        if route.network.subnet_of(network):
+            # The subnet is on-link: a route into it takes the place of the link.
+            problems.add((*route_at, "cidr"), f"must not lie inside the subnet's own prefix {network}")
+        problem = _host_problem(route.nexthop, network)
+        if problem:
+            problems.add((*route_at, "nexthop"), problem)
+        elif route.nexthop in vips:
+            # Every namespace on the subnet would send that traffic to a load balancer.
+            message = f"next hop {route.nexthop} is a load balancer's own address, which is already used at"
+            problems.add((*route_at, "nexthop"), message, vips[route.nexthop])
     problems.unique(_keyed(subnet.routes, (*at, "routes"), "cidr"), lambda key: f"a route to {key}")
 
 
@@ -226,12 +246,47 @@ def _check_listener(problems: _Problems, at: Location, listener: Listener, group
                     (*at, "health_check", field), f"only used by a {check_type} health check, not {check.type}"
                 )
 
+    if listener.redirect is not None and listener.is_http and _listener_redirect_loops(listener, listener.redirect):
+        problems.add((*at, "redirect"), _LOOP_MESSAGE)
     for index, rule in enumerate(listener.rules):
         _check_rule(problems, (*at, "rules", index), rule, group_ids)
+        if rule.redirect is not None and listener.is_http and _rule_redirect_loops(listener, rule, rule.redirect):
+            problems.add((*at, "rules", index, "redirect"), _LOOP_MESSAGE)
     problems.unique(
         (((rule.domain, rule.path), (*at, "rules", r, "path")) for r, rule in enumerate(listener.rules)),
         lambda key: f"a rule for domain {key[0]!r} and path {key[1]!r}",
     )
+
+
+_LOOP_MESSAGE = "redirects to the very request it answers (a redirect loop): change the scheme, host or path"
+# The port a client reaches when a redirect names a host and no port.
+_DEFAULT_PORTS = {"http": 80, "https": 443}
+
+
+def _keeps_scheme(listener: Listener, redirect: Redirect) -> bool:
+    return redirect.scheme in ("", listener.kind.scheme)
+
+
+def _listener_redirect_loops(listener: Listener, redirect: Redirect) -> bool:
+    """A listener's redirect answers the requests no rule takes: it loops when
+    it keeps scheme and host and its path (kept, or new) is one no rule takes."""
+    if not _keeps_scheme(listener, redirect) or redirect.host:
+        return False
+    if not redirect.path:
+        return True
+    return not any(not rule.path or redirect.path.startswith(rule.path) for rule in listener.rules)
+
+
+def _rule_redirect_loops(listener: Listener, rule: Rule, redirect: Redirect) -> bool:
+    """A rule's redirect loops when each part is kept or set to what the rule
+    matched on: the request it sends the client to is the one it answered."""
+    if not _keeps_scheme(listener, redirect):
+        return False
+    same_host = not redirect.host or (
+        redirect.host.lower() == rule.domain.lower()  # an exact domain: a wildcard names no one host
+        and listener.listener_port == _DEFAULT_PORTS[listener.kind.scheme]
+    )
+    return same_host and redirect.path in ("", rule.path)
 
 
 # Health check fields that only one type of check reads.

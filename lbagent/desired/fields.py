@@ -19,6 +19,8 @@ from typing import Annotated, Any
 
 from pydantic import AfterValidator, Field, PlainValidator, Strict, WithJsonSchema
 
+from lbagent.naming import HASH_CHARS
+
 # --- limits ---------------------------------------------------------------
 
 MAX_ID_LEN = 64
@@ -122,9 +124,16 @@ BridgeSuffix = pattern_type(
     rf"[A-Za-z0-9_-]{{1,{MAX_BRIDGE_SUFFIX_LEN}}}",
     f"1-{MAX_BRIDGE_SUFFIX_LEN} characters of {_ID_CHARS} (it names the bridge br-<name>)",
 )
-InterfaceName = pattern_type(
-    rf"(?!\.\.?$)[A-Za-z0-9_.-]{{1,{MAX_IFNAME_LEN}}}",
-    f"a network interface name: 1-{MAX_IFNAME_LEN} characters of letters, digits, '_', '.' and '-'",
+_INTERFACE_NAME = rf"(?!\.\.?$)[A-Za-z0-9_.-]{{1,{MAX_IFNAME_LEN}}}"
+_INTERFACE_CHARS = f"1-{MAX_IFNAME_LEN} characters of letters, digits, '_', '.' and '-'"
+InterfaceName = pattern_type(_INTERFACE_NAME, f"a network interface name: {_INTERFACE_CHARS}")
+# An uplink the agent would move onto a provider bridge: never loopback, and
+# never an interface the agent or Open vSwitch makes (a load balancer's veth
+# ends, the integration and provider bridges br-*, OVS's own devices).
+_OWN_INTERFACE = rf"(?:lo|ovs-system|ovs-netdev|br-.*|[oh][0-9a-f]{{{HASH_CHARS}}}[01])"
+UplinkName = pattern_type(
+    rf"(?!{_OWN_INTERFACE}$){_INTERFACE_NAME}",
+    f"a host uplink: {_INTERFACE_CHARS}; not lo, a bridge br-*, ovs-system, ovs-netdev or a load balancer's veth",
 )
 Cookie = pattern_type(rf"[A-Za-z0-9_-]{{1,{MAX_COOKIE_LEN}}}", f"1-{MAX_COOKIE_LEN} characters of {_ID_CHARS}")
 # Like Kubernetes' IANA_SVC_NAME: the letter requirement keeps "80" from passing as a name.
@@ -302,6 +311,34 @@ def _cidr_pattern() -> str:
     return "^(?:" + "|".join(alternatives) + ")$"
 
 
+# Ranges a subnet route must not point into: the agent's own 169.254 address
+# pairs (a route there takes every load balancer on the subnet off the air),
+# loopback and multicast. A wider route that contains one (0.0.0.0/0) is fine:
+# the more specific routes of the namespace still win.
+ROUTE_EXCLUDED = (IPv4Network("169.254.0.0/16"), IPv4Network("127.0.0.0/8"), IPv4Network("224.0.0.0/4"))
+
+
+def _check_route_destination(value: str) -> None:
+    _check_cidr(value)
+    network = IPv4Network(value)
+    for excluded in ROUTE_EXCLUDED:
+        if network.subnet_of(excluded):
+            raise ValueError(f"must not lie inside {excluded} (link-local, loopback or multicast)")
+
+
+def _prefix_inside(excluded: IPv4Network) -> str:
+    """A lookahead refusing the prefixes inside `excluded` (whose first octets it fixes)."""
+    octets = str(excluded.network_address).split(".")[: excluded.prefixlen // 8]
+    first = r"\.".join(octets) if excluded.prefixlen % 8 == 0 else _first_octet_range(excluded)
+    lengths = "|".join(str(n) for n in range(excluded.prefixlen, 33))
+    return rf"(?!{first}\.[0-9.]*/(?:{lengths})$)"
+
+
+def _first_octet_range(excluded: IPv4Network) -> str:
+    low = int(str(excluded.network_address).split(".")[0])
+    return "(?:" + "|".join(str(n) for n in range(low, low + 2 ** (8 - excluded.prefixlen))) + ")"
+
+
 IPv4 = text_type(_check_ipv4, {"pattern": f"^{_IPV4}$"})
 HostIPv4 = text_type(
     _check_host_ipv4,
@@ -311,6 +348,13 @@ HostIPv4 = text_type(
     },
 )
 Cidr = text_type(_check_cidr, {"pattern": _cidr_pattern(), "description": "an IPv4 prefix whose host bits are zero"})
+RouteDestination = text_type(
+    _check_route_destination,
+    {
+        "pattern": "^" + "".join(_prefix_inside(r) for r in ROUTE_EXCLUDED) + _cidr_pattern().removeprefix("^"),
+        "description": "an IPv4 prefix whose host bits are zero, not inside 169.254/16, 127/8 or 224/4",
+    },
+)
 
 _MAC = r"[0-9A-Fa-f]{2}(?::[0-9A-Fa-f]{2}){5}"
 _MAC_RE = re.compile(_MAC)

@@ -52,7 +52,6 @@ from lbagent.desired.fields import (
     HostnameOrEmpty,
     HttpCodes,
     Id,
-    InterfaceName,
     Labels,
     Mac,
     Mtu,
@@ -66,7 +65,9 @@ from lbagent.desired.fields import (
     ProbePayload,
     Rate,
     RiseFall,
+    RouteDestination,
     TimeoutSeconds,
+    UplinkName,
     UriPath,
     Weight,
 )
@@ -102,8 +103,12 @@ class _Model(BaseModel):
 class Route(_Model):
     """A route of the subnet; one to 0.0.0.0/0 replaces the gateway as the default route."""
 
-    cidr: Cidr
+    cidr: RouteDestination
     nexthop: HostIPv4
+
+    @cached_property
+    def network(self) -> IPv4Network:
+        return IPv4Network(self.cidr)
 
 
 class Subnet(_Model):
@@ -119,13 +124,13 @@ class Subnet(_Model):
 
 
 class CustomInterface(_Model):
-    interface: InterfaceName
+    interface: UplinkName
     hosts: list[Hostname] = many(MAX_HOSTS_PER_LIST)
 
 
 class ProviderNetwork(_Model):
     name: BridgeSuffix
-    default_interface: InterfaceName | None = None
+    default_interface: UplinkName | None = None
     custom_interfaces: list[CustomInterface] = many(MAX_CUSTOM_INTERFACES)
     exclude_hosts: list[Hostname] = many(MAX_HOSTS_PER_LIST)
 

@@ -30,7 +30,7 @@ SAMPLE_VALUES = {
     "timeouts.backend_idle": 7,
     "http_request_rate": 5,
     "http_request_rate_per_src": 5,
-    "redirect": {"code": 301, "scheme": "https"},
+    "redirect": {"code": 301, "scheme": "https", "host": "www.example.com"},
     "certificates": [{"id": "c1", **certificate("www.example.com")}],
     "tls_cipher_policy": "tls_cipher_policy_1_2_strict",
     "rules": [{"id": "r1", "path": "/a", "backend_group_id": "bg-1"}],

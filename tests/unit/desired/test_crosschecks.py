@@ -1,0 +1,169 @@
+"""Refusals that keep a valid-looking body from breaking the data path later:
+routes into the agent's own ranges or the subnet, next hops no router has,
+redirects back to the request they answer, uplinks the agent itself makes."""
+
+from __future__ import annotations
+
+import copy
+from typing import Any
+
+import pytest
+
+from lbagent.desired.model import parse_desired_state
+from lbagent.errors import InvalidDesiredState
+from tests.unit.samples import EXAMPLE
+
+SUBNET = "/subnets/0"
+LISTENER = "/loadbalancers/0/listeners/0"  # http on port 80, rule-1 matches api.example.com and /v1
+
+
+def with_changes(change) -> dict[str, Any]:
+    doc = copy.deepcopy(EXAMPLE)
+    change(doc)
+    return doc
+
+
+def details_of(doc: dict[str, Any]) -> dict[str, str]:
+    with pytest.raises(InvalidDesiredState) as caught:
+        parse_desired_state(doc)
+    return {d["path"]: d["message"] for d in caught.value.details}
+
+
+def with_route(cidr: str, nexthop: str = "198.18.0.254") -> dict[str, Any]:
+    return with_changes(lambda doc: doc["subnets"][0]["routes"].append({"cidr": cidr, "nexthop": nexthop}))
+
+
+# --- routes ----------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    ("cidr", "fragment"),
+    [
+        ("169.254.0.0/16", "169.254.0.0/16"),
+        ("169.254.0.100/31", "169.254.0.0/16"),
+        ("127.0.0.0/8", "127.0.0.0/8"),
+        ("239.1.0.0/16", "224.0.0.0/4"),
+    ],
+)
+def test_a_route_into_link_local_loopback_or_multicast_is_refused(cidr, fragment):
+    assert fragment in details_of(with_route(cidr))[f"{SUBNET}/routes/1/cidr"]
+
+
+@pytest.mark.parametrize("cidr", ["198.18.0.0/24", "198.18.0.128/25"])
+def test_a_route_into_the_subnet_itself_is_refused(cidr):
+    message = details_of(with_route(cidr))[f"{SUBNET}/routes/1/cidr"]
+    assert message == "must not lie inside the subnet's own prefix 198.18.0.0/24"
+
+
+@pytest.mark.parametrize("cidr", ["0.0.0.0/0", "169.0.0.0/8", "198.18.0.0/16", "224.0.0.0/3"])
+def test_a_wider_route_around_those_ranges_is_accepted(cidr):
+    parse_desired_state(with_route(cidr))
+
+
+@pytest.mark.parametrize("nexthop", ["198.18.0.0", "198.18.0.255"])
+def test_a_next_hop_at_the_network_or_broadcast_address_is_refused(nexthop):
+    message = details_of(with_route("10.0.0.0/8", nexthop))[f"{SUBNET}/routes/1/nexthop"]
+    assert message == "must not be the network or broadcast address of 198.18.0.0/24"
+
+
+def test_a_next_hop_at_a_load_balancers_address_is_refused():
+    message = details_of(with_route("10.0.0.0/8", "198.18.0.12"))[f"{SUBNET}/routes/1/nexthop"]
+    assert message == (
+        "next hop 198.18.0.12 is a load balancer's own address, which is already used at /loadbalancers/0/network/ip"
+    )
+
+
+def test_a_next_hop_at_a_load_balancers_address_on_another_subnet_is_accepted():
+    def change(doc):
+        doc["subnets"].append({"id": "net-2", "cidr": "198.18.1.0/24", "gateway": "198.18.1.1"})
+        doc["subnets"][1]["routes"] = [{"cidr": "10.0.0.0/8", "nexthop": "198.18.1.12"}]
+        doc["loadbalancers"][0]["network"]["ip"] = "198.18.0.13"
+
+    parse_desired_state(with_changes(change))
+
+
+# --- redirects -------------------------------------------------------------------
+
+
+def with_listener_redirect(redirect: dict[str, Any]) -> dict[str, Any]:
+    return with_changes(lambda doc: doc["loadbalancers"][0]["listeners"][0].update(redirect=redirect))
+
+
+def with_rule_redirect(redirect: dict[str, Any], port: int = 80) -> dict[str, Any]:
+    def change(doc):
+        listener = doc["loadbalancers"][0]["listeners"][0]
+        listener["listener_port"] = port
+        listener["rules"][0].update(backend_group_id=None, redirect=redirect)
+
+    return with_changes(change)
+
+
+LOOP = "redirects to the very request it answers (a redirect loop): change the scheme, host or path"
+
+
+@pytest.mark.parametrize(
+    "redirect",
+    [{"scheme": "http"}, {"scheme": "http", "path": "/elsewhere"}, {"path": "/nowhere"}],
+)
+def test_a_listener_redirect_to_a_request_it_answers_again_is_refused(redirect):
+    assert details_of(with_listener_redirect({"code": 301, **redirect}))[f"{LISTENER}/redirect"] == LOOP
+
+
+@pytest.mark.parametrize(
+    "redirect",
+    [{"scheme": "https"}, {"host": "www.example.com"}, {"path": "/v1/login"}],
+)
+def test_a_listener_redirect_elsewhere_is_accepted(redirect):
+    # /v1/login: rule-1 (path /v1) takes the redirected request.
+    parse_desired_state(with_listener_redirect({"code": 301, **redirect}))
+
+
+@pytest.mark.parametrize(
+    "redirect",
+    [
+        {"scheme": "http"},
+        {"path": "/v1"},
+        {"host": "api.example.com"},
+        {"scheme": "http", "host": "API.example.com", "path": "/v1"},
+    ],
+)
+def test_a_rule_redirect_to_what_the_rule_matches_is_refused(redirect):
+    assert details_of(with_rule_redirect({"code": 302, **redirect}))[f"{LISTENER}/rules/0/redirect"] == LOOP
+
+
+@pytest.mark.parametrize(
+    ("redirect", "port"),
+    [
+        ({"scheme": "https"}, 80),
+        ({"path": "/v2"}, 80),
+        ({"host": "www.example.com"}, 80),
+        # Host names no port: the client goes to port 80, another listener.
+        ({"host": "api.example.com", "path": "/v1"}, 8080),
+    ],
+)
+def test_a_rule_redirect_that_changes_something_is_accepted(redirect, port):
+    parse_desired_state(with_rule_redirect({"code": 302, **redirect}, port))
+
+
+# --- provider network uplinks ------------------------------------------------
+
+
+OWN_INTERFACES = ["lo", "br-int", "br-physnet1", "ovs-system", "ovs-netdev", "o1a2b3c4d0", "h1a2b3c4d1"]
+
+
+@pytest.mark.parametrize("name", OWN_INTERFACES)
+def test_an_interface_the_agent_makes_is_no_uplink(name):
+    def change(doc):
+        network = doc["provider_networks"][0]
+        network["default_interface"] = name
+        network["custom_interfaces"][0]["interface"] = name
+
+    details = details_of(with_changes(change))
+    for path in ("/provider_networks/0/default_interface", "/provider_networks/0/custom_interfaces/0/interface"):
+        assert "must be a host uplink" in details[path]
+        assert "not lo, a bridge br-*" in details[path]
+
+
+@pytest.mark.parametrize("name", ["eth1", "lo0", "bond0.100", "o1a2b3c4d2", "ovs-uplink", "bridge-1"])
+def test_other_interface_names_are_uplinks(name):
+    parse_desired_state(with_changes(lambda doc: doc["provider_networks"][0].update(default_interface=name)))
