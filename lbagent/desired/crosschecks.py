@@ -17,10 +17,11 @@ from typing import TYPE_CHECKING, Any
 from pydantic import BaseModel
 
 from lbagent.desired.details import Location, json_pointer
+from lbagent.desired.fields import MAX_BACKENDS_PER_LB
 from lbagent.desired.listener_types import KINDS, OPTION_TYPES
 
 if TYPE_CHECKING:  # the models call these rules from their validators
-    from lbagent.desired.model import DesiredState, Listener, LoadBalancer, Redirect, Rule, Subnet
+    from lbagent.desired.model import BackendGroup, DesiredState, Listener, LoadBalancer, Redirect, Rule, Subnet
 
 # A problem: where, what, and where the value it repeats was first used (or None).
 Problem = tuple[Location, str, Location | None]
@@ -193,10 +194,26 @@ def own_problems(lb: LoadBalancer) -> list[Problem]:
         ),
         lambda key: f"{key[0]} port {key[1]}",
     )
+    _check_backend_count(problems, groups)
     group_ids = {group.id for group in lb.backend_groups}
     for index, listener in listeners:
         _check_listener(problems, (*at, "listeners", index), listener, group_ids)
     return problems.found
+
+
+def _check_backend_count(problems: _Problems, groups: list[tuple[int, BackendGroup]]) -> None:
+    """Reports the first backend beyond what a load balancer can give a port to."""
+    seen = 0
+    for g, group in groups:
+        if seen + len(group.backends) > MAX_BACKENDS_PER_LB:
+            b = MAX_BACKENDS_PER_LB - seen
+            problems.add(
+                ("backend_groups", g, "backends", b),
+                f"a load balancer has at most {MAX_BACKENDS_PER_LB} backends across its groups "
+                "(each gets a port of its own); pods its selectors take count too",
+            )
+            return
+        seen += len(group.backends)
 
 
 def _check_group_reference(problems: _Problems, location: Location, group_id: str, group_ids: set[str]) -> None:

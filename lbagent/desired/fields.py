@@ -59,6 +59,9 @@ MAX_LOADBALANCERS = 4096
 MAX_LISTENERS_PER_LB = 64
 MAX_BACKEND_GROUPS_PER_LB = 256
 MAX_BACKENDS_PER_GROUP = 1024
+# Each backend of a load balancer gets a port of its own on the namespace's
+# inner address: 1025-65535 (lbagent.workers.allocator).
+MAX_BACKENDS_PER_LB = 65535 - 1025 + 1
 MAX_RULES_PER_LISTENER = 256
 MAX_CERTIFICATES_PER_LISTENER = 64
 MAX_ACL_CIDRS = 1024

@@ -18,6 +18,8 @@ LINK_LOCAL = ipaddress.IPv4Network("169.254.0.0/16")
 FIRST = int(ipaddress.IPv4Address("169.254.0.100"))
 LAST = int(LINK_LOCAL.broadcast_address) - 1  # the highest usable OUTER
 METADATA = ipaddress.IPv4Address("169.254.169.254")
+# Every member (a backend, a selected pod) of a load balancer gets a port of
+# its own on INNER; lbagent.desired.fields.MAX_BACKENDS_PER_LB says the same.
 PORT_MIN, PORT_MAX = 1025, 65535
 
 
@@ -75,7 +77,14 @@ def _usable(pair: AddressPair, taken: set[str]) -> bool:
 
 def assign_ports(current: dict[str, int], keys: list[str]) -> dict[str, int]:
     """Ports on INNER for `keys`: kept for keys that had one, lowest free for new ones."""
-    result = {k: p for k, p in current.items() if k in set(keys)}
+    capacity = PORT_MAX - PORT_MIN + 1
+    if len(keys) > capacity:
+        raise ExhaustedError(
+            f"{len(keys)} members (backends and selected pods) need a port on INNER each, more than the "
+            f"{capacity} of {PORT_MIN}-{PORT_MAX}: remove backends or narrow the pod selectors"
+        )
+    wanted = set(keys)
+    result = {k: p for k, p in current.items() if k in wanted}
     used = set(result.values())
     candidate = PORT_MIN
     for key in keys:

@@ -14,6 +14,11 @@ in the same step (`on_accept`) and which call `dependency_changed`; until
 then such a load balancer stays behind the new generation, so a waiting
 refresh keeps waiting. The periodic resync of every task is the safety net.
 
+A load balancer whose members (backends and selected pods) outnumber the
+backend ports of INNER keeps the ports it had, and its passes fail, saying
+so, until a refresh brings it back within them: the refresh and every other
+load balancer go on.
+
 When a pass succeeds, `readiness.ReadinessWatch` decides whether the load
 balancer is `ready` or still `pending` (its port not ovn-installed, haproxy
 not running).
@@ -38,7 +43,7 @@ from lbagent.ovnhost.host import HostObservation, OvnHost
 from lbagent.ovnhost.inventory import Inventory
 from lbagent.state import Allocation, PersistedState, StateStore
 from lbagent.workers import plan
-from lbagent.workers.allocator import AddressPair, PairAllocator, assign_ports
+from lbagent.workers.allocator import AddressPair, ExhaustedError, PairAllocator, assign_ports
 from lbagent.workers.lb_task import DONE, LbTask
 from lbagent.workers.memo import IdentityMemo, same_models
 from lbagent.workers.readiness import ReadinessWatch
@@ -117,6 +122,8 @@ class OvnWorker(ReadinessWatch):
         self._raw: dict | None = None
         self._raw_text: str | None = None
         self.allocations: dict[str, Allocation] = {}
+        # Load balancers whose members did not all get a port, and why: their passes fail with it.
+        self.port_shortages: dict[str, str] = {}
         self.tasks: dict[str, LbTask] = {}
         self.runtime: dict[str, LbRuntime] = {}
         self._netdev: bool | None = None
@@ -134,7 +141,7 @@ class OvnWorker(ReadinessWatch):
         await self.adopt_from_host()
         if desired is not None:
             async with self._lock:
-                self.allocations = await self._allocate(desired, frozenset())
+                self.allocations, self.port_shortages = await self._allocate(desired, frozenset())
                 self.desired, self._raw, self._raw_text = desired, persisted.desired, None
                 self._accept(desired, frozenset())
 
@@ -168,8 +175,9 @@ class OvnWorker(ReadinessWatch):
             if current is not None and desired.generation < current:
                 raise StaleGeneration(desired.generation, current)
             unchanged = self._unchanged(desired)
-            allocations = await self._allocate(desired, unchanged)
+            allocations, shortages = await self._allocate(desired, unchanged)
             await asyncio.to_thread(self._store.save, PersistedState(raw, allocations, raw_text))
+            self.port_shortages = shortages
             self.allocations, self.desired, self._raw, self._raw_text = allocations, desired, raw, raw_text
             self._accept(desired, unchanged)
             return desired.generation
@@ -187,8 +195,13 @@ class OvnWorker(ReadinessWatch):
         before = {id(lb) for lb in previous.loadbalancers}
         return frozenset(lb.id for lb in desired.loadbalancers if id(lb) in before)
 
-    async def _allocate(self, desired: DesiredState, unchanged: frozenset[str]) -> dict[str, Allocation]:
+    async def _allocate(
+        self, desired: DesiredState, unchanged: frozenset[str]
+    ) -> tuple[dict[str, Allocation], dict[str, str]]:
+        """The allocations of `desired`, and the load balancers whose members
+        did not all get a port (which keep the ports they had)."""
         allocations = dict(self.allocations)
+        shortages = {k: v for k, v in self.port_shortages.items() if k in unchanged}
         new = [lb for lb in desired.loadbalancers if lb.id not in allocations]
         if new:
             pairs = PairAllocator({k: AddressPair(a.inner, a.outer) for k, a in allocations.items()})
@@ -204,14 +217,19 @@ class OvnWorker(ReadinessWatch):
                 continue  # the same members as before, so the same ports
             old = allocations[lb.id]
             targets = self._targets(lb, desired.pods)
-            ports = self._derived.get(
-                ("ports", lb.id),
-                (targets, old),
-                functools.partial(_ports_for, old.ports, targets),
-            )
+            try:
+                ports = self._derived.get(
+                    ("ports", lb.id),
+                    (targets, old),
+                    functools.partial(_ports_for, old.ports, targets),
+                )
+            except ExhaustedError as exc:
+                shortages[lb.id] = str(exc)
+                log.warning("lb=%s action=allocate_ports result=error error=%r", lb.id, str(exc))
+                continue
             if ports != old.ports:
                 allocations[lb.id] = Allocation(old.inner, old.outer, old.salt, ports)
-        return allocations
+        return allocations, shortages
 
     @staticmethod
     def _free_salt(lb_id: str, used_tags: set[str]) -> int:
@@ -264,10 +282,14 @@ class OvnWorker(ReadinessWatch):
 
     def _own_fingerprint(self, lb_id: str) -> str:
         """A load balancer's own inputs: its desired state and its allocation
-        (whose backend ports follow the pods its groups select)."""
+        (whose backend ports follow the pods its groups select), or the lack
+        of ports that keeps it from one."""
         lb, allocation = self._state().loadbalancer(lb_id), self.allocations[lb_id]
+        shortage = self.port_shortages.get(lb_id)
         return self._derived.get(
-            ("own", lb_id), (lb, allocation), lambda: json.dumps([lb.canonical_json, allocation.json_text])
+            ("own", lb_id),
+            (lb, allocation, shortage),
+            lambda: json.dumps([lb.canonical_json, allocation.json_text, *([shortage] if shortage else [])]),
         )
 
     def _deps_fingerprint(self, lb_id: str) -> str:
@@ -317,6 +339,9 @@ class OvnWorker(ReadinessWatch):
         return task.state if task is not None else None
 
     def members(self, lb: LoadBalancer) -> dict[str, list]:
+        """The groups' members with their ports; none while some lack a port."""
+        if lb.id in self.port_shortages:
+            return {}
         return plan.members_by_group(self._targets(lb, self._state().pods), self.allocations[lb.id].ports)
 
     def _state(self) -> DesiredState:
@@ -347,6 +372,8 @@ class OvnWorker(ReadinessWatch):
                 lb = self._state().loadbalancer(lb_id)
             runtime = self.runtime[lb_id]
             own, runtime.running_deps = self._own_fingerprint(lb_id), self._deps_fingerprint(lb_id)
+            if lb.enabled and lb_id in self.port_shortages:
+                raise ExhaustedError(self.port_shortages[lb_id])
             if lb.enabled:
                 await self._converge(lb, own + runtime.running_deps)
             else:

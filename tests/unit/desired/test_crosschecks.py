@@ -9,6 +9,7 @@ from typing import Any
 
 import pytest
 
+from lbagent.desired.fields import MAX_BACKENDS_PER_LB
 from lbagent.desired.model import parse_desired_state
 from lbagent.errors import InvalidDesiredState
 from tests.unit.samples import EXAMPLE
@@ -167,3 +168,40 @@ def test_an_interface_the_agent_makes_is_no_uplink(name):
 @pytest.mark.parametrize("name", ["eth1", "lo0", "bond0.100", "o1a2b3c4d2", "ovs-uplink", "bridge-1"])
 def test_other_interface_names_are_uplinks(name):
     parse_desired_state(with_changes(lambda doc: doc["provider_networks"][0].update(default_interface=name)))
+
+
+# --- how many backends a load balancer can serve --------------------------------
+
+
+def with_backends(count: int) -> dict[str, Any]:
+    """The example's first load balancer with `count` static backends in groups of 1024."""
+
+    def change(doc):
+        lb = doc["loadbalancers"][0]
+        lb["listeners"] = [{"id": "l", "listener_type": "tcp", "listener_port": 80, "backend_group_id": "g0"}]
+        lb["backend_groups"] = [
+            {
+                "id": f"g{g}",
+                "backends": [
+                    {"id": f"b{n}", "address": "198.18.0.21", "port": 1 + n % 65535}
+                    for n in range(g * 1024, min(count, (g + 1) * 1024))
+                ],
+            }
+            for g in range(-(-count // 1024))
+        ]
+
+    return with_changes(change)
+
+
+def test_more_backends_than_backend_ports_is_refused_at_the_first_one_beyond():
+    details = details_of(with_backends(MAX_BACKENDS_PER_LB + 1))
+    assert details == {
+        "/loadbalancers/0/backend_groups/62/backends/1023": (
+            "a load balancer has at most 64511 backends across its groups (each gets a port of its own); "
+            "pods its selectors take count too"
+        )
+    }
+
+
+def test_as_many_backends_as_backend_ports_are_accepted():
+    parse_desired_state(with_backends(MAX_BACKENDS_PER_LB))

@@ -3,6 +3,7 @@ import ipaddress
 import pytest
 
 import lbagent.workers.allocator as allocator
+from lbagent.desired.fields import MAX_BACKENDS_PER_LB
 from lbagent.workers.allocator import FIRST, AddressPair, ExhaustedError, PairAllocator, assign_ports
 
 
@@ -61,3 +62,22 @@ def test_port_exhaustion(monkeypatch):
     monkeypatch.setattr(allocator, "PORT_MAX", 1026)
     with pytest.raises(ExhaustedError):
         assign_ports({}, ["a", "b", "c"])
+
+
+def test_the_port_range_is_the_backend_limit_the_api_enforces():
+    assert allocator.PORT_MAX - allocator.PORT_MIN + 1 == MAX_BACKENDS_PER_LB == 64511
+
+
+def test_every_port_of_the_range_can_be_given_out():
+    keys = [f"be-{i}" for i in range(MAX_BACKENDS_PER_LB)]
+    ports = assign_ports({}, keys)
+    assert sorted(ports.values()) == list(range(allocator.PORT_MIN, allocator.PORT_MAX + 1))
+
+
+def test_more_members_than_ports_say_how_many_and_what_to_do():
+    with pytest.raises(ExhaustedError) as caught:
+        assign_ports({}, [f"be-{i}" for i in range(MAX_BACKENDS_PER_LB + 1)])
+    assert str(caught.value) == (
+        "64512 members (backends and selected pods) need a port on INNER each, more than the 64511 of "
+        "1025-65535: remove backends or narrow the pod selectors"
+    )

@@ -9,6 +9,7 @@ import pytest
 from lbagent.desired.model import parse_desired_state
 from lbagent.errors import StaleGeneration
 from lbagent.state import StateStore
+from lbagent.workers import allocator
 from lbagent.workers import ovn_worker as worker_mod
 from lbagent.workers.ovn_worker import OvnWorker
 from tests.unit.fakes import FakeHaproxy, FakeHost
@@ -329,7 +330,7 @@ async def test_new_load_balancers_whose_names_collide_get_the_next_salt(tmp_path
     monkeypatch.setattr(worker_mod, "interface_names", lambda lb_id, salt=0: SimpleNamespace(tag=f"t{salt}"))
     worker = OvnWorker(FakeHost(), FakeHaproxy(), StateStore(tmp_path), resync_interval=3600)
     body = state(1, [lb_body("a"), lb_body("b", ip="198.18.0.13"), lb_body("c", ip="198.18.0.14")])
-    allocations = await worker._allocate(parse_desired_state(body), frozenset())
+    allocations, _ = await worker._allocate(parse_desired_state(body), frozenset())
     assert sorted(a.salt for a in allocations.values()) == [0, 1, 2]
 
 
@@ -501,3 +502,33 @@ async def test_a_restarted_haproxy_serves_a_load_balancer_only_after_its_next_pa
     await _until(lambda: task.passes > passes)  # kicked at once, not at the next resync
     assert task.state == "ready"
     await worker.stop()
+
+
+async def test_pods_beyond_the_backend_ports_fail_their_load_balancer_alone(worker, monkeypatch):
+    monkeypatch.setattr(allocator, "PORT_MAX", allocator.PORT_MIN + 1)  # two ports per load balancer
+    lbs = [selecting_lb("web", "198.18.0.12", "web"), lb_body("other", ip="198.18.0.13")]
+    body = state(1, lbs)
+    body["pods"] = [pod_body("w1", "198.18.0.21"), pod_body("w2", "198.18.0.22")]
+    await apply(worker, body)
+    assert await worker.wait_settled(1, 5)
+    web, other = worker.tasks["web"], worker.tasks["other"]
+    assert web.state == "ready" and worker.allocations["web"].ports == {"bg-1/w1": 1025, "bg-1/w2": 1026}
+
+    body = state(2, lbs)
+    body["pods"] = [pod_body(f"w{i}", f"198.18.0.{20 + i}") for i in (1, 2, 3)]
+    assert await apply(worker, body) == 2  # accepted: the body itself is valid
+    await asyncio.wait_for(_until(lambda: web.state == "error"), 5)
+    assert web.last_error == (
+        "3 members (backends and selected pods) need a port on INNER each, more than the 2 of 1025-1026: "
+        "remove backends or narrow the pod selectors"
+    )
+    assert worker.allocations["web"].ports == {"bg-1/w1": 1025, "bg-1/w2": 1026}  # kept while short
+    assert worker.members(worker.desired.loadbalancer("web")) == {}
+    assert other.state == "ready" and other.generation == 2
+
+    body = state(3, lbs)
+    body["pods"] = [pod_body("w2", "198.18.0.22"), pod_body("w3", "198.18.0.23")]
+    await apply(worker, body)
+    await asyncio.wait_for(_until(lambda: web.state == "ready"), 5)
+    assert web.last_error is None and web.generation == 3
+    assert worker.allocations["web"].ports == {"bg-1/w2": 1026, "bg-1/w3": 1025}
