@@ -31,8 +31,13 @@ endef
 
 .PHONY: deps venv lint golden test unit functional demo demo-down bench bench-smoke clean
 
+# haproxy's workers run as this system user (lbagent.toml [haproxy] user); its master stays root.
+HAPROXY_USER := lbagent-haproxy
+
 deps:
 	$(call apt_install,$(DEB_PACKAGES))
+	@getent passwd $(HAPROXY_USER) >/dev/null || \
+	  useradd --system --no-create-home --home-dir /nonexistent --shell /usr/sbin/nologin $(HAPROXY_USER)
 
 $(STAMP): pyproject.toml
 	@test -x $(PY) || { $(PYTHON) -m venv $(VENV) 2>/dev/null || { apt-get install -y -qq python3-venv && $(PYTHON) -m venv $(VENV); }; }

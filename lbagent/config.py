@@ -3,14 +3,16 @@
 Owns the schema and defaults of every key, reading the file, and the checks
 that let a misconfigured agent fail at start instead of at its first request:
 unknown keys, the listen address, the bearer token of a TCP listener (present,
-at least MIN_TOKEN_LENGTH characters) and the
-TLS certificate/key pair. Every key is optional; load_config(None) gives the
+at least MIN_TOKEN_LENGTH characters), the
+TLS certificate/key pair and the account haproxy's workers run as. Every key is optional; load_config(None) gives the
 defaults.
 """
 
 from __future__ import annotations
 
+import grp
 import ipaddress
+import pwd
 import re
 import socket
 import tomllib
@@ -23,6 +25,8 @@ from pydantic import AfterValidator, BaseModel, ConfigDict, Field, Strict, Valid
 from lbagent.desired.details import clean_message, preview
 from lbagent.desired.fields import Hostname, InterfaceName, check_hostname, parse_ipv4
 from lbagent.errors import ConfigError
+from lbagent.haproxy.capacity import DEFAULT_LISTENER_MAXCONN
+from lbagent.haproxy.files import HaproxyPaths
 
 DEFAULT_CONFIG_PATH = Path("/etc/lbagent/lbagent.toml")
 DEFAULT_LISTEN = "127.0.0.1:9680"
@@ -91,6 +95,20 @@ def _tcp_listen_or_empty(value: str) -> str:
     return value
 
 
+def _absolute_or_empty(value: str) -> str:
+    if value:
+        _absolute(Path(value))
+    return value
+
+
+def _account_or_empty(value: str) -> str:
+    # Debian's rule for user and group names (adduser's NAME_REGEX), which is
+    # also one word of haproxy's configuration.
+    if value and not re.fullmatch(r"[a-z_][a-z0-9_-]{0,31}", value):
+        raise ValueError("must be a user or group name: lower-case letters, digits, '_' and '-', at most 32")
+    return value
+
+
 def _ovsdb_remote(value: str) -> str:
     if not re.fullmatch(r"unix:/.+|(?:tcp|ssl):.+:[0-9]{1,5}", value):
         raise ValueError('must be an OVSDB remote: "unix:/PATH", "tcp:HOST:PORT" or "ssl:HOST:PORT"')
@@ -145,9 +163,25 @@ class OvsSection(_Section):
     integration_bridge: InterfaceName = "br-int"
 
 
+DEFAULT_HAPROXY_USER = "lbagent-haproxy"
+MAX_LISTENER_MAXCONN = 1_000_000
+Account = Annotated[str, Strict(), AfterValidator(_account_or_empty)]
+
+
 class HaproxySection(_Section):
     binary: NonEmptyStr = "haproxy"  # a name looked up in PATH, or a path
     prometheus_listen: Annotated[str, Strict(), AfterValidator(_tcp_listen_or_empty)] = ""  # "" is off
+    user: Account = DEFAULT_HAPROXY_USER  # the workers' account; "" keeps them root
+    group: Account = ""  # "": the user's own group
+    # The workers' root directory; None: <run_dir>/haproxy/chroot, "": none.
+    chroot: Annotated[str, Strict(), AfterValidator(_absolute_or_empty)] | None = None
+    default_listener_maxconn: Annotated[int, Strict(), Field(ge=1, le=MAX_LISTENER_MAXCONN)] = DEFAULT_LISTENER_MAXCONN
+
+    @model_validator(mode="after")
+    def check_group_has_user(self) -> HaproxySection:
+        if self.group and not self.user:
+            raise ValueError("group needs a user: without one the workers stay root")
+        return self
 
     @property
     def prometheus_address(self) -> ListenAddress | None:
@@ -177,6 +211,42 @@ class Config(_Section):
                 f" it must have at least {MIN_TOKEN_LENGTH} (e.g. head -c 32 /dev/urandom | base64)"
             )
         return token or None
+
+    def haproxy_accounts(self) -> tuple[str, str]:
+        """(user, group) haproxy's workers run as, ("", "") for root; ConfigError if either does not exist."""
+        user, group = self.haproxy.user, self.haproxy.group
+        if not user:
+            return "", ""
+        try:
+            gid = pwd.getpwnam(user).pw_gid
+        except KeyError:
+            raise ConfigError(
+                f"haproxy.user {user!r} does not exist on this host: create it (make deps does:"
+                f" useradd --system --no-create-home --shell /usr/sbin/nologin {user}),"
+                ' or set user = "" to run haproxy\'s workers as root'
+            ) from None
+        try:
+            return user, grp.getgrnam(group).gr_name if group else grp.getgrgid(gid).gr_name
+        except KeyError:
+            raise ConfigError(f"haproxy.group {group or gid!r} does not exist on this host") from None
+
+    def haproxy_options(self) -> dict[str, Any]:
+        """The keyword arguments of HaproxyManager for this configuration."""
+        user, group = self.haproxy_accounts()
+        return {
+            "prometheus_listen": self.haproxy.prometheus_listen,
+            "default_listener_maxconn": self.haproxy.default_listener_maxconn,
+            "user": user,
+            "group": group,
+            "chroot": self.haproxy_chroot,
+        }
+
+    @property
+    def haproxy_chroot(self) -> Path | None:
+        chroot = self.haproxy.chroot
+        if chroot is None:
+            return HaproxyPaths(self.agent.run_dir).chroot_dir
+        return Path(chroot) if chroot else None
 
 
 def _describe(error: Any, source: str) -> str:
@@ -222,4 +292,5 @@ def load_config(path: Path | None) -> Config:
             f"api.token_file {config.api.token_file} is missing or empty; a TCP listener"
             f" ({config.api.listen}) needs a bearer token (or listen on unix:/PATH instead)"
         )
+    config.haproxy_accounts()
     return config

@@ -16,6 +16,8 @@
                        paths relative to certs/
     staging/           candidates being checked; same filesystem as conf.d and
                        certs/ so that moving one into place is an atomic rename
+    chroot/            the workers' root when [haproxy] chroot is left at its
+                       default: empty, root's, 0755
     master.sock        master CLI (reload, show proc), mode 600
     stats.sock         runtime API of the current worker (show stat), mode 600
     haproxy.pid        the master's pid
@@ -80,6 +82,10 @@ class HaproxyPaths:
     @property
     def staging_dir(self) -> Path:
         return self.root / "staging"
+
+    @property
+    def chroot_dir(self) -> Path:
+        return self.root / "chroot"
 
     @property
     def master_sock(self) -> Path:
@@ -147,9 +153,8 @@ def write_staged(directory: Path, text: str) -> Path:
     return Path(name)
 
 
-def join_lb_files(paths: HaproxyPaths) -> None:
-    """Write loadbalancers.cfg anew from conf.d/*.cfg, in haproxy's own order
-    for a directory (by name), atomically and durably."""
+def read_lb_files(paths: HaproxyPaths) -> str:
+    """conf.d/*.cfg joined, in haproxy's own order for a directory (by name)."""
     names = sorted(name for name in _listdir(paths.conf_dir) if name.endswith(LB_SUFFIX))
     parts = []
     for name in names:
@@ -157,7 +162,24 @@ def join_lb_files(paths: HaproxyPaths) -> None:
             parts.append((paths.conf_dir / name).read_text(encoding="utf-8"))
         except FileNotFoundError:  # removed since the listing: it is not wanted
             continue
-    install(write_staged(paths.staging_dir, "\n".join(parts)), paths.joined_cfg)
+    return "\n".join(parts)
+
+
+def join_lb_files(paths: HaproxyPaths) -> str:
+    """Write loadbalancers.cfg anew from conf.d/*.cfg, atomically and durably; its text."""
+    joined = read_lb_files(paths)
+    install(write_staged(paths.staging_dir, joined), paths.joined_cfg)
+    return joined
+
+
+def make_jail(directory: Path) -> None:
+    """`directory` exists as a chroot for haproxy's workers: root's and 0755 (nothing in it is needed)."""
+    directory.mkdir(mode=0o755, parents=True, exist_ok=True)
+    status = directory.stat()
+    if (status.st_uid, status.st_gid) != (0, 0):
+        os.chown(directory, 0, 0)
+    if status.st_mode & 0o7777 != 0o755:
+        directory.chmod(0o755)
 
 
 def fsync_dir(directory: Path) -> None:

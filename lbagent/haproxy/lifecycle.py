@@ -134,7 +134,7 @@ class Lifecycle(Part):
             if path.exists() or path.is_symlink():
                 path.unlink()
                 removed.append(str(path))
-        for directory in (*directories, self._paths.root):
+        for directory in (*directories, self._paths.chroot_dir, self._paths.root):
             try:
                 directory.rmdir()
             except OSError:

@@ -44,6 +44,7 @@ from pathlib import Path
 
 from lbagent.haproxy.batching import RELOAD_PACE, ReloadBatcher
 from lbagent.haproxy.candidate import StagedChange, discard
+from lbagent.haproxy.capacity import DEFAULT_LISTENER_MAXCONN
 from lbagent.haproxy.changes import Changes, PreparedChange
 from lbagent.haproxy.errors import HaproxyError
 from lbagent.haproxy.files import HaproxyPaths
@@ -53,6 +54,7 @@ from lbagent.haproxy.locks import LockMap
 from lbagent.haproxy.parts import Shared
 from lbagent.haproxy.process import HaproxyProcess
 from lbagent.haproxy.reloads import Reloader
+from lbagent.haproxy.settings import HaproxySettings, Privileges
 from lbagent.haproxy.sockets import parse_show_stat, send_command
 
 __all__ = ["HaproxyManager", "PreparedChange"]
@@ -67,13 +69,22 @@ class HaproxyManager:
         debounce: float = 0.05,
         max_delay: float | None = None,
         reload_pace: float = RELOAD_PACE,
+        *,
+        default_listener_maxconn: int = DEFAULT_LISTENER_MAXCONN,
+        user: str = "",
+        group: str = "",
+        chroot: Path | None = None,
     ):
+        """`user` and `group` (both or neither) run haproxy's workers, jailed in `chroot` (an empty
+        directory the manager creates); the defaults keep them root and unjailed."""
         self.paths = HaproxyPaths(Path(run_dir))
         self.process = HaproxyProcess(binary, Path(run_dir))
         shared = Shared(self.paths, self.process)
         self._work, self._worker, self._counters = shared.work, shared.worker, shared.counters
         self._lb_locks = LockMap()
-        self._reloader = Reloader(shared, prometheus_listen)
+        privileges = Privileges(user, group, chroot) if user or chroot is not None else None
+        settings = HaproxySettings(prometheus_listen, default_listener_maxconn, privileges)
+        self._reloader = Reloader(shared, settings)
         self._batches: ReloadBatcher[StagedChange] = ReloadBatcher(
             self._reloader.reload_batch,
             debounce,

@@ -20,6 +20,7 @@ import subprocess
 import tempfile
 import threading
 import time
+from collections.abc import Callable
 from pathlib import Path
 
 import psutil
@@ -55,6 +56,9 @@ class HaproxyProcess:
         self.paths = HaproxyPaths(Path(run_dir))
         self._pid: int | None = None
         self._lock = threading.RLock()
+        # Called with the joined load balancer files each time they are joined,
+        # before haproxy loads them (the base file is sized from them).
+        self.before_load: Callable[[str], object] = lambda joined: None
 
     # --- observing ---------------------------------------------------------
 
@@ -123,7 +127,7 @@ class HaproxyProcess:
                 "-f",
                 str(self.paths.joined_cfg),
             ]
-            join_lb_files(self.paths)
+            self.before_load(join_lb_files(self.paths))
             # A file, not a pipe: the daemon keeps the launcher's stdio for a
             # while, and reading a pipe to EOF would wait for it.
             with tempfile.TemporaryFile() as output:
@@ -182,7 +186,7 @@ class HaproxyProcess:
             pid = self.pid
             if pid is None:
                 raise HaproxyReloadError("haproxy master is not running")
-            join_lb_files(self.paths)
+            self.before_load(join_lb_files(self.paths))
             before = self.show_proc()
             if before is not None and self._ask_master_to_reload():
                 outcome = _wait_until(lambda: self._reload_outcome(before), timeout)

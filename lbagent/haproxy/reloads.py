@@ -9,8 +9,10 @@
   an adopted master may not have loaded yet, or a reload a live edit left
   due. Blocking: callers run it on the process thread, under the process
   lock.
-- `write_base()` writes haproxy.cfg; `check_base(crt_base)` is the base file
-  a candidate is checked with.
+- `write_base()` writes haproxy.cfg, sized (`capacity`) from the load
+  balancer files; the process calls it each time it joins them, before haproxy
+  loads them, so a reload that adds or removes frontends carries a base file
+  to match. `check_base(crt_base)` is the base file a candidate is checked with.
 """
 
 from __future__ import annotations
@@ -19,22 +21,27 @@ import asyncio
 from pathlib import Path
 
 from lbagent.haproxy.candidate import StagedChange, discard, install_change, roll_back
+from lbagent.haproxy.capacity import frontend_limits, inherited_fd_limit, size
 from lbagent.haproxy.errors import HaproxyCheckError
 from lbagent.haproxy.files import (
     fsync_dir,
     install,
+    make_jail,
+    read_lb_files,
     read_or_none,
     sync_filesystem,
     write_staged,
 )
 from lbagent.haproxy.parts import Part, Shared, log
 from lbagent.haproxy.render import render_base
+from lbagent.haproxy.settings import HaproxySettings
 
 
 class Reloader(Part):
-    def __init__(self, shared: Shared, prometheus_listen: str = ""):
+    def __init__(self, shared: Shared, settings: HaproxySettings):
         super().__init__(shared)
-        self._prometheus_listen = prometheus_listen
+        self._settings = settings
+        self._process.before_load = self.write_base
 
     async def reload_batch(self, batch: list[StagedChange]) -> float:
         """Install a batch and reload (the batcher's `commit`); the seconds the reload took."""
@@ -91,12 +98,31 @@ class Reloader(Part):
         except HaproxyCheckError as exc:
             raise HaproxyCheckError(exc.output, "configuration directory") from None
 
-    def write_base(self) -> bool:
-        """Write haproxy.cfg if its text changed; True if it did."""
+    def write_base(self, joined: str | None = None) -> bool:
+        """Write haproxy.cfg, sized for `joined` (default: the load balancer files on disk), if its
+        text changed; True if it did."""
         self._paths.make_dirs()
-        text = render_base(self._paths.run_dir, self._prometheus_listen)
+        privileges = self._settings.privileges
+        if privileges is not None and privileges.chroot is not None:
+            make_jail(privileges.chroot)
+        limits = frontend_limits(read_lb_files(self._paths) if joined is None else joined)
+        capacity = size(limits, self._settings.default_listener_maxconn, inherited_fd_limit())
+        text = render_base(
+            self._paths.run_dir,
+            self._settings.prometheus_listen,
+            listener_maxconn=self._settings.default_listener_maxconn,
+            capacity=capacity,
+            privileges=privileges,
+        )
         if read_or_none(self._paths.base_cfg) == text:
             return False
+        if capacity.capped:
+            log.warning(
+                "object=haproxy action=size frontends=%d maxconn=%d result=capped reason=%r",
+                len(limits),
+                capacity.maxconn,
+                "the listeners' caps together exceed what the descriptor limit allows",
+            )
         staged = write_staged(self._paths.staging_dir, text)
         try:
             self._process.check([staged])
@@ -107,7 +133,13 @@ class Reloader(Part):
         return True
 
     def check_base(self, crt_base: Path) -> str:
-        return render_base(self._paths.run_dir, self._prometheus_listen, crt_base=crt_base)
+        return render_base(
+            self._paths.run_dir,
+            self._settings.prometheus_listen,
+            crt_base=crt_base,
+            listener_maxconn=self._settings.default_listener_maxconn,
+            privileges=self._settings.privileges,
+        )
 
 
 def _discard_all(batch: list[StagedChange]) -> None:

@@ -19,9 +19,11 @@ import re
 from pathlib import Path
 
 from lbagent.desired.members import Member
+from lbagent.haproxy.capacity import DEFAULT_LISTENER_MAXCONN, PROMETHEUS_MAXCONN, Capacity
 from lbagent.haproxy.errors import RenderError
 from lbagent.haproxy.files import HaproxyPaths
 from lbagent.haproxy.routing import RULE_VARIABLE, redirect_view, rule_views
+from lbagent.haproxy.settings import Privileges
 from lbagent.haproxy.templating import environment
 from lbagent.haproxy.tls import certificate_files, tls_bind
 from lbagent.haproxy.views import (
@@ -101,8 +103,20 @@ def server_cookie(member_key: str) -> str:
     return hashlib.sha256(member_key.encode()).hexdigest()[:16]
 
 
-def render_base(run_dir: Path, prometheus_listen: str = "", crt_base: Path | None = None) -> str:
-    """The global/defaults file; `crt_base` (default: the live certificates directory) for checks."""
+def render_base(
+    run_dir: Path,
+    prometheus_listen: str = "",
+    crt_base: Path | None = None,
+    *,
+    listener_maxconn: int = DEFAULT_LISTENER_MAXCONN,
+    capacity: Capacity | None = None,
+    privileges: Privileges | None = None,
+) -> str:
+    """The global/defaults file; `crt_base` (default: the live certificates directory) for checks.
+
+    `capacity` None leaves the process's connection and descriptor limits to
+    haproxy; `privileges` None keeps its workers root and unjailed.
+    """
     paths = HaproxyPaths(Path(run_dir))
     return _render(
         "base.cfg.j2",
@@ -111,6 +125,10 @@ def render_base(run_dir: Path, prometheus_listen: str = "", crt_base: Path | Non
         hard_stop_after=HARD_STOP_AFTER,
         timeouts=DEFAULT_TIMEOUTS,
         prometheus_listen=prometheus_listen,
+        prometheus_maxconn=PROMETHEUS_MAXCONN,
+        listener_maxconn=listener_maxconn,
+        capacity=capacity,
+        privileges=privileges,
     )
 
 
@@ -187,6 +205,7 @@ def _listener_view(lb_id: str, listener, outer: str, inner: str, members: dict[s
         mode=mode,
         outer=outer,
         port=listener.listener_port,
+        maxconn=_connection_limit(listener),
         tls=tls_bind(lb_id, listener) if kind.terminates_tls else None,
         timeouts=frontend_timeouts,
         acl=_acl(listener.acl),
@@ -201,6 +220,12 @@ def _listener_view(lb_id: str, listener, outer: str, inner: str, members: dict[s
         default_backend=default.name,
         backends=(default, *rule_backends),
     )
+
+
+def _connection_limit(listener) -> int | None:
+    """The listener's own cap, None for the base file's default: `connection_limit` 0 or absent."""
+    # getattr: a model without the field (it is planned in api.md) means no limit of its own.
+    return getattr(listener, "connection_limit", 0) or None
 
 
 def _timeouts(timeouts, mode: str) -> tuple[tuple[tuple[str, int], ...], tuple[tuple[str, int], ...]]:

@@ -86,6 +86,7 @@ class ListenerView:
     mode: str
     outer: str
     port: int
+    maxconn: int | None  # the listener's own cap; None: the base file's default
     tls: TlsBindView | None
     timeouts: tuple[tuple[str, int], ...]
     acl: AclView | None

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import grp
+import pwd
 import socket
 from pathlib import Path
 
@@ -9,6 +11,29 @@ import pytest
 
 from lbagent.config import DEFAULT_MAX_BODY_BYTES, MIN_TOKEN_LENGTH, Config, load_config, parse_listen
 from lbagent.errors import ConfigError, LbAgentError
+
+# The accounts this host is said to have: (name, uid, gid) and gid -> group name.
+USERS = {"lbagent-haproxy": (999, 995), "www": (33, 33)}
+GROUPS = {995: "lbagent-haproxy", 33: "www-data", 65534: "nogroup"}
+
+
+@pytest.fixture(autouse=True)
+def accounts(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Every test sees the same accounts, whatever this host has."""
+
+    def getpwnam(name: str) -> pwd.struct_passwd:
+        uid, gid = USERS[name]
+        return pwd.struct_passwd((name, "x", uid, gid, "", "/nonexistent", "/usr/sbin/nologin"))
+
+    def group(gid: int) -> grp.struct_group:
+        return grp.struct_group((GROUPS[gid], "x", gid, []))
+
+    def getgrnam(name: str) -> grp.struct_group:
+        return group({v: k for k, v in GROUPS.items()}[name])
+
+    monkeypatch.setattr(pwd, "getpwnam", getpwnam)
+    monkeypatch.setattr(grp, "getgrgid", group)
+    monkeypatch.setattr(grp, "getgrnam", getgrnam)
 
 
 @pytest.fixture
@@ -41,6 +66,13 @@ def test_defaults(tmp_path: Path, token_file: Path) -> None:
     assert config.haproxy.binary == "haproxy"
     assert config.haproxy.prometheus_listen == "" and config.haproxy.prometheus_address is None
     assert config.read_token() == "s3cret-token-of-the-tests"
+    assert config.haproxy_options() == {
+        "prometheus_listen": "",
+        "default_listener_maxconn": 10_000,
+        "user": "lbagent-haproxy",
+        "group": "lbagent-haproxy",  # the user's own
+        "chroot": Path("/run/lbagent/haproxy/chroot"),
+    }
 
 
 def test_every_key_set(tmp_path: Path, token_file: Path) -> None:
@@ -71,6 +103,10 @@ def test_every_key_set(tmp_path: Path, token_file: Path) -> None:
             [haproxy]
             binary = "/usr/sbin/haproxy"
             prometheus_listen = "127.0.0.1:9101"
+            user = "www"
+            group = "nogroup"
+            chroot = "/var/empty"
+            default_listener_maxconn = 500
             """,
         )
     )
@@ -80,6 +116,47 @@ def test_every_key_set(tmp_path: Path, token_file: Path) -> None:
     assert (config.api.address.host, config.api.address.port) == ("::1", 9000)
     assert config.api.tls_key_file == Path("/etc/lbagent/tls.key")
     assert config.haproxy.prometheus_address is not None and config.haproxy.prometheus_address.port == 9101
+    options = config.haproxy_options()
+    assert (options["user"], options["group"], options["chroot"]) == ("www", "nogroup", Path("/var/empty"))
+    assert options["default_listener_maxconn"] == 500
+
+
+def test_chroot_defaults_under_the_run_dir_and_empty_turns_it_off(tmp_path: Path) -> None:
+    unix = f'[api]\nlisten = "unix:{tmp_path}/api.sock"\n'
+    config = load_config(write_config(tmp_path, f'[agent]\nrun_dir = "{tmp_path}/run"\n{unix}'))
+    assert config.haproxy_options()["chroot"] == tmp_path / "run" / "haproxy" / "chroot"
+    config = load_config(write_config(tmp_path, f'{unix}[haproxy]\nchroot = ""\nuser = ""\n'))
+    options = config.haproxy_options()
+    assert (options["user"], options["group"], options["chroot"]) == ("", "", None)
+
+
+def test_a_missing_haproxy_user_is_named_at_load(tmp_path: Path) -> None:
+    path = write_config(tmp_path, f'[api]\nlisten = "unix:{tmp_path}/api.sock"\n[haproxy]\nuser = "nosuchuser"\n')
+    with pytest.raises(ConfigError, match=r"haproxy\.user 'nosuchuser' does not exist.*useradd --system"):
+        load_config(path)
+
+
+def test_a_missing_haproxy_group_is_named_at_load(tmp_path: Path) -> None:
+    path = write_config(tmp_path, f'[api]\nlisten = "unix:{tmp_path}/api.sock"\n[haproxy]\ngroup = "nosuchgroup"\n')
+    with pytest.raises(ConfigError, match=r"haproxy\.group 'nosuchgroup' does not exist"):
+        load_config(path)
+
+
+@pytest.mark.parametrize(
+    ("line", "message"),
+    [
+        ('user = "Root Me"', r"invalid haproxy\.user .*user or group name"),
+        ('user = "-u"', r"invalid haproxy\.user"),
+        ('user = ""\ngroup = "nogroup"', r"group needs a user"),
+        ('chroot = "jail"', r"invalid haproxy\.chroot .*absolute"),
+        ("default_listener_maxconn = 0", r"invalid haproxy\.default_listener_maxconn"),
+        ("default_listener_maxconn = 1000001", r"invalid haproxy\.default_listener_maxconn"),
+    ],
+)
+def test_bad_haproxy_keys(tmp_path: Path, line: str, message: str) -> None:
+    path = write_config(tmp_path, f'[api]\nlisten = "unix:{tmp_path}/api.sock"\n[haproxy]\n{line}\n')
+    with pytest.raises(ConfigError, match=message):
+        load_config(path)
 
 
 def test_unknown_key_is_named(tmp_path: Path, token_file: Path) -> None:

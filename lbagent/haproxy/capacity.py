@@ -1,0 +1,76 @@
+"""How many connections haproxy takes: per frontend, and for the whole process.
+
+Every frontend of a listener has its own `maxconn`: the listener's
+`connection_limit`, else the configured default (the base file's `defaults`
+section), so a listener whose clients hold their connections open fills its
+own slots and no other listener's. The process's `maxconn` is the sum over all
+frontends with room for the admin ones (stats socket, Prometheus), and its
+`ulimit-n` two descriptors per connection (client and server side), one per
+listening socket and room for checks and the CLI. The load balancer files
+joined into one are the only place where every frontend is seen together, so
+the sum is read from them each time they are joined, before haproxy loads them.
+
+haproxy cannot raise its descriptor limit above the hard limit it inherits
+(without CAP_SYS_RESOURCE), so the process's figures are capped by that limit;
+past it, listeners still have their own caps but may together ask for more
+than the process has.
+"""
+
+from __future__ import annotations
+
+import re
+import resource
+from collections.abc import Iterable
+from dataclasses import dataclass
+
+# A listener without connection_limit takes at most this many connections at once.
+DEFAULT_LISTENER_MAXCONN = 10_000
+# The Prometheus frontend's own cap, and the connections the process keeps for
+# it and for the stats socket (haproxy's default of 10 per socket) beyond the listeners.
+PROMETHEUS_MAXCONN = 50
+ADMIN_CONNECTIONS = 100
+# Descriptors beyond two per connection and one per listener: health checks
+# under way, the master's socket pair, the stats socket, files opened at start.
+FD_HEADROOM = 1_000
+
+_FRONTEND = "frontend "
+_MAXCONN = re.compile(r"    maxconn ([0-9]+)\n")
+
+
+@dataclass(frozen=True)
+class Capacity:
+    """The global section's `maxconn` and `ulimit-n`; `capped` when the sum did not fit the descriptor limit."""
+
+    maxconn: int
+    ulimit_n: int
+    capped: bool = False
+
+
+def frontend_limits(text: str) -> list[int | None]:
+    """Each frontend's own `maxconn` in rendered configuration text, None where it has none."""
+    limits: list[int | None] = []
+    for line in text.splitlines(keepends=True):
+        if line.startswith(_FRONTEND):
+            limits.append(None)
+        elif limits and limits[-1] is None and (match := _MAXCONN.fullmatch(line)):
+            limits[-1] = int(match.group(1))
+    return limits
+
+
+def size(limits: Iterable[int | None], listener_default: int, fd_limit: int) -> Capacity:
+    """The process's figures for frontends with these limits (None: `listener_default`)."""
+    limits = list(limits)
+    wanted = sum(listener_default if limit is None else limit for limit in limits) + ADMIN_CONNECTIONS
+    reserved = len(limits) + FD_HEADROOM
+    fitting = max((fd_limit - reserved) // 2, ADMIN_CONNECTIONS)
+    maxconn = min(wanted, fitting)
+    return Capacity(maxconn=maxconn, ulimit_n=min(2 * maxconn + reserved, fd_limit), capped=wanted > fitting)
+
+
+def inherited_fd_limit() -> int:
+    """The hard descriptor limit haproxy inherits from this process (what it may raise its own to)."""
+    hard = resource.getrlimit(resource.RLIMIT_NOFILE)[1]
+    if hard == resource.RLIM_INFINITY:
+        with open("/proc/sys/fs/nr_open", encoding="ascii") as f:
+            return int(f.read())
+    return hard
