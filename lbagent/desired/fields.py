@@ -2,7 +2,8 @@
 
 Owns every numeric limit of the desired state (one place, below) and the
 Annotated types that lbagent.desired.model composes: ids, names, IPv4 addresses and
-prefixes, MACs, host names, URI paths, cookies, labels, PEM blocks, ports.
+prefixes, MACs, host names, URI paths, cookies, labels, PEM blocks (decoded by
+lbagent.desired.pem), ports.
 Each type raises ValueError with a message saying what is allowed; it never
 repeats the input, because only the caller knows whether the input may be
 shown (a private key may not) and how much of it.
@@ -19,6 +20,7 @@ from typing import Annotated, Any
 
 from pydantic import AfterValidator, Field, PlainValidator, Strict, WithJsonSchema
 
+from lbagent.desired import pem
 from lbagent.naming import HASH_CHARS
 
 # --- limits ---------------------------------------------------------------
@@ -444,6 +446,7 @@ def _check_certificate(value: str) -> None:
     # Certificates are written world-readable; a key pasted here would leak.
     if _ANY_KEY_RE.search(value):
         raise ValueError("must not contain a private key; put it in private_key")
+    pem.certificate_chain(value)
 
 
 def _check_private_key(value: str) -> None:
@@ -452,6 +455,7 @@ def _check_private_key(value: str) -> None:
         raise ValueError("must be an unencrypted private key (haproxy cannot ask for a passphrase)")
     if not _KEY_RE.search(value):
         raise ValueError("must contain a PEM private key (-----BEGIN PRIVATE KEY----- ... -----END PRIVATE KEY-----)")
+    pem.private_key_public_part(value)
 
 
 # The checks above as patterns: printable ASCII and line breaks only (so a
@@ -471,5 +475,22 @@ _KEY_PATTERN = (
     )
     + rf"){_PEM_CHAR}*$"
 )
-PemCertificate = text_type(_check_certificate, {"maxLength": MAX_PEM_BYTES, "pattern": _CERT_PATTERN})
-PemPrivateKey = text_type(_check_private_key, {"maxLength": MAX_PEM_BYTES, "pattern": _KEY_PATTERN, "writeOnly": True})
+# What the patterns cannot say, the descriptions do: the blocks must decode.
+PemCertificate = text_type(
+    _check_certificate,
+    {
+        "maxLength": MAX_PEM_BYTES,
+        "pattern": _CERT_PATTERN,
+        "description": "PEM; every CERTIFICATE block an X.509 certificate, the server's first",
+    },
+)
+PemPrivateKey = text_type(
+    _check_private_key,
+    {
+        "maxLength": MAX_PEM_BYTES,
+        "pattern": _KEY_PATTERN,
+        "writeOnly": True,
+        "description": f"PEM; one private key of the first certificate: RSA of at least {pem.MIN_RSA_BITS} bits "
+        f"or EC of at least {pem.MIN_EC_BITS} bits",
+    },
+)

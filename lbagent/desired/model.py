@@ -14,14 +14,16 @@ pydantic ValidationError of per-field problems through unconverted.
 from __future__ import annotations
 
 import json
+from datetime import UTC, datetime
 from functools import cached_property
 from ipaddress import IPv4Network
 from typing import Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, ValidationInfo, field_validator, model_validator
 
+from lbagent.desired import pem
 from lbagent.desired.crosschecks import Problem, check_state, own_problems
-from lbagent.desired.details import error_details
+from lbagent.desired.details import error_details, json_pointer
 from lbagent.desired.fields import (
     DEFAULT_MTU,
     DEFAULT_WEIGHT,
@@ -241,6 +243,33 @@ class Certificate(_Model):
     certificate: PemCertificate = Field(repr=False)
     private_key: PemPrivateKey = Field(repr=False)
 
+    @field_validator("private_key")
+    @classmethod
+    def check_key_matches(cls, private_key: str, info: ValidationInfo) -> str:
+        # Absent when the certificate itself was refused: that is reported already.
+        certificate = info.data.get("certificate")
+        if certificate is not None:
+            pem.check_pair(certificate, private_key)
+        return private_key
+
+    @property
+    def chain(self) -> pem.CertificateChain:
+        """The decoded certificate text (cached by lbagent.desired.pem)."""
+        return pem.certificate_chain(self.certificate)
+
+    def validity_warning(self, now: datetime) -> str | None:
+        """Why the first certificate would not be trusted at `now` (None: it is within its validity)."""
+        chain = self.chain
+        if now > chain.not_after:
+            return f"certificate expired at {_utc_text(chain.not_after)}"
+        if now < chain.not_before:
+            return f"certificate not valid before {_utc_text(chain.not_before)}"
+        return None
+
+
+def _utc_text(moment: datetime) -> str:
+    return moment.astimezone(UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
+
 
 class Rule(_Model):
     id: Id
@@ -322,6 +351,25 @@ class LoadBalancer(_Model):
         # Once per validated instance: a refresh that reuses the instance of an
         # unchanged load balancer (see lbagent.desired.parser) does not check it again.
         return own_problems(self)
+
+    def certificate_warnings(self, now: datetime) -> list[dict[str, str]]:
+        """Certificates of this load balancer that are accepted but expired or not yet
+        valid at `now`: {"path": JSON pointer below the load balancer, "message"}."""
+        warnings = []
+        for location, certificate in self._certificates():
+            message = certificate.validity_warning(now)
+            if message is not None:
+                warnings.append({"path": json_pointer((*location, "certificate")), "message": message})
+        return warnings
+
+    def _certificates(self) -> list[tuple[tuple[str | int, ...], Certificate]]:
+        found: list[tuple[tuple[str | int, ...], Certificate]] = []
+        for i, listener in enumerate(self.listeners):
+            found += [(("listeners", i, "certificates", c), cert) for c, cert in enumerate(listener.certificates)]
+            for r, rule in enumerate(listener.rules):
+                at = ("listeners", i, "rules", r, "certificates")
+                found += [((*at, c), cert) for c, cert in enumerate(rule.certificates)]
+        return found
 
     @cached_property
     def canonical_json(self) -> str:

@@ -1,0 +1,149 @@
+"""The certificates and private keys of https listeners, decoded (api.md "Certificates").
+
+Owns what the agent checks beyond their PEM form: every CERTIFICATE block
+decodes as X.509, a key is exactly one private key block that decodes and is
+strong enough (RSA of 2048 bits or more, EC of 256 bits or more), the key
+belongs to the first certificate, and when the first certificate is valid
+(an expired one is accepted, and reported in status instead).
+
+Decoding is cached by a digest of the text, never the text itself: a
+thousand load balancers share a few certificates, and a key of a load
+balancer that is gone must not stay in a cache. Errors raise ValueError with
+a message that never repeats the input.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import re
+from collections import OrderedDict
+from collections.abc import Callable
+from dataclasses import dataclass
+from datetime import datetime
+from typing import TypeVar
+
+from cryptography import x509
+from cryptography.exceptions import UnsupportedAlgorithm
+from cryptography.hazmat.primitives import serialization
+from cryptography.hazmat.primitives.asymmetric import ec, rsa
+
+MIN_RSA_BITS = 2048
+MIN_EC_BITS = 256
+CACHE_SIZE = 4096
+
+_CERT_BLOCK_RE = re.compile(r"-----BEGIN CERTIFICATE-----[A-Za-z0-9+/=\s]+-----END CERTIFICATE-----")
+_KEY_BLOCK_RE = re.compile(r"-----BEGIN ((?:RSA |EC )?PRIVATE KEY)-----[A-Za-z0-9+/=\s]+-----END \1-----")
+_ANY_KEY_BEGIN_RE = re.compile(r"-----BEGIN [A-Z ]*PRIVATE KEY-----")
+
+
+@dataclass(frozen=True)
+class CertificateChain:
+    """What the agent keeps of a decoded `certificate` text: its first certificate's
+    public key (to match the private key against) and validity."""
+
+    public_key: bytes  # DER SubjectPublicKeyInfo
+    not_before: datetime  # aware, UTC
+    not_after: datetime  # aware, UTC
+    count: int  # certificates in the chain, the first included
+
+
+T = TypeVar("T")
+
+
+class _DigestCache:
+    """A bounded map from the SHA-256 of a text to what was decoded from it."""
+
+    def __init__(self, size: int) -> None:
+        self._size = size
+        self._values: OrderedDict[bytes, object] = OrderedDict()
+
+    def get(self, text: str, decode: Callable[[str], T]) -> T:
+        digest = hashlib.sha256(text.encode()).digest()
+        if digest in self._values:
+            self._values.move_to_end(digest)
+            return self._values[digest]  # type: ignore[return-value]
+        value = decode(text)  # a refused text raises, and is never kept
+        self._values[digest] = value
+        if len(self._values) > self._size:
+            self._values.popitem(last=False)
+        return value
+
+
+_chains = _DigestCache(CACHE_SIZE)
+_keys = _DigestCache(CACHE_SIZE)
+
+
+def certificate_chain(text: str) -> CertificateChain:
+    """The decoded chain of a `certificate` text; ValueError if a block does not decode."""
+    return _chains.get(text, _decode_chain)
+
+
+def private_key_public_part(text: str) -> bytes:
+    """The public key (DER SubjectPublicKeyInfo) of a `private_key` text; ValueError
+    if it is not exactly one private key block that decodes to a strong enough key."""
+    return _keys.get(text, _decode_key)
+
+
+def check_pair(certificate: str, private_key: str) -> None:
+    """ValueError unless the key belongs to the chain's first certificate."""
+    if certificate_chain(certificate).public_key != private_key_public_part(private_key):
+        raise ValueError("does not belong to the first certificate of `certificate`")
+
+
+def _public_der(key: object) -> bytes:
+    return key.public_bytes(  # type: ignore[attr-defined]
+        serialization.Encoding.DER, serialization.PublicFormat.SubjectPublicKeyInfo
+    )
+
+
+def _decode_chain(text: str) -> CertificateChain:
+    blocks = _CERT_BLOCK_RE.findall(text)
+    if not blocks:
+        raise ValueError("must contain a PEM certificate")
+    certificates = []
+    for index, block in enumerate(blocks, start=1):
+        try:
+            certificates.append(x509.load_pem_x509_certificate(block.encode()))
+        except ValueError:
+            raise ValueError(f"must hold X.509 certificates: block {index} of {len(blocks)} does not decode") from None
+    first = certificates[0]
+    try:
+        public_key = _public_der(first.public_key())
+    except (ValueError, UnsupportedAlgorithm):
+        raise ValueError("the first certificate's public key is of a kind the agent does not know") from None
+    return CertificateChain(public_key, first.not_valid_before_utc, first.not_valid_after_utc, len(certificates))
+
+
+def _decode_key(text: str) -> bytes:
+    found = len(_ANY_KEY_BEGIN_RE.findall(text))
+    if found != 1:
+        raise ValueError(f"must hold exactly one private key block, not {found}")
+    block = _KEY_BLOCK_RE.search(text)
+    if block is None:
+        raise ValueError("must contain a PEM private key")
+    try:
+        key = serialization.load_pem_private_key(block.group(0).encode(), password=None)
+    except (ValueError, TypeError, UnsupportedAlgorithm):
+        raise ValueError("must be an unencrypted private key that decodes") from None
+    _check_strength(key)
+    return _public_der(key.public_key())
+
+
+def _check_strength(key: object) -> None:
+    if isinstance(key, rsa.RSAPrivateKey):
+        if key.key_size < MIN_RSA_BITS:
+            raise ValueError(f"must be an RSA key of at least {MIN_RSA_BITS} bits, not {key.key_size}")
+    elif isinstance(key, ec.EllipticCurvePrivateKey):
+        if key.curve.key_size < MIN_EC_BITS:
+            raise ValueError(f"must be an EC key of at least {MIN_EC_BITS} bits, not {key.curve.name}")
+    else:
+        raise ValueError(
+            f"must be an RSA key (at least {MIN_RSA_BITS} bits) or an EC key (at least {MIN_EC_BITS} bits), "
+            f"not {_kind(key)}"
+        )
+
+
+def _kind(key: object) -> str:
+    # The class names of cryptography's key types: DSAPrivateKey, Ed25519PrivateKey, ...
+    name = type(key).__name__.removeprefix("_")
+    return re.sub(r"PrivateKey$", "", name) or "this kind"
