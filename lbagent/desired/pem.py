@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import hashlib
 import re
+import threading
 from collections import OrderedDict
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -51,21 +52,27 @@ T = TypeVar("T")
 
 
 class _DigestCache:
-    """A bounded map from the SHA-256 of a text to what was decoded from it."""
+    """A bounded map from the SHA-256 of a text to what was decoded from it.
+
+    Locked: bodies are validated on the API's parsing thread while status
+    reads validity on the event loop."""
 
     def __init__(self, size: int) -> None:
         self._size = size
         self._values: OrderedDict[bytes, object] = OrderedDict()
+        self._lock = threading.Lock()
 
     def get(self, text: str, decode: Callable[[str], T]) -> T:
         digest = hashlib.sha256(text.encode()).digest()
-        if digest in self._values:
-            self._values.move_to_end(digest)
-            return self._values[digest]  # type: ignore[return-value]
+        with self._lock:
+            if digest in self._values:
+                self._values.move_to_end(digest)
+                return self._values[digest]  # type: ignore[return-value]
         value = decode(text)  # a refused text raises, and is never kept
-        self._values[digest] = value
-        if len(self._values) > self._size:
-            self._values.popitem(last=False)
+        with self._lock:
+            self._values[digest] = value
+            if len(self._values) > self._size:
+                self._values.popitem(last=False)
         return value
 
 
