@@ -168,6 +168,20 @@ def test_a_key_block_that_does_not_decode_is_refused():
     assert details == {f"{CERTS}/0/private_key": "must be an unencrypted private key that decodes"}
 
 
+def test_an_rsa_key_whose_numbers_do_not_fit_together_is_refused():
+    key = key_of("rsa2048")
+    numbers = key.private_numbers()
+    damaged = rsa.RSAPrivateNumbers(
+        numbers.p, numbers.q, numbers.d, numbers.dmp1 ^ 2, numbers.dmq1, numbers.iqmp, numbers.public_numbers
+    ).private_key(unsafe_skip_rsa_key_validation=True)
+    details = details_of(with_certificates({"certificate": cert_pem(key), "private_key": key_pem(damaged)}))
+    assert details == {
+        f"{CERTS}/0/private_key": (
+            "must be an unencrypted private key that decodes (its RSA numbers do not fit together)"
+        )
+    }
+
+
 def test_two_key_blocks_are_refused():
     good = pair("p256")
     doc = with_certificates({**good, "private_key": good["private_key"] + pair("p384")["private_key"]})
