@@ -103,3 +103,11 @@ def test_a_missing_private_dir_is_made_0700(tmp_path):
     run_dir = tmp_path / "run" / "lbagent"
     private_dir(run_dir)
     assert stat.S_IMODE(run_dir.stat().st_mode) == 0o700
+
+
+def test_an_existing_run_dir_open_to_others_is_tightened(tmp_path):
+    run_dir = tmp_path / "run"
+    run_dir.mkdir()
+    run_dir.chmod(0o755)
+    private_dir(run_dir)
+    assert stat.S_IMODE(run_dir.stat().st_mode) == 0o700
