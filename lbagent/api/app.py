@@ -6,14 +6,22 @@ completely before the agent is asked to accept it, so an invalid body changes
 nothing. Which paths need no token is read from the OpenAPI document, so the
 document and the access rules cannot disagree. Every answer is counted in
 `lbagent_api_requests_total` by route template, never by raw path.
+
+Decoding and validating a refresh body takes a CPU-second or more for a large
+host, so it runs on a thread of its own, off the event loop (which keeps
+answering /healthz and driving the load balancers), one body at a time (the
+parser remembers the last valid body). A compressed body is refused before it
+is read: it could expand past the body limit.
 """
 
 from __future__ import annotations
 
+import asyncio
 import hmac
 import json
 import logging
 import math
+from dataclasses import dataclass
 from typing import Protocol, cast
 
 from aiohttp import web
@@ -21,10 +29,12 @@ from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 
 from lbagent.api.openapi import document_bytes, open_paths
 from lbagent.api.status import StatusReporter
+from lbagent.desired.details import capped
 from lbagent.desired.model import DesiredState
-from lbagent.desired.parser import RefreshParser, decode
+from lbagent.desired.parser import DuplicateKeys, RefreshParser, decode
 from lbagent.errors import InvalidDesiredState, LbAgentError, StaleGeneration
 from lbagent.metrics import API_REQUESTS, AgentRegistry
+from lbagent.support.blocking import BlockingPool
 
 log = logging.getLogger(__name__)
 
@@ -51,6 +61,8 @@ AGENT = web.AppKey[RefreshTarget]("agent")
 REPORTER = web.AppKey[Reporter]("reporter")
 METRICS = web.AppKey("metrics", AgentRegistry)
 PARSER = web.AppKey("parser", RefreshParser)
+PARSING = web.AppKey("parsing", BlockingPool)
+IDENTITY = "identity"
 
 
 def error_response(status: int, code: str, message: str, details: list | None = None) -> web.Response:
@@ -65,6 +77,9 @@ def create_app(agent, token: str | None, max_body_bytes: int, reporter=None) -> 
     app[REPORTER] = reporter if reporter is not None else StatusReporter(agent)
     app[METRICS] = AgentRegistry(agent)
     app[PARSER] = RefreshParser()
+    # One thread: two bodies never race on the parser's memory of the last one.
+    app[PARSING] = BlockingPool("api-parse", threads=1)
+    app.on_cleanup.append(_stop_parsing)
     app.router.add_post("/v1/refresh", refresh)
     # No implicit HEAD routes: the OpenAPI document lists exactly what is served.
     app.router.add_get("/v1/status", status, allow_head=False)
@@ -74,6 +89,10 @@ def create_app(agent, token: str | None, max_body_bytes: int, reporter=None) -> 
     app.router.add_get("/readyz", readyz, allow_head=False)
     app.router.add_get("/metrics", metrics, allow_head=False)
     return app
+
+
+async def _stop_parsing(app: web.Application) -> None:
+    await asyncio.to_thread(app[PARSING].shutdown)
 
 
 def _route(request: web.Request) -> str:
@@ -119,11 +138,21 @@ def _auth(token: str | None):
         if expected is None or request.path in OPEN_PATHS:
             return await handler(request)
         scheme, _, offered = request.headers.get("Authorization", "").partition(" ")
-        if scheme.lower() != "bearer" or not hmac.compare_digest(offered.strip().encode(), expected):
+        given = _header_bytes(offered.strip())
+        if scheme.lower() != "bearer" or given is None or not hmac.compare_digest(given, expected):
             return error_response(401, "unauthorized", "missing or wrong bearer token")
         return await handler(request)
 
     return check
+
+
+def _header_bytes(value: str) -> bytes | None:
+    """A header value as the bytes that came (aiohttp keeps bytes that are not
+    UTF-8 as lone surrogates), or None when it cannot be told."""
+    try:
+        return value.encode("utf-8", "surrogateescape")
+    except UnicodeEncodeError:  # a surrogate that no byte became
+        return None
 
 
 def _wait_seconds(request: web.Request) -> float | None:
@@ -147,10 +176,54 @@ class InvalidParameter(LbAgentError):
         self.name = name
 
 
+@dataclass(frozen=True)
+class _Parsed:
+    desired: DesiredState
+    body: dict
+    text: str | None  # the body to persist verbatim, if it is UTF-8
+
+
+class BodyNotJson(LbAgentError):
+    """A refresh body that is not JSON (400 `invalid_json`); `details` as api.md's."""
+
+    def __init__(self, message: str, details: list[dict[str, str]]):
+        super().__init__(message)
+        self.details = details
+
+
+def _parse_body(parser: RefreshParser, raw: bytes) -> _Parsed:
+    """The refresh body decoded and validated (blocking: run on the PARSING thread)."""
+    try:
+        body, comparable = decode(raw)
+    except DuplicateKeys as exc:
+        details = [{"path": path, "message": "key given more than once in its object"} for path in exc.paths]
+        raise BodyNotJson(f"the body is not JSON the agent accepts: {exc}", capped(details)) from None
+    except (ValueError, RecursionError) as exc:  # UnicodeDecodeError is a ValueError
+        message = "nested too deeply" if isinstance(exc, RecursionError) else str(exc)
+        raise BodyNotJson(
+            f"the body is not JSON: {message}", [{"path": "", "message": f"not JSON: {message}"}]
+        ) from None
+    desired = parser.parse(body, comparable)
+    # The parser accepts nothing but a JSON object, so the body is a dict.
+    return _Parsed(desired, cast(dict, body), _utf8_text(raw))
+
+
+def _encodings(request: web.Request) -> list[str]:
+    """The body's content codings other than identity."""
+    codings = (
+        part.strip().lower() for value in request.headers.getall("Content-Encoding", []) for part in value.split(",")
+    )
+    return [coding for coding in codings if coding and coding != IDENTITY]
+
+
 async def refresh(request: web.Request) -> web.Response:
     agent = request.app[AGENT]
     if request.content_type != "application/json":
         return error_response(415, "unsupported_media_type", "the body must be application/json")
+    if _encodings(request):
+        return error_response(
+            415, "unsupported_media_type", "content encodings are not accepted: send the body uncompressed"
+        )
     try:
         wait = _wait_seconds(request)
     except InvalidParameter as exc:
@@ -163,19 +236,13 @@ async def refresh(request: web.Request) -> web.Response:
         )
     raw = await request.read()
     try:
-        body, comparable = decode(raw)
-    except (ValueError, RecursionError) as exc:  # UnicodeDecodeError is a ValueError
-        message = "nested too deeply" if isinstance(exc, RecursionError) else str(exc)
-        return error_response(
-            400, "invalid_json", f"the body is not JSON: {message}", [{"path": "", "message": f"not JSON: {message}"}]
-        )
-    try:
-        desired = request.app[PARSER].parse(body, comparable)
+        parsed = await request.app[PARSING].run(_parse_body, request.app[PARSER], raw)
+    except BodyNotJson as exc:
+        return error_response(400, "invalid_json", str(exc), exc.details)
     except InvalidDesiredState as exc:
         return error_response(400, "invalid_body", "the desired state is invalid; nothing was applied", exc.details)
     try:
-        # The parser accepts nothing but a JSON object, so the body is a dict.
-        generation = await agent.refresh(desired, cast(dict, body), _utf8_text(raw))
+        generation = await agent.refresh(parsed.desired, parsed.body, parsed.text)
     except StaleGeneration as exc:
         return error_response(409, "stale_generation", str(exc))
     if wait is None:

@@ -7,6 +7,12 @@ Starts the agent and the API listener, tells systemd about its lifecycle
 A unix-socket listener is bound, made mode 0600 and only then listened on,
 so there is no moment at which anyone else could connect. A TCP listener
 speaks TLS when the configuration names a certificate and key.
+
+aiohttp logs a request it cannot parse (a bad request line or header) as an
+error with a traceback and the offending text, which may hold a bearer token;
+here it is one warning line that names the kind of error and nothing the
+client sent. Bodies are never decompressed (the API refuses encoded ones), so
+none can expand past the body limit.
 """
 
 from __future__ import annotations
@@ -18,8 +24,10 @@ import signal
 import socket
 import ssl
 from pathlib import Path
+from typing import Any
 
 from aiohttp import web
+from aiohttp.http_exceptions import HttpProcessingError
 
 from lbagent.agent import Agent
 from lbagent.api.app import create_app
@@ -38,7 +46,7 @@ async def serve(config: Config) -> None:
     systemd = SystemdLink(notifier, agent.startup_reason)  # READY=1 once started: /readyz says more
     # api.md: a unix socket relies on its file mode instead of a token.
     token = None if config.api.address.is_unix else config.read_token()
-    runner = web.AppRunner(create_app(agent, token, config.api.max_body_bytes), access_log=None, handle_signals=False)
+    runner = app_runner(create_app(agent, token, config.api.max_body_bytes))
     await runner.setup()
     stop = asyncio.Event()
     loop = asyncio.get_running_loop()
@@ -58,6 +66,52 @@ async def serve(config: Config) -> None:
         await runner.cleanup()
         await agent.stop()
     log.info("action=stopped data_path=left_serving")
+
+
+class RequestErrorLog(logging.LoggerAdapter):
+    """aiohttp's server logger, with a malformed request written as one line
+    without its traceback or text."""
+
+    def exception(self, msg: object, *args: object, exc_info: Any = True, **kwargs: Any) -> None:
+        if isinstance(exc_info, HttpProcessingError):
+            _log_malformed(logging.WARNING, exc_info, args)
+        else:
+            self.logger.exception(msg, *args, exc_info=exc_info, **kwargs)
+
+    def debug(self, msg: object, *args: object, **kwargs: Any) -> None:
+        # aiohttp logs a bad method on a fresh connection (TLS or another protocol on the port) at debug.
+        error = kwargs.get("exc_info")
+        if isinstance(error, HttpProcessingError):
+            _log_malformed(logging.DEBUG, error, args)
+        else:
+            self.logger.debug(msg, *args, **kwargs)
+
+
+def _log_malformed(level: int, error: HttpProcessingError, args: tuple[object, ...]) -> None:
+    remote = args[0] if args else None  # aiohttp passes the peer's address
+    log.log(
+        level,
+        "action=api result=malformed_request remote=%s status=%s error=%s",
+        remote,
+        error.code,
+        type(error).__name__,
+    )
+
+
+def runner_options() -> dict[str, Any]:
+    """How the API application is served: no access log, no signal handlers of
+    its own (serve() has them), bodies left as they came, malformed requests
+    logged quietly."""
+    return {
+        "access_log": None,
+        "handle_signals": False,
+        "auto_decompress": False,
+        "logger": RequestErrorLog(logging.getLogger("aiohttp.server"), {}),
+    }
+
+
+def app_runner(app: web.Application) -> web.AppRunner:
+    return web.AppRunner(app, **runner_options())
 
 
 def _site(runner: web.AppRunner, config: Config) -> web.BaseSite:

@@ -2,13 +2,16 @@
 
 Turns pydantic's error locations into RFC 6901 pointers and its messages into
 the validators' own voice, and never repeats input found under a field whose
-value must not be shown (a private key).
+value must not be shown (a private key). An answer lists at most MAX_DETAILS
+problems and then says how many more it left out: a body of a million unknown
+fields must not cost a million "did you mean" guesses, nor answer with more
+text than it sent.
 """
 
 from __future__ import annotations
 
 import difflib
-from collections.abc import Iterable
+from collections.abc import Iterable, Sequence
 from typing import Any, get_args
 
 from pydantic import BaseModel, ValidationError
@@ -16,6 +19,34 @@ from pydantic import BaseModel, ValidationError
 from lbagent.desired.fields import MAX_ECHO_LEN
 
 Location = tuple[str | int, ...]
+
+MAX_DETAILS = 100
+# Longer than any path a valid body has (a label key is at most 317 characters).
+MAX_PATH_LEN = 512
+
+
+class _LeftOut(dict):
+    """The last detail of a capped list: how many problems it does not show."""
+
+
+def capped(details: Sequence[dict[str, str]], total: int | None = None) -> list[dict[str, str]]:
+    """At most MAX_DETAILS of `details`, each path at most MAX_PATH_LEN long, then one
+    detail (path "") saying how many of `total` (default: all of them) are left out.
+    A list capped already is returned as it is."""
+    if details and isinstance(details[-1], _LeftOut):
+        return list(details)
+    total = len(details) if total is None else total
+    kept = [_short_path(detail) for detail in details[:MAX_DETAILS]]
+    if total > len(kept):
+        kept.append(_LeftOut(path="", message=f"{total - len(kept)} more problems are not listed"))
+    return kept
+
+
+def _short_path(detail: dict[str, str]) -> dict[str, str]:
+    path = detail["path"]
+    if len(path) <= MAX_PATH_LEN:
+        return detail
+    return {**detail, "path": path[: MAX_PATH_LEN - 3] + "..."}
 
 
 def json_pointer(location: Iterable[str | int]) -> str:
@@ -116,9 +147,10 @@ def _detail(error: Any, root: type[BaseModel], unechoed: frozenset[str]) -> dict
 
 
 def error_details(exc: ValidationError, root: type[BaseModel], unechoed: frozenset[str]) -> list[dict[str, str]]:
-    """api.md error details for a failed validation of `root`.
+    """api.md error details for a failed validation of `root`, capped (see `capped`).
 
     Paths are JSON pointers; input found under a field named in `unechoed` is
     never repeated in a message.
     """
-    return [_detail(error, root, unechoed) for error in exc.errors(include_url=False)]
+    errors = exc.errors(include_url=False)
+    return capped([_detail(error, root, unechoed) for error in errors[:MAX_DETAILS]], total=len(errors))

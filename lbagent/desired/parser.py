@@ -20,6 +20,13 @@ the standard encoder), which writes NaN and the infinities as `null`: `decode`
 says whether a body holds any (the standard decoder accepts them), and such a
 body is validated whole. Integers beyond 64 bits and strings with lone
 surrogates, which orjson does not encode, are never reused either.
+
+`decode` refuses a key that appears twice in one object: the standard decoder
+keeps the last, so the same text could mean one thing to the agent and
+another to whoever wrote or reviewed it. The parser also refuses a state that
+expands to more haproxy servers than the budget allows
+(lbagent.desired.budget), and caps the details of every refusal
+(lbagent.desired.details.capped).
 """
 
 from __future__ import annotations
@@ -30,7 +37,10 @@ import math
 import orjson
 from pydantic import BaseModel
 
+from lbagent.desired.budget import budget_problems
+from lbagent.desired.details import capped, json_pointer
 from lbagent.desired.model import DesiredState, parse_desired_state
+from lbagent.errors import InvalidDesiredState
 
 # The lists whose entries are reused, each keyed by its entries' "id".
 REUSED_LISTS = ("loadbalancers", "subnets", "pods")
@@ -43,9 +53,16 @@ class RefreshParser:
 
     def parse(self, body: object, comparable: bool = True) -> DesiredState:
         """`parse_desired_state(body)`, reusing the models of unchanged entries;
-        `comparable=False` (see `decode`) validates every entry."""
+        `comparable=False` (see `decode`) validates every entry. A valid state
+        over the server budget is refused too; details are capped."""
+        try:
+            return self._parse(body, comparable)
+        except InvalidDesiredState as exc:
+            raise InvalidDesiredState(capped(exc.details)) from None
+
+    def _parse(self, body: object, comparable: bool) -> DesiredState:
         if not isinstance(body, dict) or not comparable:
-            return parse_desired_state(body)
+            return _within_budget(parse_desired_state(body))
         texts: dict[str, list[bytes | None]] = {}
         reusing = dict(body)
         for name in REUSED_LISTS:
@@ -53,7 +70,7 @@ class RefreshParser:
             if isinstance(entries, list):
                 texts[name] = [_text(entry) for entry in entries]
                 reusing[name] = [self._model_for(name, entry, text) for entry, text in zip(entries, texts[name])]
-        state = parse_desired_state(reusing)
+        state = _within_budget(parse_desired_state(reusing))
         # Only the last valid body's entries: the memory never outgrows one state.
         self._known = {
             name: {
@@ -73,9 +90,62 @@ class RefreshParser:
         return entry
 
 
+def _within_budget(state: DesiredState) -> DesiredState:
+    problems = budget_problems(state)
+    if problems:
+        raise InvalidDesiredState(problems)
+    return state
+
+
+class DuplicateKeys(ValueError):
+    """A JSON text with a key that appears twice in one object; `paths` are the
+    JSON pointers of every such key, in the order of the text."""
+
+    def __init__(self, paths: list[str]) -> None:
+        super().__init__(f"key {paths[0] or '/'} appears more than once in its object")
+        self.paths = paths
+
+
+class _Repeated(Exception):
+    """Raised by the decoder's object hook at the first repeated key."""
+
+
+def _unique_object(pairs: list[tuple[str, object]]) -> dict[str, object]:
+    obj = dict(pairs)
+    if len(obj) != len(pairs):
+        raise _Repeated
+    return obj
+
+
+class _Pairs(list):
+    """A decoded object as its (key, value) pairs, repeats kept."""
+
+
+def _repeated_key_paths(raw: bytes) -> list[str]:
+    """The pointers of every repeated key of a text known to be JSON (iterative:
+    the text nests as deep as the decoder allows, deeper than Python recursion)."""
+    found = []
+    pending: list[tuple[tuple[str | int, ...], object]] = [((), json.loads(raw, object_pairs_hook=_Pairs))]
+    while pending:
+        location, node = pending.pop()
+        children: list[tuple[tuple[str | int, ...], object]] = []
+        if isinstance(node, _Pairs):
+            seen: set[str] = set()
+            for key, value in node:
+                if key in seen:
+                    found.append(json_pointer((*location, key)))
+                seen.add(key)
+                children.append(((*location, key), value))
+        elif isinstance(node, list):
+            children = [((*location, index), value) for index, value in enumerate(node)]
+        pending.extend(reversed(children))
+    return found
+
+
 def decode(raw: bytes) -> tuple[object, bool]:
     """`json.loads(raw)` (its errors included), and whether every number in it is
-    finite, which makes its entries' texts comparable (see the module docstring)."""
+    finite, which makes its entries' texts comparable (see the module docstring).
+    A key repeated within one object raises DuplicateKeys."""
     finite = True
 
     def number(text: str) -> float:
@@ -89,7 +159,11 @@ def decode(raw: bytes) -> tuple[object, bool]:
         finite = False
         return float(name)  # "NaN", "Infinity", "-Infinity", as json.loads gives them
 
-    return json.loads(raw, parse_float=number, parse_constant=constant), finite
+    try:
+        body = json.loads(raw, parse_float=number, parse_constant=constant, object_pairs_hook=_unique_object)
+    except _Repeated:
+        raise DuplicateKeys(_repeated_key_paths(raw)) from None
+    return body, finite
 
 
 def _text(entry: object) -> bytes | None:

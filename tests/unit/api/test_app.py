@@ -1,10 +1,18 @@
 """The HTTP layer alone, with a fake agent: status codes, error bodies, auth, metrics."""
 
+import asyncio
+import copy
+import gzip
 import json
+import threading
 
 import pytest
+from aiohttp.test_utils import TestClient, TestServer
 
-from lbagent.api.app import _utf8_text
+from lbagent.api.app import PARSER, PARSING, _utf8_text, create_app
+from lbagent.api.server import runner_options
+from lbagent.desired.model import parse_desired_state
+from tests.unit.fakes import FakeAgent
 from tests.unit.samples import AUTH, EXAMPLE, TOKEN
 
 
@@ -143,3 +151,174 @@ async def test_the_body_text_to_persist_is_utf8_only(client):
     # in every field today; the text is not persisted verbatim either way).
     assert _utf8_text(b'{"name": "\xed\xa0\x80"}') is None
     assert _utf8_text('{"name": "caf\u00e9"}'.encode()) == '{"name": "caf\u00e9"}'
+
+
+# --- hostile bodies ----------------------------------------------------------------
+
+
+class BlockingParser:
+    """A parser whose parse blocks its thread until released, and which counts
+    how many parses run at once."""
+
+    def __init__(self):
+        self.release = threading.Event()
+        self.entered = threading.Event()
+        self.finished = threading.Event()
+        self.running = 0
+        self.most_at_once = 0
+        self._lock = threading.Lock()
+
+    def parse(self, body, comparable=True):
+        with self._lock:
+            self.running += 1
+            self.most_at_once = max(self.most_at_once, self.running)
+        self.entered.set()
+        # Bounded: on the event loop this blocks it, and the test fails instead of hanging.
+        self.release.wait(timeout=5)
+        with self._lock:
+            self.running -= 1
+        self.finished.set()
+        return parse_desired_state(body)
+
+
+@pytest.fixture
+async def slow_client():
+    agent = FakeAgent()
+    app = create_app(agent, TOKEN, max_body_bytes=64 * 1024, reporter=agent)
+    app[PARSER] = parser = BlockingParser()
+    client = TestClient(TestServer(app))
+    await client.start_server()
+    client.agent, client.parser = agent, parser
+    yield client
+    parser.release.set()
+    await client.close()
+
+
+async def test_healthz_answers_while_a_body_is_parsed(slow_client):
+    parser = slow_client.parser
+    posting = asyncio.create_task(slow_client.post("/v1/refresh", json=EXAMPLE, headers=AUTH))
+    assert await asyncio.to_thread(parser.entered.wait, 10)
+    health = await slow_client.get("/healthz")
+    # Answered before the parse was let go: the parse does not hold the event loop.
+    assert health.status == 200 and not parser.finished.is_set()
+    parser.release.set()
+    assert (await posting).status == 202
+
+
+async def test_two_bodies_are_never_parsed_at_once(slow_client, monkeypatch):
+    parser, pool = slow_client.parser, slow_client.app[PARSING]
+    submitted: asyncio.Queue = asyncio.Queue()
+    run = pool.run
+
+    async def counted_run(*args):
+        submitted.put_nowait(None)
+        return await run(*args)
+
+    monkeypatch.setattr(pool, "run", counted_run)
+    first = asyncio.create_task(slow_client.post("/v1/refresh", json=EXAMPLE, headers=AUTH))
+    second = asyncio.create_task(slow_client.post("/v1/refresh", json={**EXAMPLE, "generation": 8}, headers=AUTH))
+    for _ in range(2):
+        await asyncio.wait_for(submitted.get(), 10)
+    assert await asyncio.to_thread(parser.entered.wait, 10)
+    parser.release.set()
+    assert sorted([(await first).status, (await second).status]) == [202, 202]
+    assert parser.most_at_once == 1
+
+
+@pytest.fixture
+async def served():
+    """A client of the application served as `lbagent run` serves it, with the default body limit."""
+    agent = FakeAgent()
+    app = create_app(agent, TOKEN, max_body_bytes=16 * 1024 * 1024, reporter=agent)
+    server = TestServer(app)
+    await server.start_server(**runner_options())
+    client = TestClient(server)
+    await client.start_server()
+    client.agent = agent
+    yield client
+    await client.close()
+
+
+async def test_a_body_of_many_unknown_fields_gets_a_short_answer(served):
+    body = json.dumps({"generation": 1, **{f"generatoin{i}": 1 for i in range(200_000)}}).encode()
+    resp = await served.post("/v1/refresh", data=body, headers={**AUTH, "Content-Type": "application/json"})
+    answer = await resp.read()
+    assert resp.status == 400 and json.loads(answer)["error"] == "invalid_body"
+    details = json.loads(answer)["details"]
+    assert len(details) == 101 and len(answer) < 16 * 1024
+    assert details[0] == {"path": "/generatoin0", "message": "unknown field; did you mean 'generation'?"}
+    assert details[-1] == {"path": "", "message": "199900 more problems are not listed"}
+    assert served.agent.accepted == []
+
+
+@pytest.mark.parametrize(
+    "text, paths",
+    [
+        ('{"generation": 1, "generation": 2}', ["/generation"]),
+        ('{"generation": 1, "subnets": [{"id": "a", "id": "b"}]}', ["/subnets/0/id"]),
+    ],
+)
+async def test_a_key_given_twice_is_invalid_json_at_its_path(client, text, paths):
+    resp = await client.post("/v1/refresh", data=text, headers={**AUTH, "Content-Type": "application/json"})
+    answer = await resp.json()
+    assert resp.status == 400 and answer["error"] == "invalid_json"
+    assert [d["path"] for d in answer["details"]] == paths
+    assert answer["details"][0]["message"] == "key given more than once in its object"
+    assert client.agent.accepted == []
+
+
+async def test_a_body_over_the_server_budget_is_refused_at_its_load_balancer(client):
+    lb = copy.deepcopy(EXAMPLE["loadbalancers"][0])
+    lb["listeners"] = [
+        {
+            "id": "lsn-1",
+            "listener_type": "http",
+            "listener_port": 80,
+            "backend_group_id": "bg-1",
+            # Every rule is a haproxy backend of its own, with every member of its group.
+            "rules": [{"id": f"r{k}", "path": f"/p{k}", "backend_group_id": "bg-1"} for k in range(16)],
+        }
+    ]
+    lb["backend_groups"] = [
+        {"id": "bg-1", "backends": [{"id": f"be-{k}", "address": "198.18.0.21", "port": 1000 + k} for k in range(256)]}
+    ]
+    resp = await client.post("/v1/refresh", json={**EXAMPLE, "loadbalancers": [lb]}, headers=AUTH)
+    answer = await resp.json()
+    assert resp.status == 400 and answer["error"] == "invalid_body"
+    assert [d["path"] for d in answer["details"]] == ["/loadbalancers/0"]
+    assert "needs 4352 haproxy servers, more than the 4096" in answer["details"][0]["message"]
+    assert client.agent.accepted == []
+
+
+@pytest.mark.parametrize("encoding", ["gzip", "deflate", "br", "identity, gzip", "x-anything"])
+async def test_a_compressed_body_is_refused_unread(served, encoding):
+    body = gzip.compress(json.dumps(EXAMPLE).encode())
+    headers = {**AUTH, "Content-Type": "application/json", "Content-Encoding": encoding}
+    resp = await served.post("/v1/refresh", data=body, headers=headers)
+    answer = await resp.json()
+    assert resp.status == 415 and answer["error"] == "unsupported_media_type"
+    assert "encodings are not accepted" in answer["message"]
+    assert served.agent.accepted == []
+
+
+async def test_an_identity_encoding_is_no_encoding(client):
+    headers = {**AUTH, "Content-Type": "application/json", "Content-Encoding": "identity"}
+    assert (await client.post("/v1/refresh", data=json.dumps(EXAMPLE), headers=headers)).status == 202
+
+
+async def raw_request(client, request: bytes) -> bytes:
+    reader, writer = await asyncio.open_connection(client.server.host, client.server.port)
+    try:
+        writer.write(request)
+        await writer.drain()
+        return await asyncio.wait_for(reader.readuntil(b"\r\n\r\n"), 10)
+    finally:
+        writer.close()
+
+
+@pytest.mark.parametrize("token", [b"tok\xff\xfeen", b"t\xc3\xa9st", TOKEN.encode() + b"\xc3\xa9", b"\xed\xa0\x80"])
+async def test_a_token_that_is_not_ascii_is_unauthorized(client, token):
+    head = await raw_request(
+        client, b"GET /v1/status HTTP/1.1\r\nHost: x\r\nAuthorization: Bearer " + token + b"\r\n\r\n"
+    )
+    assert head.startswith(b"HTTP/1.1 401 ")

@@ -8,8 +8,9 @@ import json
 
 import pytest
 
+from lbagent.desired.details import MAX_DETAILS, MAX_PATH_LEN
 from lbagent.desired.model import parse_desired_state
-from lbagent.desired.parser import RefreshParser, decode
+from lbagent.desired.parser import DuplicateKeys, RefreshParser, decode
 from lbagent.errors import InvalidDesiredState
 from tests.unit.samples import EXAMPLE
 
@@ -169,3 +170,63 @@ def test_decode_answers_as_json_loads_does():
     assert decode(b'{"a": [1, 2.5, true, null]}') == ({"a": [1, 2.5, True, None]}, True)
     with pytest.raises(json.JSONDecodeError):
         decode(b'{"a": ')
+
+
+@pytest.mark.parametrize(
+    "text, paths",
+    [
+        (b'{"generation": 1, "generation": 2}', ["/generation"]),
+        (b'{"a": [{"x": 1}, {"x": 1, "y/~": 2, "x": 3, "y/~": 4}], "a": 0}', ["/a", "/a/1/x", "/a/1/y~1~0"]),
+        (b'[[{"k": 1, "k": 1}]]', ["/0/0/k"]),
+    ],
+)
+def test_a_key_given_twice_in_one_object_is_refused_at_its_path(text, paths):
+    with pytest.raises(DuplicateKeys) as exc:
+        decode(text)
+    assert exc.value.paths == paths
+    assert isinstance(exc.value, ValueError)  # a decoding error, as json.loads raises
+
+
+def test_the_same_key_in_different_objects_is_no_repeat():
+    assert decode(b'{"a": {"id": 1}, "b": {"id": 2}, "id": [{"id": 3}]}') == (
+        {"a": {"id": 1}, "b": {"id": 2}, "id": [{"id": 3}]},
+        True,
+    )
+
+
+def test_a_repeat_deeper_than_python_recursion_is_still_found():
+    depth = 900  # within the decoder's limit, beyond what a recursive walk would manage with pytest's frames
+    text = b'{"a": ' * depth + b'{"k": 1, "k": 2}' + b"}" * depth
+    with pytest.raises(DuplicateKeys) as exc:
+        decode(text)
+    assert exc.value.paths == ["/a" * depth + "/k"]
+
+
+def test_details_are_capped_at_a_hundred_and_say_how_many_more_there_were():
+    parser = RefreshParser()
+    with pytest.raises(InvalidDesiredState) as exc:
+        parser.parse({"generation": 1, **{f"extra{i}": 1 for i in range(250)}})
+    assert len(details(exc)) == MAX_DETAILS + 1
+    assert details(exc)[:2] == [
+        {"path": "/extra0", "message": "unknown field"},
+        {"path": "/extra1", "message": "unknown field"},
+    ]
+    assert details(exc)[-1] == {"path": "", "message": "150 more problems are not listed"}
+
+
+def test_problems_across_objects_are_capped_too():
+    many = [lb(1, ip="198.18.0.99") for _ in range(120)]  # one id and one address, 120 times
+    for index, entry in enumerate(many):
+        entry["network"]["mac"] = f"00:22:0a:00:01:{index:02x}"
+    with pytest.raises(InvalidDesiredState) as exc:
+        RefreshParser().parse(state(1, *many))
+    assert len(details(exc)) == MAX_DETAILS + 1
+    assert details(exc)[-1]["message"].endswith("more problems are not listed")
+
+
+def test_a_path_longer_than_any_valid_one_is_cut():
+    key = "k" * 100_000
+    with pytest.raises(InvalidDesiredState) as exc:
+        RefreshParser().parse({"generation": 1, key: 1})
+    [detail] = details(exc)
+    assert len(detail["path"]) == MAX_PATH_LEN and detail["path"].endswith("...")
