@@ -20,6 +20,8 @@ from pydantic.json_schema import models_json_schema
 
 from lbagent import __version__
 from lbagent.api.responses import ANSWERS
+from lbagent.desired.budget import MAX_SERVERS_PER_HOST, MAX_SERVERS_PER_LB
+from lbagent.desired.details import MAX_DETAILS
 from lbagent.desired.listener_types import KINDS, OPTION_TYPES
 from lbagent.desired.model import json_schema
 
@@ -64,12 +66,15 @@ PATHS: dict[str, dict[str, dict]] = {
                 "200": _json("with wait: every load balancer settled; per-load-balancer results", "Results"),
                 "202": _json("accepted and persisted", "Accepted"),
                 "400": _error(
-                    "not JSON, an invalid body (every problem with its JSON path) or a bad `wait`; nothing was applied"
+                    "not JSON (or a key repeated in one object), an invalid body (every problem with its JSON path, "
+                    f"at most {MAX_DETAILS} and then one saying how many more) or a bad `wait`; nothing was applied"
                 ),
                 "401": UNAUTHORIZED,
                 "409": _error("a generation lower than the one already accepted"),
                 "413": _error("body over the configured limit"),
-                "415": _error("not application/json"),
+                "415": _error(
+                    "not application/json, or a Content-Encoding other than identity: bodies are accepted uncompressed"
+                ),
                 "500": INTERNAL,
                 "504": _json("with wait: time ran out before every load balancer settled", "Results"),
             },
@@ -172,7 +177,10 @@ BEYOND_THE_SCHEMA = (
     "backend_group_id naming no backend group of its load balancer; a gateway, route next hop or load balancer "
     "address outside its subnet, a gateway or load balancer address that is the subnet's network or broadcast "
     "address, and a load balancer address equal to the subnet's gateway. Integers must be written as integers: "
-    "JSON Schema counts 1.0 as the integer 1, the agent refuses it."
+    "JSON Schema counts 1.0 as the integer 1, the agent refuses it. "
+    f"A body is also refused when a load balancer needs more than {MAX_SERVERS_PER_LB} haproxy servers, or all of "
+    f"them together more than {MAX_SERVERS_PER_HOST}: every listener and every rule that routes to a backend group "
+    "needs one server per member of that group (its backends and the ready pods its selector takes)."
 )
 
 

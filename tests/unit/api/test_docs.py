@@ -21,6 +21,8 @@ from urllib.parse import unquote
 import pytest
 
 from lbagent.api.openapi import document
+from lbagent.desired.budget import MAX_SERVERS_PER_HOST, MAX_SERVERS_PER_LB
+from lbagent.desired.details import MAX_DETAILS, MAX_PATH_LEN
 
 REPO = Path(__file__).resolve().parents[3]
 API_DOC = REPO / "docs" / "api.md"
@@ -225,6 +227,16 @@ def test_api_md_lists_every_desired_state_field_and_no_other():
         "the fields of the desired state (POST /v1/refresh)", request_fields(document()), set(documented), str
     )
     assert not problem, problem
+
+
+def test_api_md_states_the_server_budget_and_the_cap_on_details_the_code_applies():
+    text = API_DOC.read_text()
+    rules = text[text.index("### Rules across objects") :]
+    assert f"more than {MAX_SERVERS_PER_LB} for one load" in rules
+    assert f"more than {MAX_SERVERS_PER_HOST} for" in rules
+    errors = text[text.index("## Errors") : text.index("## Desired state")]
+    assert f"at most {MAX_DETAILS} details" in errors
+    assert f"longer than {MAX_PATH_LEN} characters" in errors
 
 
 # --- links ----------------------------------------------------------------------------------

@@ -62,7 +62,8 @@ CROSS_FIELD = re.compile(
     r"|.* is already used at /"
     r"|must lie inside the subnet "
     r"|must not be the network or broadcast address of "
-    r"|must not be the subnet's gateway)"
+    r"|must not be the subnet's gateway"
+    r"|(the load balancers )?needs? [0-9]+ haproxy servers, more than the )"  # the server budget
 )
 # JSON Schema counts 1.0 as an integer; the agent wants integers written as such.
 INTEGER_WITH_FRACTION = re.compile(r"must be (a JSON integer|a port number .*) \(got -?[0-9]+\.0\)$")
