@@ -50,13 +50,12 @@ def tls_config(
     key_of: str | None = None,
     extra_listeners: tuple[dict, ...] = (),
 ) -> HaproxyConfig:
-    """An https listener serving a certificate per name; `key_of` pairs the first with another name's key."""
-    certs = []
-    for index, name in enumerate(names):
-        cert, key = certificate(name)
-        if index == 0 and key_of:
-            key = certificate(key_of)[1]
-        certs.append({"id": f"c{index}", "certificate": cert, "private_key": key})
+    """An https listener serving a certificate per name; `key_of` pairs the first with another name's key
+    (in its file only: the desired state refuses such a pair, so only haproxy's own check sees it)."""
+    certs = [
+        {"id": f"c{index}", **dict(zip(("certificate", "private_key"), certificate(name)))}
+        for index, name in enumerate(names)
+    ]
     listener = {
         "id": "tls",
         "listener_type": "https",
@@ -64,7 +63,12 @@ def tls_config(
         "backend_group_id": "g",
         "certificates": certs,
     }
-    return lb_config(lb_id, [listener, *extra_listeners], backend_port)
+    config = lb_config(lb_id, [listener, *extra_listeners], backend_port)
+    if key_of is None:
+        return config
+    first = min(config.files)
+    pem = (certificate(names[0])[0].strip() + "\n" + certificate(key_of)[1].strip() + "\n").encode()
+    return HaproxyConfig(config.text, {**config.files, first: pem})
 
 
 async def served_name(port: int, sni: str | None = None) -> str:

@@ -127,7 +127,13 @@ FEATURES = {
             },
         ),
         http("scheme", 81, redirect={"code": 301, "scheme": "https"}),
-        http("path", 82, redirect={"code": 307, "path": "/elsewhere"}),
+        # A rule takes /elsewhere: the listener's redirect there does not loop.
+        http(
+            "path",
+            82,
+            redirect={"code": 307, "path": "/elsewhere"},
+            rules=[{"id": "there", "path": "/elsewhere", "backend_group_id": "bg-api"}],
+        ),
     ),
     # SNI over several certificates (one carried by a rule), HTTP/2, each cipher policy,
     # TLS and the PROXY protocol towards the backends.
@@ -516,7 +522,7 @@ def flag_id_lb(http_port, https_port):
             "listener_type": "https",
             "listener_port": https_port,
             "backend_group_id": "-d",
-            "sticky_session": {"type": "insert", "cookie": "S"},
+            "sticky_session": {"type": "insert", "cookie": "-u"},
             "certificates": [{"id": "-u", **certificate("one.example.com")}],
             "rules": [
                 {
