@@ -1,6 +1,7 @@
 """haproxy's workers as an unprivileged user in an empty chroot, with a real haproxy: the master
 stays root and keeps loading certificates, reloading and answering its CLI."""
 
+import asyncio
 import os
 import pwd
 import socket
@@ -9,10 +10,11 @@ from pathlib import Path
 
 import pytest
 
+from lbagent.desired.members import Member
 from lbagent.haproxy.manager import HaproxyManager
-from lbagent.haproxy.render import render_base
+from lbagent.haproxy.render import render_base, render_config
 from lbagent.haproxy.settings import Privileges
-from tests.unit.samples import HAPROXY, WAIT, certificate, echo_through, free_port, lb_config
+from tests.unit.samples import HAPROXY, WAIT, certificate, echo_through, free_port, lb_config, only_loadbalancer
 
 USER = "lbagent-haproxy"  # made by `make deps`
 
@@ -113,3 +115,36 @@ async def test_remove_files_takes_the_jail_too(jailed):
     await manager.stop()
     manager.remove_files()
     assert not manager.paths.root.exists()
+
+
+def one_server(key: str, mapped_port: int, port: int) -> str:
+    """lb-a's file: one tcp listener on `port` whose group has the one member `key` on 127.0.0.1:mapped_port."""
+    listener = {"id": "plain", "listener_type": "tcp", "listener_port": port, "backend_group_id": "g"}
+    lb = only_loadbalancer(
+        "lb-a", [listener], [{"id": "g", "backends": [{"id": key, "address": "198.18.0.21", "port": 80}]}]
+    )
+    members = {"g": [Member(key, "198.18.0.21", 80, 1, "off", False, mapped_port)]}
+    return render_config(lb, "127.0.0.1", members, inner="127.0.0.1").text
+
+
+async def test_the_master_cli_still_edits_the_jailed_worker(jailed, echo_port):
+    manager, _ = jailed
+    port = free_port()
+    assert await manager.apply("lb-a", one_server("a", echo_port, port))
+    reloads = manager.status()["reloads"]
+
+    async def echo(reader, writer):
+        writer.write(await reader.readline())
+        await writer.drain()
+        writer.close()
+
+    other = await asyncio.start_server(echo, "127.0.0.1", 0)
+    try:
+        # The member is replaced: a live edit through the master CLI, no reload.
+        assert await manager.apply("lb-a", one_server("b", other.sockets[0].getsockname()[1], port))
+        status = manager.status()
+        assert (status["reloads"], status["live_updates"]) == (reloads, 1)
+        assert await echo_through(port)
+    finally:
+        other.close()
+        await other.wait_closed()
