@@ -16,6 +16,9 @@ with a thousand load balancers, ports turned over as fast as OVSDB answered
 made a few hundred transactions, each a reconfiguration of a bridge growing
 to a thousand ports, and ovs-vswitchd took the CPU the passes needed. The
 last ports of a burst, or a port on its own, go at once.
+
+Removals go together the same way: a refresh that dropped 2,500 load
+balancers made 2,500 transactions, each a reconfiguration of the bridge.
 """
 
 from __future__ import annotations
@@ -49,6 +52,9 @@ class BridgePorts:
         self._turns = Coalescer(
             "ovsdb-ports", self._converge_together, self._converge_alone, OvsdbError, MAX_PORTS, gather=self._gather
         )
+        self._removals = Coalescer(
+            "ovsdb-port-removals", self._delete_together, self._delete_alone, OvsdbError, MAX_PORTS
+        )
 
     async def converge(self, name: str, external_ids: dict[str, str], reattach: bool = False) -> PortState | None:
         """`OvsClient.converge_ports` for one port, in a turn shared with others."""
@@ -56,6 +62,22 @@ class BridgePorts:
             return await self._turns.submit(PortWant(name, external_ids, reattach))
         except _Unanswered as unanswered:
             raise unanswered.error from unanswered.error.__cause__
+
+    async def delete(self, name: str) -> bool:
+        """`OvsClient.delete_port`, in a turn shared with other removals; True if it was there."""
+        try:
+            return await self._removals.submit(name)
+        except _Unanswered as unanswered:
+            raise unanswered.error from unanswered.error.__cause__
+
+    async def _delete_together(self, names: list[str]) -> list[bool]:
+        try:
+            return await self._pool.run(self._ovs.delete_ports, names)
+        except OvsdbUnavailable as exc:
+            raise _Unanswered(exc) from None
+
+    async def _delete_alone(self, name: str) -> bool:
+        return (await self._delete_together([name]))[0]
 
     async def _gather(self, wants: list[PortWant]) -> None:
         if self._building is not None and any(want.reattach for want in wants):

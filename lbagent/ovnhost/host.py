@@ -31,11 +31,13 @@ from lbagent.ovnhost.nat import NatRule
 from lbagent.ovnhost.netns import NamespaceExecutor, NamespaceMarks, list_netns, netns_exists, netns_path
 from lbagent.ovnhost.ovs import OvsClient
 from lbagent.support.blocking import BlockingPool
+from lbagent.support.coalesce import Coalescer
 from lbagent.support.waits import InFlight
 
 log = logging.getLogger(__name__)
 
 NETDEV = "netdev"
+MAX_RULE_REMOVALS = 1000  # reply rules removed after one read of the host's rules
 
 
 @dataclass(frozen=True)
@@ -62,6 +64,11 @@ class OvnHost:
         self.ovsdb = BlockingPool("ovsdb", 1)
         self._building = InFlight()  # passes about to add their port: new ports wait a little for theirs
         self._ports = BridgePorts(ovs, self.ovsdb, self._building)
+        # Each removal reads every reply rule of the host: removals that arrive
+        # together share one read (2,500 of them one by one took minutes).
+        self._rule_removals = Coalescer(
+            "reply-rule-removals", self._delete_rules, self._delete_rule, NetlinkError, MAX_RULE_REMOVALS
+        )
         self._nat_states: dict[str, str] = {}  # lb id -> what its last pass left in its nat table
         self._reattach: set[str] = set()  # lb ids whose OVN-side veth is newer than their OVS port
         self._host_fd = os.open("/proc/self/ns/net", os.O_RDONLY | os.O_CLOEXEC)
@@ -201,9 +208,9 @@ class OvnHost:
         elif kind == "links":
             await self._namespaces.run(None, links.delete_link, name)
         elif kind == "ovs_ports":
-            await self.ovsdb.run(self._ovs.delete_port, name)
+            await self._ports.delete(name)
         elif kind == "reply_rules":
-            await self._namespaces.run(None, links.delete_reply_rules, {name})
+            await self._rule_removals.submit(name)
         else:
             raise ValueError(f"unknown kind of object {kind!r}")
 
@@ -212,13 +219,20 @@ class OvnHost:
         (Each counted write logs its own line; the namespace is not counted.)"""
         self._nat_states.pop(lb_id, None)
         self._reattach.discard(lb_id)
-        await self._namespaces.run(None, links.delete_reply_rules, {outer})
-        await self.ovsdb.run(self._ovs.delete_port, names.ovn_host)
+        await self._rule_removals.submit(outer)
+        await self._ports.delete(names.ovn_host)
         await self._namespaces.run(None, links.delete_host_links, names)
         if os.path.exists(netns_path(netns)):  # mounted or a stale file: both go
             await self._namespaces.delete(netns)
             log.info("action=delete object=netns lb=%s netns=%s", lb_id, netns)
         self.netns_marks.unmark(netns)
+
+    async def _delete_rules(self, outers: list[str]) -> list[bool]:
+        deleted = set(await self._namespaces.run(None, links.delete_reply_rules, set(outers)))
+        return [outer in deleted for outer in outers]
+
+    async def _delete_rule(self, outer: str) -> bool:
+        return (await self._delete_rules([outer]))[0]
 
 
 def _read_address(name: str) -> str:

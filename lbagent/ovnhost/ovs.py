@@ -261,12 +261,18 @@ class OvsClient(ProviderBridgeCommands):
         return (f"add port {name}" if on_bridge != self.bridge else f"set external_ids of {name}"), commands
 
     def delete_port(self, name: str, wait_for_vswitchd: bool = False) -> bool:
-        if self.observe_port(name) is None:
-            return False
-        self._transact(
-            f"delete port {name}", self.api.del_port(name, if_exists=True), wait_for_vswitchd=wait_for_vswitchd
-        )
-        return True
+        return self.delete_ports([name], wait_for_vswitchd)[0]
+
+    def delete_ports(self, names: list[str], wait_for_vswitchd: bool = False) -> list[bool]:
+        """Delete those of these ports that exist, in one transaction (each one
+        is a reconfiguration of the whole bridge); True for each that did."""
+        present = [self.observe_port(name) is not None for name in names]
+        doomed = [name for name, there in zip(names, present) if there]
+        if doomed:
+            what = f"delete port {doomed[0]}" if len(doomed) == 1 else f"delete {len(doomed)} ports"
+            commands = [self.api.del_port(name, if_exists=True) for name in doomed]
+            self._transact(what, *commands, wait_for_vswitchd=wait_for_vswitchd)
+        return present
 
     def _transact(self, what: str, *commands, wait_for_vswitchd: bool = False, count: bool = True) -> None:
         try:
