@@ -12,6 +12,8 @@ from __future__ import annotations
 
 import asyncio
 import os
+from collections.abc import Callable
+from typing import TypeVar
 
 from lbagent.config import Config
 from lbagent.haproxy.manager import HaproxyManager
@@ -19,9 +21,15 @@ from lbagent.naming import InterfaceNames, interface_names, names_from_interface
 from lbagent.ovnhost import links
 from lbagent.ovnhost.bridges import ProviderBridges, bridge_name
 from lbagent.ovnhost.inventory import owner_value
-from lbagent.ovnhost.netns import NamespaceMarks, delete_netns, netns_exists, netns_path
+from lbagent.ovnhost.netns import NamespaceMarks, delete_netns, netns_path
 from lbagent.ovnhost.ovs import OvsClient
 from lbagent.state import StateFileError, StateStore
+
+# Namespaces are deleted a few at a time: each is an unmount and an unlink,
+# and the kernel frees the network namespace behind them on its own.
+CLEANUP_THREADS = 8
+PORTS_PER_TRANSACTION = 500
+T = TypeVar("T")
 
 
 async def cleanup_host(config: Config) -> list[str]:
@@ -46,31 +54,23 @@ async def cleanup_host(config: Config) -> list[str]:
         for network in await asyncio.to_thread(bridges.owned_networks):
             await asyncio.to_thread(bridges.remove, network)
             report.append(f"removed provider bridge {bridge_name(network)} (its interface got its addresses back)")
-        for port, lb_id in (await asyncio.to_thread(ovs.owned_ports)).items():
+        ports = await asyncio.to_thread(ovs.owned_ports)
+        for port, lb_id in ports.items():
             names = names_from_interface(port)
             if lb_id and names is not None:
                 owned.setdefault(lb_id, names)
-            await asyncio.to_thread(ovs.delete_port, port)
-            report.append(f"removed OVS port {port}")
+        report += await _delete_ports(ovs, sorted(ports))
     except Exception as exc:  # OVS may be down; the rest can still be cleaned
         report.append(f"warning: OVS ports not cleaned: {exc}")
     finally:
         await asyncio.to_thread(ovs.stop)
 
-    for lb_id, names in sorted(owned.items()):
-        report += [f"removed link {n}" for n in await asyncio.to_thread(links.delete_host_links, names)]
-        netns = netns_name(lb_id)
-        if os.path.exists(netns_path(netns)):
-            await asyncio.to_thread(delete_netns, netns)
-            report.append(f"removed namespace {netns}")
+    report += await _in_threads(_remove_load_balancer, sorted(owned.items()))
     for name in sorted(await asyncio.to_thread(links.marked_host_links, owner_value(config.agent.host))):
         if await asyncio.to_thread(links.delete_link, name):
             report.append(f"removed link {name}")
     marks = NamespaceMarks(config.agent.host)
-    for netns in sorted(marks.marked()):
-        if netns_exists(netns):
-            await asyncio.to_thread(delete_netns, netns)
-            report.append(f"removed namespace {netns}")
+    report += await _in_threads(_remove_namespace, sorted(marks.marked()))
     marks.remove_all()
     outers = {a.outer for a in allocations.values()}
     report += [f"removed policy rule from {o}" for o in await asyncio.to_thread(links.delete_reply_rules, outers)]
@@ -78,3 +78,36 @@ async def cleanup_host(config: Config) -> list[str]:
         store.path.unlink()
         report.append(f"removed state file {store.path}")
     return report or ["nothing to clean up"]
+
+
+async def _delete_ports(ovs: OvsClient, ports: list[str]) -> list[str]:
+    """In transactions of many ports: each one is a reconfiguration of the whole bridge."""
+    report = []
+    for start in range(0, len(ports), PORTS_PER_TRANSACTION):
+        chunk = ports[start : start + PORTS_PER_TRANSACTION]
+        present = await asyncio.to_thread(ovs.delete_ports, chunk)
+        report += [f"removed OVS port {port}" for port, there in zip(chunk, present) if there]
+    return report
+
+
+async def _in_threads(remove: Callable[[T], list[str]], items: list[T]) -> list[str]:
+    """`remove` of every item, a few at a time on threads; their reports in the items' order."""
+    slots = asyncio.Semaphore(CLEANUP_THREADS)
+
+    async def one(item: T) -> list[str]:
+        async with slots:
+            return await asyncio.to_thread(remove, item)
+
+    return [line for lines in await asyncio.gather(*map(one, items)) for line in lines]
+
+
+def _remove_load_balancer(owned: tuple[str, InterfaceNames]) -> list[str]:
+    lb_id, names = owned
+    return [f"removed link {n}" for n in links.delete_host_links(names)] + _remove_namespace(netns_name(lb_id))
+
+
+def _remove_namespace(netns: str) -> list[str]:
+    if not os.path.exists(netns_path(netns)):  # mounted or a stale file: both go
+        return []
+    delete_netns(netns)
+    return [f"removed namespace {netns}"]
