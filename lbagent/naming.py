@@ -32,6 +32,10 @@ class InterfaceNames:
     haproxy_host: str  # host end; carries OUTER, haproxy binds there
 
     @property
+    def host_ends(self) -> tuple[str, str]:
+        return self.ovn_host, self.haproxy_host
+
+    @property
     def tag(self) -> str:
         return self.ovn_ns[1 : 1 + HASH_CHARS]
 

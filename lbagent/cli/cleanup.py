@@ -26,9 +26,10 @@ from lbagent.ovnhost.ovs import OvsClient
 from lbagent.state import StateFileError, StateStore
 
 # Namespaces are deleted a few at a time: each is an unmount and an unlink,
-# and the kernel frees the network namespace behind them on its own.
+# and the kernel frees the network namespace behind it on its own.
 CLEANUP_THREADS = 8
 PORTS_PER_TRANSACTION = 500
+LINKS_GONE_WITHIN = 60.0  # seconds the kernel gets to free the links of deleted namespaces
 T = TypeVar("T")
 
 
@@ -66,6 +67,11 @@ async def cleanup_host(config: Config) -> list[str]:
         await asyncio.to_thread(ovs.stop)
 
     report += await _in_threads(_remove_load_balancer, sorted(owned.items()))
+    # The kernel frees deleted namespaces, their links with them, in batches
+    # of its own; one link deleted alone costs it far more.
+    await asyncio.to_thread(
+        links.wait_gone, {n for names in owned.values() for n in names.host_ends}, LINKS_GONE_WITHIN
+    )
     for name in sorted(await asyncio.to_thread(links.marked_host_links, owner_value(config.agent.host))):
         if await asyncio.to_thread(links.delete_link, name):
             report.append(f"removed link {name}")
@@ -102,8 +108,11 @@ async def _in_threads(remove: Callable[[T], list[str]], items: list[T]) -> list[
 
 
 def _remove_load_balancer(owned: tuple[str, InterfaceNames]) -> list[str]:
+    """Its namespace, which takes both veth pairs with it; its host ends
+    themselves only when there is no namespace."""
     lb_id, names = owned
-    return [f"removed link {n}" for n in links.delete_host_links(names)] + _remove_namespace(netns_name(lb_id))
+    removed = _remove_namespace(netns_name(lb_id))
+    return removed or [f"removed link {n}" for n in links.delete_host_links(names)]
 
 
 def _remove_namespace(netns: str) -> list[str]:

@@ -37,6 +37,8 @@ from lbagent.support.waits import InFlight
 log = logging.getLogger(__name__)
 
 NETDEV = "netdev"
+LINKS_FREED_WITHIN = 5.0  # seconds the kernel gets to free a deleted namespace's links
+LINKS_FREED_POLL = 0.05
 MAX_RULE_REMOVALS = 1000  # reply rules removed after one read of the host's rules
 
 
@@ -221,11 +223,28 @@ class OvnHost:
         self._reattach.discard(lb_id)
         await self._rule_removals.submit(outer)
         await self._ports.delete(names.ovn_host)
-        await self._namespaces.run(None, links.delete_host_links, names)
         if os.path.exists(netns_path(netns)):  # mounted or a stale file: both go
+            # Its veth pairs, host ends included, go with it: the kernel frees
+            # a namespace's links together, and one link alone costs it far
+            # more (2,500 of them took minutes, one after another).
             await self._namespaces.delete(netns)
             log.info("action=delete object=netns lb=%s netns=%s", lb_id, netns)
+            await self._wait_host_ends_freed(names)
+        else:
+            await self._namespaces.run(None, links.delete_host_links, names)
         self.netns_marks.unmark(netns)
+
+    async def _wait_host_ends_freed(self, names: InterfaceNames) -> None:
+        """The kernel frees a deleted namespace's links in the background: wait
+        for its host ends (a pass that builds the load balancer again wants
+        their names), and delete those it has not freed in time."""
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + LINKS_FREED_WITHIN
+        while any(map(links.link_exists, names.host_ends)):
+            if loop.time() >= deadline:
+                await self._namespaces.run(None, links.delete_host_links, names)
+                return
+            await asyncio.sleep(LINKS_FREED_POLL)
 
     async def _delete_rules(self, outers: list[str]) -> list[bool]:
         deleted = set(await self._namespaces.run(None, links.delete_reply_rules, set(outers)))

@@ -25,6 +25,7 @@ import ipaddress
 import os
 import socket
 import threading
+import time
 from contextlib import closing
 from dataclasses import dataclass, replace
 
@@ -306,6 +307,23 @@ def _is_veth(name: str) -> bool:
         return False
 
 
+def link_exists(name: str) -> bool:
+    """Whether this namespace has a link of that name (sysfs: no netlink socket)."""
+    return os.path.exists(os.path.join(SYS_CLASS_NET, name))
+
+
+def wait_gone(names: set[str], timeout: float, interval: float = 0.2) -> set[str]:
+    """Wait until none of these links exists (the kernel frees the links of a
+    deleted namespace in the background), at most `timeout` seconds; returns
+    those still there."""
+    deadline = time.monotonic() + timeout
+    while True:
+        left = names.intersection(name for _, name in socket.if_nameindex())
+        if not left or time.monotonic() >= deadline:
+            return left
+        time.sleep(interval)
+
+
 def delete_link(name: str) -> bool:
     """Delete one link if it is there; True if it was."""
     with Netlink.open() as nl:
@@ -319,7 +337,7 @@ def delete_host_links(names: InterfaceNames) -> list[str]:
     """Delete the host ends (and so the pairs); returns what was deleted."""
     deleted = []
     with Netlink.open() as nl:
-        for name in (names.ovn_host, names.haproxy_host):
+        for name in names.host_ends:
             if nl.link(name) is not None:
                 nl.delete_link(name)
                 deleted.append(name)
