@@ -90,11 +90,12 @@ _JSON_TYPE_MESSAGES = {
 }
 
 
-def _model_in(annotation: Any) -> type[BaseModel] | None:
+def model_in(annotation: Any) -> type[BaseModel] | None:
+    """The model class a field's annotation holds (itself, in a list, or optional), if any."""
     if isinstance(annotation, type) and issubclass(annotation, BaseModel):
         return annotation
     for argument in get_args(annotation):
-        found = _model_in(argument)
+        found = model_in(argument)
         if found is not None:
             return found
     return None
@@ -109,7 +110,7 @@ def _model_at(root: type[BaseModel], location: Location) -> type[BaseModel] | No
         field = model.model_fields.get(part) if model else None
         if field is None:
             return None
-        model = _model_in(field.annotation)
+        model = model_in(field.annotation)
     return model
 
 
@@ -131,7 +132,7 @@ def _detail(error: Any, root: type[BaseModel], unechoed: frozenset[str]) -> dict
     location: Location = tuple(error["loc"])
     kind = error["type"]
     if kind == "extra_forbidden":
-        return {"path": json_pointer(location), "message": _unknown_field_message(root, location)}
+        return unknown_field_detail(root, location)
     if kind == "missing":
         return {"path": json_pointer(location), "message": "required field is missing"}
     message = _message(kind, error)
@@ -146,11 +147,20 @@ def _detail(error: Any, root: type[BaseModel], unechoed: frozenset[str]) -> dict
     return {"path": json_pointer(location), "message": message}
 
 
-def error_details(exc: ValidationError, root: type[BaseModel], unechoed: frozenset[str]) -> list[dict[str, str]]:
-    """api.md error details for a failed validation of `root`, capped (see `capped`).
+def unknown_field_detail(root: type[BaseModel], location: Location) -> dict[str, str]:
+    return {"path": json_pointer(location), "message": _unknown_field_message(root, location)}
+
+
+def field_details(errors: Sequence[Any], root: type[BaseModel], unechoed: frozenset[str]) -> list[dict[str, str]]:
+    """api.md error details for pydantic's `errors` of a validation of `root`.
 
     Paths are JSON pointers; input found under a field named in `unechoed` is
     never repeated in a message.
     """
+    return [_detail(error, root, unechoed) for error in errors]
+
+
+def error_details(exc: ValidationError, root: type[BaseModel], unechoed: frozenset[str]) -> list[dict[str, str]]:
+    """`field_details` of a failed validation, capped (see `capped`)."""
     errors = exc.errors(include_url=False)
-    return capped([_detail(error, root, unechoed) for error in errors[:MAX_DETAILS]], total=len(errors))
+    return capped(field_details(errors[:MAX_DETAILS], root, unechoed), total=len(errors))

@@ -26,7 +26,8 @@ keeps the last, so the same text could mean one thing to the agent and
 another to whoever wrote or reviewed it. The parser also refuses a state that
 expands to more haproxy servers than the budget allows
 (lbagent.desired.budget), and caps the details of every refusal
-(lbagent.desired.details.capped).
+(lbagent.desired.details.capped) at a cost that does not grow with their
+number (lbagent.desired.manyproblems).
 """
 
 from __future__ import annotations
@@ -39,7 +40,8 @@ from pydantic import BaseModel
 
 from lbagent.desired.budget import budget_problems
 from lbagent.desired.details import capped, json_pointer
-from lbagent.desired.model import DesiredState, parse_desired_state
+from lbagent.desired.manyproblems import validate
+from lbagent.desired.model import DesiredState
 from lbagent.errors import InvalidDesiredState
 
 # The lists whose entries are reused, each keyed by its entries' "id".
@@ -62,7 +64,7 @@ class RefreshParser:
 
     def _parse(self, body: object, comparable: bool) -> DesiredState:
         if not isinstance(body, dict) or not comparable:
-            return _within_budget(parse_desired_state(body))
+            return _within_budget(validate(body))
         texts: dict[str, list[bytes | None]] = {}
         reusing = dict(body)
         for name in REUSED_LISTS:
@@ -70,7 +72,7 @@ class RefreshParser:
             if isinstance(entries, list):
                 texts[name] = [_text(entry) for entry in entries]
                 reusing[name] = [self._model_for(name, entry, text) for entry, text in zip(entries, texts[name])]
-        state = _within_budget(parse_desired_state(reusing))
+        state = _within_budget(validate(reusing))
         # Only the last valid body's entries: the memory never outgrows one state.
         self._known = {
             name: {
