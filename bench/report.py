@@ -9,6 +9,7 @@ from typing import Any
 
 import psutil
 
+from bench import loopstall
 from devtools.sandbox import which
 
 
@@ -160,6 +161,9 @@ def evaluate(results: dict[str, Any]) -> list[dict[str, Any]]:
                 live["failed"] == 0 and live["reloads"] >= live["reloads_wanted"],
                 f"a fifth backend added and removed without a reload, {live['rps']:,.0f} requests/s",
             )
+    stall = results.get("loop_stall")
+    if stall:
+        row(*loopstall.row_of(stall))
     p6 = results.get("p6")
     if p6:
         row(

@@ -21,6 +21,10 @@ through tests/functional/agentproc.py, default resync interval):
 - at the smallest N, P3 at --p3-small load balancers; at the largest N:
   P2 (an idle window of --p2-seconds), P6, P3, P4 and P5.
 
+Last, in this process and without the sandbox, the worst stall of the API's
+event loop while the largest bodies the limits accept are taken in
+(bench/loopstall.py).
+
 The table goes to stdout and, with every raw figure, to --output.
 """
 
@@ -38,7 +42,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-from bench import floor, report
+from bench import floor, loopstall, report
 from bench.common import (
     BACKEND_HOSTS,
     CLIENT,
@@ -115,6 +119,8 @@ class Bench(IdleLegs, TrafficLegs, TeardownAndProfiles):
                 self._phase(n, smallest=n == self.config.ns[0], largest=n == self.config.ns[-1])
         finally:
             self._teardown()
+        say("==> the API's event loop while large bodies are taken in (in this process)")
+        self.results["loop_stall"] = loopstall.measured_or_error()
         self.results["rows"] = report.evaluate(self.results)
         return self.results
 
