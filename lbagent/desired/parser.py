@@ -104,7 +104,8 @@ class DuplicateKeys(ValueError):
     JSON pointers of every such key, in the order of the text."""
 
     def __init__(self, paths: list[str]) -> None:
-        super().__init__(f"key {paths[0] or '/'} appears more than once in its object")
+        # The keys themselves only in `paths`: they may be any length.
+        super().__init__(f"{len(paths)} key(s) given more than once in their object")
         self.paths = paths
 
 

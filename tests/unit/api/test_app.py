@@ -264,6 +264,10 @@ async def test_a_key_given_twice_is_invalid_json_at_its_path(client, text, paths
     assert resp.status == 400 and answer["error"] == "invalid_json"
     assert [d["path"] for d in answer["details"]] == paths
     assert answer["details"][0]["message"] == "key given more than once in its object"
+    assert (
+        answer["message"]
+        == f"the body is not JSON the agent accepts: {len(paths)} key(s) given more than once in their object"
+    )
     assert client.agent.accepted == []
 
 
