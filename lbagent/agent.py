@@ -70,9 +70,7 @@ class Agent:
         self.ovs = OvsClient(config.ovs.db, config.ovs.integration_bridge, config.agent.host)
         self.namespaces = NamespaceExecutor("netns", NAMESPACE_THREADS)
         self.iptc = NamespaceExecutor("iptc", 1)
-        self.haproxy = HaproxyManager(
-            config.haproxy.binary, config.agent.run_dir, prometheus_listen=config.haproxy.prometheus_listen
-        )
+        self.haproxy = HaproxyManager(config.haproxy.binary, config.agent.run_dir, **config.haproxy_options())
         self.host = OvnHost(self.ovs, self.namespaces, self.iptc)
         self.queue: WorkQueue[str] = WorkQueue("controllers", kind_of=kind_of)
         self.worker = OvnWorker(
