@@ -54,6 +54,9 @@ MAX_TIMEOUT_SECONDS = (2**31 - 1) // 1000
 MAX_CLIENT_TIMEOUT_SECONDS = 3600
 MAX_COOKIE_TIMEOUT = 365 * 24 * 3600
 MAX_RATE = 1_000_000
+# Connections one listener may hold at once; haproxy's process limit is sized
+# from the sum over every listener, so one tenant's cap bounds its share.
+MAX_CONNECTION_LIMIT = 100_000
 # Generations are persisted and compared; keep them inside a signed 64-bit int.
 MAX_GENERATION = 2**63 - 1
 
@@ -389,6 +392,7 @@ TimeoutSeconds = int_range(1, MAX_TIMEOUT_SECONDS)
 ClientTimeoutSeconds = int_range(1, MAX_CLIENT_TIMEOUT_SECONDS)
 CookieTimeout = int_range(0, MAX_COOKIE_TIMEOUT)
 Rate = int_range(0, MAX_RATE)
+ConnectionLimit = int_range(0, MAX_CONNECTION_LIMIT)
 Generation = int_range(0, MAX_GENERATION)
 
 _PORT_OR_NAME_WHAT = f"must be a port number {MIN_PORT}-{MAX_PORT} or a port name"

@@ -62,6 +62,8 @@ OPTION_TYPES: dict[str, frozenset[str]] = {
     "health_check.udp_request": UDP_TYPES,
     "health_check.udp_expect": UDP_TYPES,
     "sticky_session": HTTP_TYPES,
+    # haproxy's maxconn; udp flows are the kernel's.
+    "connection_limit": HAPROXY_TYPES,
     "x_forwarded_for": HTTP_TYPES,
     "gzip": HTTP_TYPES,
     "http2": HTTPS_TYPES,

@@ -19,7 +19,7 @@ from typing import Any
 from pydantic import BaseModel, ValidationError
 
 from lbagent.desired.details import MAX_DETAILS, capped, field_details, json_pointer, model_in, unknown_field_detail
-from lbagent.desired.model import _UNECHOED_FIELDS, DesiredState
+from lbagent.desired.model import UNECHOED_FIELDS, DesiredState
 from lbagent.errors import InvalidDesiredState
 
 # pydantic lists this many problems in a few tens of milliseconds.
@@ -34,7 +34,7 @@ def validate(data: object) -> DesiredState:
         return DesiredState.model_validate(data)
     except ValidationError as exc:
         if exc.error_count() <= MAX_LISTED or not isinstance(data, dict):
-            details = field_details(exc.errors(include_url=False)[:MAX_DETAILS], DesiredState, _UNECHOED_FIELDS)
+            details = field_details(exc.errors(include_url=False)[:MAX_DETAILS], DesiredState, UNECHOED_FIELDS)
             raise InvalidDesiredState(capped(details, total=exc.error_count())) from None
         details, covered = _first_problems(data)
         # An object summed up in one detail takes its problems out of the "more" of the last one.
@@ -50,7 +50,7 @@ def _problems_of(model: type[BaseModel], value: object, prefix: str, room: int) 
         count = exc.error_count()
         if count > MAX_LISTED:
             return [{"path": prefix, "message": f"{count} problems in this object, too many to list"}], count
-        listed = field_details(exc.errors(include_url=False)[:room], model, _UNECHOED_FIELDS)
+        listed = field_details(exc.errors(include_url=False)[:room], model, UNECHOED_FIELDS)
         return [{**detail, "path": prefix + detail["path"]} for detail in listed], len(listed)
     except InvalidDesiredState:
         pass  # rules across objects: reported only once every field is well formed

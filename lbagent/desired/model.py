@@ -45,6 +45,7 @@ from lbagent.desired.fields import (
     CheckSeconds,
     Cidr,
     ClientTimeoutSeconds,
+    ConnectionLimit,
     Cookie,
     CookieTimeout,
     DomainPatternOrEmpty,
@@ -292,6 +293,7 @@ class Listener(_Model):
     health_check: HealthCheck | None = None
     sticky_session: StickySession | None = None
     acl: Acl | None = None
+    connection_limit: ConnectionLimit = 0
     x_forwarded_for: bool = False
     gzip: bool = False
     http2: bool = False
@@ -414,7 +416,7 @@ class DesiredState(_Model):
 # --- entry points -------------------------------------------------------------------
 
 # Input under these fields is never repeated in a message: it holds private keys.
-_UNECHOED_FIELDS = frozenset({"certificates"})
+UNECHOED_FIELDS = frozenset({"certificates"})
 
 
 def parse_desired_state(data: object) -> DesiredState:
@@ -426,7 +428,7 @@ def parse_desired_state(data: object) -> DesiredState:
     try:
         return DesiredState.model_validate(data)
     except ValidationError as exc:
-        raise InvalidDesiredState(error_details(exc, DesiredState, _UNECHOED_FIELDS)) from None
+        raise InvalidDesiredState(error_details(exc, DesiredState, UNECHOED_FIELDS)) from None
 
 
 def json_schema() -> dict[str, Any]:

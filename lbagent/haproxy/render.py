@@ -19,6 +19,7 @@ import re
 from pathlib import Path
 
 from lbagent.desired.members import Member
+from lbagent.desired.model import Listener
 from lbagent.haproxy.capacity import DEFAULT_LISTENER_MAXCONN, PROMETHEUS_MAXCONN, Capacity
 from lbagent.haproxy.errors import RenderError
 from lbagent.haproxy.files import HaproxyPaths
@@ -222,10 +223,9 @@ def _listener_view(lb_id: str, listener, outer: str, inner: str, members: dict[s
     )
 
 
-def _connection_limit(listener) -> int | None:
-    """The listener's own cap, None for the base file's default: `connection_limit` 0 or absent."""
-    # getattr: a model without the field (it is planned in api.md) means no limit of its own.
-    return getattr(listener, "connection_limit", 0) or None
+def _connection_limit(listener: Listener) -> int | None:
+    """The listener's own cap; None (`connection_limit` 0) takes the base file's default."""
+    return listener.connection_limit or None
 
 
 def _timeouts(timeouts, mode: str) -> tuple[tuple[tuple[str, int], ...], tuple[tuple[str, int], ...]]:

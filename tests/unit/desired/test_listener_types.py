@@ -20,6 +20,7 @@ SAMPLE_VALUES = {
     "health_check.udp_request": "ping",
     "health_check.udp_expect": "pong",
     "sticky_session": {"type": "insert"},
+    "connection_limit": 100,
     "x_forwarded_for": True,
     "gzip": True,
     "http2": True,

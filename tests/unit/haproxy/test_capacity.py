@@ -13,24 +13,21 @@ from lbagent.haproxy.sockets import send_command
 from tests.unit.samples import HAPROXY, WAIT, echo_through, free_port, lb_config, only_loadbalancer, sample_members
 
 
-def tcp(listener_id, port):
-    return {"id": listener_id, "listener_type": "tcp", "listener_port": port, "backend_group_id": "bg-web"}
-
-
-def with_connection_limits(lb, limits):
-    # connection_limit is planned in api.md; the renderer honours it on any listener that carries it.
-    listeners = [
-        listener.model_copy(update={"connection_limit": limit}) for listener, limit in zip(lb.listeners, limits)
-    ]
-    return lb.model_copy(update={"listeners": listeners})
+def tcp(listener_id, port, connection_limit=0):
+    return {
+        "id": listener_id,
+        "listener_type": "tcp",
+        "listener_port": port,
+        "backend_group_id": "bg-web",
+        "connection_limit": connection_limit,
+    }
 
 
 GROUPS = [{"id": "bg-web", "backends": [{"id": "be-1", "address": "198.18.0.21", "port": 80}]}]
 
 
 def rendered(limits):
-    lb = only_loadbalancer("lb-c", [tcp(f"l{i}", 8000 + i) for i in range(len(limits))], GROUPS)
-    lb = with_connection_limits(lb, limits)
+    lb = only_loadbalancer("lb-c", [tcp(f"l{i}", 8000 + i, limit) for i, limit in enumerate(limits)], GROUPS)
     return render_config(lb, "169.254.0.101", sample_members(lb), inner="169.254.0.100").text
 
 
