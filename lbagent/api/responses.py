@@ -135,6 +135,8 @@ class LoadBalancerStatus(_Answer):
     listeners: list[ListenerStatus]
     backends: list[BackendStatus]
     last_error: str | None
+    # Accepted certificates that have expired or are not valid yet.
+    certificate_warnings: list[ErrorDetail] = []
     retries: int
     last_reconciled_at: str | None
 

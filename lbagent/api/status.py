@@ -9,6 +9,7 @@ Never includes secrets: certificates and keys are not part of it.
 from __future__ import annotations
 
 import logging
+from datetime import UTC, datetime
 from typing import TYPE_CHECKING, Protocol
 
 from lbagent import __version__
@@ -103,6 +104,7 @@ def loadbalancer_status(
         "listeners": listeners,
         "backends": backends,
         "last_error": task.last_error,
+        "certificate_warnings": lb.certificate_warnings(datetime.now(UTC)) if lb is not None else [],
         "retries": task.retries,
         "passes": task.passes,
         "last_reconciled_at": task.last_reconciled_at,

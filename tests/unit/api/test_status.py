@@ -41,3 +41,15 @@ def test_documents_and_wait_results_carry_the_reason():
     assert document["listeners"][0]["state"] == "pending"
     results = StatusReporter(Source([waiting])).results(1)
     assert results["loadbalancers"][0]["reason"] == "waiting for ovn-installed"
+
+
+def test_documents_name_the_certificates_that_have_expired():
+    from tests.unit.desired.test_pem import DAY, NOW, pair, with_certificates
+
+    expired = pair("p256", not_before=NOW - 10 * DAY, not_after=NOW - 2 * DAY)
+    lb = parse_desired_state(with_certificates(pair("rsa2048"), expired)).loadbalancers[0]
+    document = loadbalancer_status(task("ready"), lb, None, None, "lb-lb-1", None, {}, {})
+    assert [w["path"] for w in document["certificate_warnings"]] == ["/listeners/1/certificates/1/certificate"]
+    assert document["certificate_warnings"][0]["message"].startswith("certificate expired at ")
+    gone = loadbalancer_status(task("deleting"), None, None, None, "lb-lb-1", None, {}, {})
+    assert gone["certificate_warnings"] == []
