@@ -15,7 +15,7 @@ The rule for those 400s: JSON Schema cannot say that a reference names an
 existing object, that ids or ports are unique, or that an address lies inside
 its subnet, and the document says so in its descriptions. A 400 is tolerated
 when every one of its details' messages is one of those documented kinds
-(`CROSS_FIELD` below, matched on the message's start), or an integer
+(`CROSS_FIELD` in schemarules.py, matched on the message's start), or an integer
 written with a fraction (1.0), which JSON Schema counts as an integer and the
 agent refuses, as the document says; one detail about
 anything else (a pattern, a length, a type, an unknown field) means the
@@ -26,47 +26,21 @@ Negative cases (bodies the document calls invalid) must never be accepted.
 
 import asyncio
 import json
-import re
 import threading
 
 import pytest
 import requests
 import schemathesis
-from hypothesis import HealthCheck, given, settings
+from hypothesis import given
 from schemathesis import GenerationMode
 from schemathesis.core.parameters import ParameterLocation
-from schemathesis.specs.openapi.checks import (
-    content_type_conformance,
-    response_schema_conformance,
-    status_code_conformance,
-)
 
 from lbagent.api.app import create_app
 from lbagent.state import StateStore
 from lbagent.workers.ovn_worker import OvnWorker
+from tests.unit.api.schemarules import CHECKS, FUZZ, not_cross_field
 from tests.unit.fakes import FakeAgent, FakeHaproxy, FakeHost
 from tests.unit.samples import AUTH, TOKEN
-
-EXAMPLES = 100
-FUZZ = settings(
-    max_examples=EXAMPLES,
-    deadline=None,
-    database=None,  # no example database left in the work tree
-    suppress_health_check=list(HealthCheck),
-)
-
-# The messages of the cross-field rules (lbagent.desired.crosschecks), which
-# the document describes but JSON Schema cannot express.
-CROSS_FIELD = re.compile(
-    r"(names no (subnet|backend group) of this (request|load balancer)"
-    r"|.* is already used at /"
-    r"|must lie inside the subnet "
-    r"|must not be the network or broadcast address of "
-    r"|must not be the subnet's gateway"
-    r"|(the load balancers )?needs? [0-9]+ haproxy servers, more than the )"  # the server budget
-)
-# JSON Schema counts 1.0 as an integer; the agent wants integers written as such.
-INTEGER_WITH_FRACTION = re.compile(r"must be (a JSON integer|a port number .*) \(got -?[0-9]+\.0\)$")
 
 
 class Agent(FakeAgent):
@@ -123,22 +97,11 @@ def schema(server):
     return schemathesis.openapi.from_dict(served)
 
 
-CHECKS = [status_code_conformance, content_type_conformance, response_schema_conformance]
-
-
 def send(server, case):
     case.headers = {**(case.headers or {}), **AUTH}
     response = case.call(base_url=server.url, session=server.session, timeout=30)
     case.validate_response(response, checks=CHECKS)
     return response
-
-
-def not_cross_field(answer) -> list[dict]:
-    return [
-        d
-        for d in answer.get("details", [])
-        if not (CROSS_FIELD.match(d["message"]) or INTEGER_WITH_FRACTION.match(d["message"]))
-    ]
 
 
 def test_bodies_the_document_calls_valid_are_accepted(server, schema):
