@@ -24,9 +24,12 @@ takes a few seconds.
 from __future__ import annotations
 
 import asyncio
+import http.client
 import json
 import socket
+import threading
 import time
+import urllib.parse
 from typing import Any
 
 import aiohttp
@@ -141,6 +144,48 @@ class HealthPoller:
             self.answers += 1
             last = now
             await asyncio.sleep(POLL_INTERVAL)
+
+
+class AgentHealthPoller:
+    """`HealthPoller` on a thread of its own, against a running agent: its worst
+    gap while the agent applies a body (passes, renders, reloads), not only
+    while the API takes it in."""
+
+    def __init__(self, url: str) -> None:
+        self._url = url
+        self.worst = 0.0
+        self.answers = 0
+        self.errors = 0
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, name="healthz-poller", daemon=True)
+
+    def start(self) -> AgentHealthPoller:
+        self._thread.start()
+        return self
+
+    def stop(self) -> float:
+        """The worst gap, in milliseconds."""
+        self._stop.set()
+        self._thread.join(10)
+        return round(self.worst * 1000, 1)
+
+    def _run(self) -> None:
+        target = urllib.parse.urlsplit(self._url)
+        conn = http.client.HTTPConnection(target.hostname, target.port, timeout=30)
+        last = time.monotonic()
+        while not self._stop.wait(POLL_INTERVAL):
+            try:
+                conn.request("GET", "/healthz")
+                conn.getresponse().read()
+            except (OSError, http.client.HTTPException):
+                self.errors += 1
+                conn.close()
+                continue
+            now = time.monotonic()
+            self.worst = max(self.worst, now - last)
+            self.answers += 1
+            last = now
+        conn.close()
 
 
 async def take_in(posted: dict[str, bytes]) -> dict[str, Any]:

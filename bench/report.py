@@ -78,6 +78,16 @@ def evaluate(results: dict[str, Any]) -> list[dict[str, Any]]:
                 else ""
             ),
         )
+    stalls = [entry for entry in results.get("p1", []) if entry.get("loop_stall_ms") is not None]
+    if stalls:
+        largest = max(stalls, key=lambda entry: entry["n"])
+        row(
+            f"Agent event loop's worst stall applying N={largest['n']} (P1)",
+            f"{largest['loop_stall_ms']:.0f} ms",
+            f"< {loopstall.STALL_TARGET * 1000:.0f} ms",
+            largest["loop_stall_ms"] < loopstall.STALL_TARGET * 1000,
+            "/healthz asked every 5 ms from the POST to every load balancer ready",
+        )
     p2 = results.get("p2")
     if p2:
         w = p2["writes"]

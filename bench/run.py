@@ -296,6 +296,7 @@ class Bench(IdleLegs, TrafficLegs, TeardownAndProfiles):
             else None
         )
         cpu_before = cpu_seconds(self.agent)
+        health = loopstall.AgentHealthPoller(self.agent.url).start()
         # Where the machine's 2 cores went until every load balancer was ready.
         split = CpuSplit(self._processes(), reaped=True)
         started = time.monotonic()
@@ -328,6 +329,7 @@ class Bench(IdleLegs, TrafficLegs, TeardownAndProfiles):
                 entry["ready_at_timeout"] = watch.ready_count()
         finally:
             watch.stop()
+            entry["loop_stall_ms"] = health.stop()
             entry["cpu_seconds"] = round(cpu_seconds(self.agent) - cpu_before, 2)
             entry["peak_rss_mb"] = watch.peak_rss_mb
             entry["timeline"] = watch.samples
