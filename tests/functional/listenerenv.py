@@ -164,9 +164,11 @@ def listener_env(
     clients: int = 1,
     lb_ports: dict | None = None,
     resync_interval: float = 30.0,
+    extra_config: str = "",
 ):
     """A VPC with echoing backends, `clients` clients (198.18.0.31 up), the load balancer
-    ports `lb_ports` (lb id suffix -> (mac, ip)), and a running agent. Yields the env;
+    ports `lb_ports` (lb id suffix -> (mac, ip)), and a running agent (`extra_config`
+    appended to its configuration). Yields the env;
     the load balancer ids are "<prefix>-<suffix>" (env.vpc.prefix)."""
     prefix = "l" + secrets.token_hex(3)[:5]
     vpc = Vpc(sandbox, prefix)
@@ -180,7 +182,12 @@ def listener_env(
         for suffix, (mac, ip) in (lb_ports or {}).items():
             vpc.add_lb_port(f"{prefix}-{suffix}", mac, ip)
         agent = AgentProcess(
-            base / "agent", sandbox.ovs_db, host=f"{prefix}-gw", resync_interval=resync_interval, env=sandbox.env
+            base / "agent",
+            sandbox.ovs_db,
+            host=f"{prefix}-gw",
+            resync_interval=resync_interval,
+            extra_config=extra_config,
+            env=sandbox.env,
         ).start()
         yield ListenerEnv(vpc, agent, hosts, client_hosts, base)
     finally:

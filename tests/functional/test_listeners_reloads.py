@@ -7,6 +7,7 @@ haproxy with no reload at all."""
 from __future__ import annotations
 
 import re
+import shutil
 import signal
 import subprocess
 from pathlib import Path
@@ -44,13 +45,37 @@ def group(weight_a: int = 1, members: str = "ab") -> dict:
     return {"bg-ab": [backend(f"be-{m}", BACKEND_ADDRESSES[m], weight=weight_a if m == "a" else 1) for m in members]}
 
 
+# What haproxy refuses after the API accepted it is rare by design (the API
+# decodes certificates and keys and checks what it can); the agent must still
+# survive it. This haproxy refuses, when checking, any configuration with
+# this idle timeout, as it would refuse something the API could not foresee.
+REFUSED_IDLE = 3333
+REFUSING_HAPROXY = f"""#!/bin/sh
+case " $* " in
+  *" -c "*)
+    for arg in "$@"; do
+      if [ -e "$arg" ] && grep -rqs "timeout client {REFUSED_IDLE}s" "$arg"; then
+        echo "[ALERT] (test) timeout client {REFUSED_IDLE}s refused" >&2
+        exit 1
+      fi
+    done;;
+esac
+exec {shutil.which("haproxy")} "$@"
+"""
+
+
 @pytest.fixture(scope="module")
 def env(sandbox, tmp_path_factory):
+    base = tmp_path_factory.mktemp("reloads")
+    wrapper = base / "haproxy-refusing"
+    wrapper.write_text(REFUSING_HAPROXY)
+    wrapper.chmod(0o755)
     with listener_env(
         sandbox,
-        tmp_path_factory.mktemp("reloads"),
+        base / "env",
         backends=("a", "b", "c"),
         lb_ports={"web": WEB[::-1], "other": OTHER[::-1]},
+        extra_config=f'[haproxy]\nbinary = "{wrapper}"\n',
     ) as e:
         e.web_id, e.other_id = f"{e.vpc.prefix}-web", f"{e.vpc.prefix}-other"
         cert, key = self_signed_certificate("web.example.com")
@@ -90,19 +115,17 @@ def serving(env, vip: str) -> bool:
 
 
 def test_a_refused_change_leaves_it_and_the_others_serving(env):
-    # Well-formed PEM that haproxy refuses: the key belongs to another certificate.
-    new_cert = self_signed_certificate("new.example.com")[0]
-    stranger_key = self_signed_certificate("stranger.example.com")[1]
-    broken = {"id": "web", "certificate": new_cert, "private_key": stranger_key}
-    answer = env.push(web_lb(env, weight_a=2, cert=broken), other_lb(env, weight_a=0))
+    answer = env.push(web_lb(env, weight_a=2, idle=REFUSED_IDLE), other_lb(env, weight_a=0))
     states = {lb["id"]: lb for lb in answer["loadbalancers"]}
     assert states[env.other_id]["state"] == "ready", answer
     assert states[env.web_id]["state"] == "error", answer
     status = env.agent.lb(env.web_id)
     assert "haproxy rejected the configuration of load balancer" in status["last_error"], status
-    assert "PRIVATE" not in status["last_error"] and stranger_key.splitlines()[1] not in str(status)
+    assert f"timeout client {REFUSED_IDLE}s refused" in status["last_error"], status
 
-    # The broken one keeps its last good configuration (the old certificate), the other took its change.
+    # The refused one keeps its last good configuration, the other took its change.
+    conf = Path(env.agent.run_dir) / "haproxy" / "conf.d" / f"{env.web_id}.cfg"
+    assert f"{REFUSED_IDLE}s" not in conf.read_text()
     assert served_certificate(env) == "web.example.com"
     assert serving(env, WEB[0])
     assert {request(env.client, f"http://{OTHER[0]}/").backend for _ in range(4)} == {"backend-b"}
