@@ -392,14 +392,17 @@ class OvnWorker(ReadinessWatch):
 
     async def _converge(self, lb: LoadBalancer, fingerprint: str) -> None:
         members = self.members(lb)
-        config = self._config(lb, fingerprint, members)
+        config = await self._config(lb, fingerprint, members)
         if await self._handoff.converge(lb.id, config, functools.partial(self._converge_host, lb, members)):
             log.info("lb=%s object=haproxy action=reload", lb.id)
 
-    def _config(self, lb: LoadBalancer, fingerprint: str, members: dict[str, list]) -> HaproxyConfig:
+    async def _config(self, lb: LoadBalancer, fingerprint: str, members: dict[str, list]) -> HaproxyConfig:
         runtime, allocation = self.runtime[lb.id], self.allocations[lb.id]
         if runtime.rendered is None or runtime.rendered[0] != fingerprint:
-            runtime.rendered = (fingerprint, render_config(lb, allocation.outer, members, inner=allocation.inner))
+            # On a thread: a load balancer at the server budget renders for
+            # tens of milliseconds, which the event loop must not stand still for.
+            rendered = await asyncio.to_thread(render_config, lb, allocation.outer, members, inner=allocation.inner)
+            runtime.rendered = (fingerprint, rendered)
         return runtime.rendered[1]
 
     async def _converge_host(self, lb: LoadBalancer, members: dict[str, list]) -> None:

@@ -3,11 +3,13 @@ waiting, the rule that nothing unchanged is touched, and which load balancers a
 refresh queues itself and which it leaves to their dependencies' controllers."""
 
 import asyncio
+import threading
 
 import pytest
 
 from lbagent.desired.model import parse_desired_state
 from lbagent.errors import StaleGeneration
+from lbagent.haproxy.render import HaproxyConfig
 from lbagent.state import StateStore
 from lbagent.workers import allocator
 from lbagent.workers import ovn_worker as worker_mod
@@ -46,6 +48,20 @@ async def test_apply_allocates_persists_and_converges(worker, tmp_path):
     assert b.ports == {"x": 1025, "y": 1026}
     persisted = StateStore(tmp_path).load()
     assert persisted.desired["generation"] == 1 and set(persisted.allocations) == {"a", "b"}
+
+
+async def test_configurations_are_rendered_off_the_event_loop(worker, monkeypatch):
+    loop_thread = threading.get_ident()
+    rendered_on = []
+
+    def render(lb, outer, members, inner):
+        rendered_on.append(threading.get_ident())
+        return HaproxyConfig(f"{lb.id} {outer} {inner}")
+
+    monkeypatch.setattr(worker_mod, "render_config", render)
+    await apply(worker, state(1, [lb_body("a"), lb_body("b", ip="198.18.0.13")]))
+    assert await worker.wait_settled(1, 5)
+    assert len(rendered_on) == 2 and loop_thread not in rendered_on
 
 
 async def test_unchanged_load_balancer_reaches_new_generation_without_a_pass(worker):
