@@ -28,7 +28,7 @@ P3_GIVE_UP = 3  # changes missed before P3 stops trying
 P3_POLL_SAMPLE = 1.0  # seconds of polling before the changes, to time one round of requests on the data path
 P5_RELOAD_LIMIT = 60.0  # seconds one change may take to show up as a reload
 P1_REPEAT_UP_TO = 200  # N up to which P1 is measured `p1_runs` times (a run of 100 takes seconds)
-RETIRE_BY_AGENT = 200  # above this many load balancers the teardown does not wait for the agent
+RETIRE_BY_AGENT = 4096  # above this many load balancers the teardown does not wait for the agent
 
 
 @dataclass

@@ -88,6 +88,17 @@ def evaluate(results: dict[str, Any]) -> list[dict[str, Any]]:
             largest["loop_stall_ms"] < loopstall.STALL_TARGET * 1000,
             "/healthz asked every 5 ms from the POST to every load balancer ready",
         )
+    teardowns = results.get("teardown_seconds", {})
+    if teardowns:
+        count = max(teardowns, key=int)
+        seconds, left = teardowns[count], results.get("left_after_delete", {}).get(count, [])
+        row(
+            f"P8 a refresh dropping N={int(count):,} load balancers, until every one is gone",
+            _s(seconds),
+            "< 30 s at 1,000, nothing left",
+            (seconds < 30 or int(count) < 1000) and not left,
+            f"{len(left)} links or namespaces left",
+        )
     p2 = results.get("p2")
     if p2:
         w = p2["writes"]

@@ -46,7 +46,7 @@ class TeardownAndProfiles:
                 self.generation += 1
                 started = time.monotonic()
                 code, _ = agent.request(
-                    "POST", "/v1/refresh?wait=120", desired(self.generation, subnets=[SUBNET]), timeout=180
+                    "POST", "/v1/refresh?wait=300", desired(self.generation, subnets=[SUBNET]), timeout=360
                 )
                 if code == 200:
                     self.results.setdefault("teardown_seconds", {})[str(count)] = round(time.monotonic() - started, 2)
@@ -60,6 +60,7 @@ class TeardownAndProfiles:
                         for name in (names.ovn_host, names.haproxy_host)
                         if name in present
                     )
+                    left += sorted(p.name for p in Path("/run/netns").glob(f"lb-{self.prefix}-*"))
                     self.results.setdefault("left_after_delete", {}).setdefault(str(count), []).extend(left)
         finally:
             self.lbs = []
