@@ -197,7 +197,7 @@ def _parse_body(parser: RefreshParser, raw: bytes) -> _Parsed:
         body, comparable = decode(raw)
     except DuplicateKeys as exc:
         details = [{"path": path, "message": "key given more than once in its object"} for path in exc.paths]
-        raise BodyNotJson(f"the body is not JSON the agent accepts: {exc}", capped(details)) from None
+        raise BodyNotJson(f"the body is not JSON the agent accepts: {exc}", capped(details, total=exc.total)) from None
     except (ValueError, RecursionError) as exc:  # UnicodeDecodeError is a ValueError
         message = "nested too deeply" if isinstance(exc, RecursionError) else str(exc)
         raise BodyNotJson(

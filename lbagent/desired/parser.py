@@ -39,7 +39,7 @@ import orjson
 from pydantic import BaseModel
 
 from lbagent.desired.budget import budget_problems
-from lbagent.desired.details import capped, json_pointer
+from lbagent.desired.details import MAX_DETAILS, capped, json_pointer
 from lbagent.desired.manyproblems import validate
 from lbagent.desired.model import DesiredState
 from lbagent.errors import InvalidDesiredState
@@ -103,9 +103,10 @@ class DuplicateKeys(ValueError):
     """A JSON text with a key that appears twice in one object; `paths` are the
     JSON pointers of every such key, in the order of the text."""
 
-    def __init__(self, paths: list[str]) -> None:
+    def __init__(self, paths: list[str], total: int | None = None) -> None:
+        self.total = len(paths) if total is None else total
         # The keys themselves only in `paths`: they may be any length.
-        super().__init__(f"{len(paths)} key(s) given more than once in their object")
+        super().__init__(f"{self.total} key(s) given more than once in their object")
         self.paths = paths
 
 
@@ -124,10 +125,13 @@ class _Pairs(list):
     """A decoded object as its (key, value) pairs, repeats kept."""
 
 
-def _repeated_key_paths(raw: bytes) -> list[str]:
-    """The pointers of every repeated key of a text known to be JSON (iterative:
-    the text nests as deep as the decoder allows, deeper than Python recursion)."""
-    found = []
+def _repeated_keys(raw: bytes) -> tuple[list[str], int]:
+    """The pointers of the first MAX_DETAILS repeated keys of a text known to be
+    JSON, and how many there are (iterative: the text nests as deep as the
+    decoder allows, deeper than Python recursion). Pointers past the first
+    hundred are never built: the answer lists no more."""
+    found: list[str] = []
+    total = 0
     pending: list[tuple[tuple[str | int, ...], object]] = [((), json.loads(raw, object_pairs_hook=_Pairs))]
     while pending:
         location, node = pending.pop()
@@ -136,13 +140,15 @@ def _repeated_key_paths(raw: bytes) -> list[str]:
             seen: set[str] = set()
             for key, value in node:
                 if key in seen:
-                    found.append(json_pointer((*location, key)))
+                    total += 1
+                    if len(found) < MAX_DETAILS:
+                        found.append(json_pointer((*location, key)))
                 seen.add(key)
                 children.append(((*location, key), value))
         elif isinstance(node, list):
             children = [((*location, index), value) for index, value in enumerate(node)]
         pending.extend(reversed(children))
-    return found
+    return found, total
 
 
 def decode(raw: bytes) -> tuple[object, bool]:
@@ -165,7 +171,7 @@ def decode(raw: bytes) -> tuple[object, bool]:
     try:
         body = json.loads(raw, parse_float=number, parse_constant=constant, object_pairs_hook=_unique_object)
     except _Repeated:
-        raise DuplicateKeys(_repeated_key_paths(raw)) from None
+        raise DuplicateKeys(*_repeated_keys(raw)) from None
     return body, finite
 
 

@@ -187,6 +187,14 @@ def test_a_key_given_twice_in_one_object_is_refused_at_its_path(text, paths):
     assert isinstance(exc.value, ValueError)  # a decoding error, as json.loads raises
 
 
+def test_only_the_first_hundred_repeats_get_a_path_and_all_are_counted():
+    text = b"{" + b", ".join([b'"a": 0'] * 5001) + b"}"
+    with pytest.raises(DuplicateKeys) as exc:
+        decode(text)
+    assert exc.value.paths == ["/a"] * 100
+    assert exc.value.total == 5000
+
+
 def test_the_same_key_in_different_objects_is_no_repeat():
     assert decode(b'{"a": {"id": 1}, "b": {"id": 2}, "id": [{"id": 3}]}') == (
         {"a": {"id": 1}, "b": {"id": 2}, "id": [{"id": 3}]},
