@@ -42,6 +42,7 @@ from lbagent.naming import interface_names, lb_id_from_netns, netns_name
 from lbagent.ovnhost.host import HostObservation, OvnHost
 from lbagent.ovnhost.inventory import Inventory
 from lbagent.state import Allocation, PersistedState, StateStore
+from lbagent.support.blocking import BlockingPool
 from lbagent.support.coalesce import Coalescer
 from lbagent.workers import plan
 from lbagent.workers.allocator import AddressPair, ExhaustedError, PairAllocator, assign_ports
@@ -112,6 +113,8 @@ class OvnWorker(ReadinessWatch):
         self._derived = IdentityMemo()  # what is derived from the models of one load balancer
         self._lock = asyncio.Lock()
         self._pass_slots = asyncio.Semaphore(PASS_SLOTS)
+        # Rendering is pure Python: one thread, not the default pool the state's saves use.
+        self._renders = BlockingPool("render", 1)
         self._saves = Coalescer("state-saves", self._save_state, self._save_state_alone, OSError, MAX_TEARDOWNS_SAVED)
         self._handoff = HaproxyHandoff(haproxy)
         self._haproxy = haproxy
@@ -401,7 +404,7 @@ class OvnWorker(ReadinessWatch):
         if runtime.rendered is None or runtime.rendered[0] != fingerprint:
             # On a thread: a load balancer at the server budget renders for
             # tens of milliseconds, which the event loop must not stand still for.
-            rendered = await asyncio.to_thread(render_config, lb, allocation.outer, members, inner=allocation.inner)
+            rendered = await self._renders.run(render_config, lb, allocation.outer, members, inner=allocation.inner)
             runtime.rendered = (fingerprint, rendered)
         return runtime.rendered[1]
 
@@ -529,6 +532,7 @@ class OvnWorker(ReadinessWatch):
         await self._handoff.stop()
         if self.udp_health is not None:
             await self.udp_health.stop()
+        self._renders.shutdown()
 
 
 def _ports_for(ports: dict[str, int], targets: dict[str, list[plan.Target]]) -> dict[str, int]:
