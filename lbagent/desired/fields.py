@@ -138,10 +138,13 @@ InterfaceName = pattern_type(_INTERFACE_NAME, f"a network interface name: {_INTE
 # An uplink the agent would move onto a provider bridge: never loopback, and
 # never an interface the agent or Open vSwitch makes (a load balancer's veth
 # ends, the integration and provider bridges br-*, OVS's own devices).
-_OWN_INTERFACE = rf"(?:lo|ovs-system|ovs-netdev|br-.*|[oh][0-9a-f]{{{HASH_CHARS}}}[01])"
+_OWN_INTERFACE = (
+    rf"(?:lo|ovs-system|ovs-netdev|br-.*|(?:genev|vxlan|gre|stt|lisp)_sys.*|[oh][0-9a-f]{{{HASH_CHARS}}}[01])"
+)
 UplinkName = pattern_type(
     rf"(?!{_OWN_INTERFACE}$){_INTERFACE_NAME}",
-    f"a host uplink: {_INTERFACE_CHARS}; not lo, a bridge br-*, ovs-system, ovs-netdev or a load balancer's veth",
+    f"a host uplink: {_INTERFACE_CHARS}; not lo, a bridge br-*, ovs-system, ovs-netdev, "
+    "an OVS tunnel device (genev_sys_*, vxlan_sys_*, ...) or a load balancer's veth",
 )
 Cookie = pattern_type(rf"[A-Za-z0-9_-]{{1,{MAX_COOKIE_LEN}}}", f"1-{MAX_COOKIE_LEN} characters of {_ID_CHARS}")
 # Like Kubernetes' IANA_SVC_NAME: the letter requirement keeps "80" from passing as a name.
@@ -494,7 +497,7 @@ PemPrivateKey = text_type(
         "maxLength": MAX_PEM_BYTES,
         "pattern": _KEY_PATTERN,
         "writeOnly": True,
-        "description": f"PEM; one private key of the first certificate: RSA of at least {pem.MIN_RSA_BITS} bits "
-        f"or EC of at least {pem.MIN_EC_BITS} bits",
+        "description": "PEM; one private key of the first certificate: "
+        f"RSA of {pem.MIN_RSA_BITS} to {pem.MAX_RSA_BITS} bits or EC of at least {pem.MIN_EC_BITS} bits",
     },
 )

@@ -253,9 +253,10 @@ class Certificate(_Model):
             pem.check_pair(certificate, private_key)
         return private_key
 
-    @property
+    @cached_property
     def chain(self) -> pem.CertificateChain:
-        """The decoded certificate text (cached by lbagent.desired.pem)."""
+        """The decoded certificate text (decoded at validation, cached by
+        lbagent.desired.pem; kept here so status never decodes it again)."""
         return pem.certificate_chain(self.certificate)
 
     def validity_warning(self, now: datetime) -> str | None:

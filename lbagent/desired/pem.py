@@ -2,7 +2,7 @@
 
 Owns what the agent checks beyond their PEM form: every CERTIFICATE block
 decodes as X.509, a key is exactly one private key block that decodes and is
-strong enough (RSA of 2048 bits or more, EC of 256 bits or more), the key
+strong enough and not too costly (RSA of 2048 to 8192 bits, EC of 256 bits or more), the key
 belongs to the first certificate, and when the first certificate is valid
 (an expired one is accepted, and reported in status instead).
 
@@ -29,6 +29,9 @@ from cryptography.hazmat.primitives import serialization
 from cryptography.hazmat.primitives.asymmetric import ec, rsa
 
 MIN_RSA_BITS = 2048
+# Every handshake signs with the key in the haproxy all tenants share: 16,384
+# bits cost it the better part of a second each.
+MAX_RSA_BITS = 8192
 MIN_EC_BITS = 256
 CACHE_SIZE = 4096
 
@@ -163,8 +166,8 @@ def _check_rsa_numbers(numbers: rsa.RSAPrivateNumbers) -> None:
 
 def _check_strength(key: object) -> None:
     if isinstance(key, rsa.RSAPrivateKey):
-        if key.key_size < MIN_RSA_BITS:
-            raise ValueError(f"must be an RSA key of at least {MIN_RSA_BITS} bits, not {key.key_size}")
+        if not MIN_RSA_BITS <= key.key_size <= MAX_RSA_BITS:
+            raise ValueError(f"must be an RSA key of {MIN_RSA_BITS} to {MAX_RSA_BITS} bits, not {key.key_size}")
     elif isinstance(key, ec.EllipticCurvePrivateKey):
         if key.curve.key_size < MIN_EC_BITS:
             raise ValueError(f"must be an EC key of at least {MIN_EC_BITS} bits, not {key.curve.name}")

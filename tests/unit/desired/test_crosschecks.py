@@ -149,7 +149,10 @@ def test_a_rule_redirect_that_changes_something_is_accepted(redirect, port):
 # --- provider network uplinks ------------------------------------------------
 
 
-OWN_INTERFACES = ["lo", "br-int", "br-physnet1", "ovs-system", "ovs-netdev", "o1a2b3c4d0", "h1a2b3c4d1"]
+OWN_INTERFACES = [
+    *("lo", "br-int", "br-physnet1", "ovs-system", "ovs-netdev", "genev_sys_6081", "vxlan_sys_4789"),
+    *("o1a2b3c4d0", "h1a2b3c4d1"),
+]
 
 
 @pytest.mark.parametrize("name", OWN_INTERFACES)

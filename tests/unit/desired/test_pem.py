@@ -31,6 +31,7 @@ def key_of(kind: str):
     makers = {
         "rsa2048": lambda: rsa.generate_private_key(65537, 2048),
         "rsa1024": lambda: rsa.generate_private_key(65537, 1024),
+        "rsa3072": lambda: rsa.generate_private_key(65537, 3072),
         "p256": lambda: ec.generate_private_key(ec.SECP256R1()),
         "p384": lambda: ec.generate_private_key(ec.SECP384R1()),
         "p192": lambda: ec.generate_private_key(ec.SECP192R1()),
@@ -129,7 +130,7 @@ def test_ec_parameters_before_the_key_are_accepted():
 @pytest.mark.parametrize(
     ("kind", "message"),
     [
-        ("rsa1024", "must be an RSA key of at least 2048 bits, not 1024"),
+        ("rsa1024", "must be an RSA key of 2048 to 8192 bits, not 1024"),
         ("p192", "must be an EC key of at least 256 bits, not secp192r1"),
         ("dsa", "must be an RSA key (at least 2048 bits) or an EC key (at least 256 bits), not DSA"),
         ("ed25519", "must be an RSA key (at least 2048 bits) or an EC key (at least 256 bits), not Ed25519"),
@@ -137,6 +138,14 @@ def test_ec_parameters_before_the_key_are_accepted():
 )
 def test_weak_or_other_keys_are_refused(kind, message):
     assert details_of(with_certificates(pair(kind))) == {f"{CERTS}/0/private_key": message}
+
+
+def test_rsa_keys_larger_than_the_limit_are_refused(monkeypatch):
+    # A key over 8192 bits takes minutes to make: the limit comes down instead.
+    monkeypatch.setattr(pem, "MAX_RSA_BITS", 2048)
+    assert details_of(with_certificates(pair("rsa3072"))) == {
+        f"{CERTS}/0/private_key": "must be an RSA key of 2048 to 2048 bits, not 3072"
+    }
 
 
 def test_a_key_of_another_certificate_is_refused():
