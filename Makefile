@@ -29,7 +29,7 @@ define apt_install
 	fi
 endef
 
-.PHONY: deps venv lint golden test unit functional demo demo-down bench bench-smoke clean
+.PHONY: deps venv lint golden test unit functional test-scale demo demo-down bench bench-smoke clean
 
 # haproxy's workers run as this system user (lbagent.toml [haproxy] user); its master stays root.
 HAPROXY_USER := lbagent-haproxy
@@ -71,6 +71,10 @@ demo: deps venv
 
 demo-down: venv
 	$(PY) -m devtools.demo down
+
+# 2,500 load balancers through one agent: serving, a reload, lbagent cleanup (about ten minutes).
+test-scale: deps venv
+	LBAGENT_SCALE=1 $(PY) -m pytest -p no:cacheprovider --timeout=1800 tests/functional/test_scale_ceiling.py $(PYTEST_ARGS)
 
 # The full benchmark: one table, bench/results.json. It queues for the
 # machine's one OVS sandbox for up to LBAGENT_SANDBOX_WAIT seconds (default 1200).
