@@ -31,7 +31,7 @@ from schemathesis.core.parameters import ParameterLocation
 
 from tests.unit.api.schemarules import CHECKS, FUZZ, not_cross_field
 
-EXAMPLES = 60
+EXAMPLES = 30
 # No shrinking: each step of it is a refresh the agent applies to the host,
 # and hypothesis spent more than five minutes on one failure.
 FUZZ_AGENT = settings(FUZZ, max_examples=EXAMPLES, phases=[Phase.explicit, Phase.generate])
