@@ -23,6 +23,8 @@ import resource
 from collections.abc import Iterable
 from dataclasses import dataclass
 
+import psutil
+
 # A listener without connection_limit takes at most this many connections at once.
 DEFAULT_LISTENER_MAXCONN = 10_000
 # The Prometheus frontend's own cap, and the connections the process keeps for
@@ -74,10 +76,20 @@ def size(limits: Iterable[int | None], listener_default: int, fd_limit: int) -> 
     return Capacity(maxconn=maxconn, ulimit_n=min(2 * maxconn + reserved, fd_limit), capped=wanted > fitting)
 
 
-def inherited_fd_limit() -> int:
-    """The hard descriptor limit haproxy inherits from this process (what it may raise its own to)."""
+def inherited_fd_limit(master_pid: int | None = None) -> int:
+    """The hard descriptor limit haproxy may raise its own to: the one it inherits
+    from this process, or a running master's if that is lower. A master adopted
+    from an agent started with a lower limit keeps it, and haproxy fails a
+    reload it cannot raise its limit for (`strict-limits`)."""
     hard = resource.getrlimit(resource.RLIMIT_NOFILE)[1]
     if hard == resource.RLIM_INFINITY:
         with open("/proc/sys/fs/nr_open", encoding="ascii") as f:
-            return int(f.read())
+            hard = int(f.read())
+    if master_pid is not None:
+        try:
+            master_hard = psutil.Process(master_pid).rlimit(psutil.RLIMIT_NOFILE)[1]
+        except psutil.Error:  # gone meanwhile: the next master inherits ours
+            return hard
+        if master_hard != resource.RLIM_INFINITY:
+            hard = min(hard, master_hard)
     return hard

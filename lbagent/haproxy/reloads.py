@@ -106,7 +106,7 @@ class Reloader(Part):
         if privileges is not None and privileges.chroot is not None:
             make_jail(privileges.chroot)
         limits = frontend_limits(read_lb_files(self._paths) if joined is None else joined)
-        capacity = size(limits, self._settings.default_listener_maxconn, inherited_fd_limit())
+        capacity = size(limits, self._settings.default_listener_maxconn, inherited_fd_limit(self._process.pid))
         text = render_base(
             self._paths.run_dir,
             self._settings.prometheus_listen,

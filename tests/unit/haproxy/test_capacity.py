@@ -6,7 +6,14 @@ import contextlib
 
 import pytest
 
-from lbagent.haproxy.capacity import ADMIN_CONNECTIONS, FD_HEADROOM, Capacity, frontend_limits, size
+from lbagent.haproxy.capacity import (
+    ADMIN_CONNECTIONS,
+    FD_HEADROOM,
+    Capacity,
+    frontend_limits,
+    inherited_fd_limit,
+    size,
+)
 from lbagent.haproxy.manager import HaproxyManager
 from lbagent.haproxy.render import render_base, render_config
 from lbagent.haproxy.sockets import send_command
@@ -135,3 +142,25 @@ async def test_connections_held_on_one_listener_leave_the_others_served(small_ma
         assert not await answered(port_a)
         assert await echo_through(port_b)
     assert await echo_through(port_a)  # the slots come back once the clients let go
+
+
+def test_a_running_master_with_a_lower_limit_sizes_the_process():
+    # An adopted master keeps the limit of the agent that started it.
+    import resource
+    import subprocess
+    import sys
+
+    ours = inherited_fd_limit()
+    lower = min(ours, 4096) - 1
+
+    def lower_limit():
+        resource.setrlimit(resource.RLIMIT_NOFILE, (lower, lower))
+
+    master = subprocess.Popen(
+        [sys.executable, "-c", "import sys; sys.stdin.read()"], stdin=subprocess.PIPE, preexec_fn=lower_limit
+    )
+    try:
+        assert inherited_fd_limit(master.pid) == lower
+    finally:
+        master.communicate(timeout=10)
+    assert inherited_fd_limit(master.pid) == ours  # gone: the next master inherits ours
