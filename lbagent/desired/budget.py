@@ -8,18 +8,22 @@ servers (64 listeners of 256 rules, each rule routing to a group of 1024
 backends), which the agent would render, check and hold in haproxy for
 minutes. The budget refuses such a body before anything is persisted.
 
-A group's members are its backends plus the pods its selector takes from the
-same body (ready, in its namespace, with all its labels and its port), as a
-pass would resolve them. Every listener counts, whatever its type or status:
-enabling one is a change of a single field, and the budget should not depend
-on it.
+A body is refused for its static backends only. The pods a selector takes
+(ready, in its namespace, with all its labels and its port) change with the
+tenant's workload, not with the region controller's intent: a load balancer
+whose pods take it past its limit fails its own pass (`ServerBudgetExceeded`,
+an `error` state with its last good configuration still serving) instead of
+making every refresh of the host a 400. Every listener counts, whatever its
+type or status: enabling one is a change of a single field, and the budget
+should not depend on it.
 """
 
 from __future__ import annotations
 
-from collections.abc import Iterator
+from collections.abc import Iterator, Mapping
 
 from lbagent.desired.model import DesiredState, LoadBalancer, Pod, PodSelector
+from lbagent.errors import LbAgentError
 
 # Far above what real load balancers carry (a few listeners of a few groups of
 # tens of members), and above the benchmark's largest host (3,000 load
@@ -74,21 +78,38 @@ def _group_routes(lb: LoadBalancer) -> Iterator[str]:
                 yield rule.backend_group_id
 
 
-def servers_of(lb: LoadBalancer, pods: PodCounts) -> int:
+def servers_in(lb: LoadBalancer, group_sizes: Mapping[str, int]) -> int:
+    """The haproxy servers of `lb` when its groups have these many members."""
+    return sum(group_sizes.get(group_id, 0) for group_id in _group_routes(lb))
+
+
+def servers_of(lb: LoadBalancer, pods: PodCounts | None = None) -> int:
+    """The haproxy servers of `lb`: its backends, and the pods `pods` counts (None: none)."""
     sizes = {
-        group.id: len(group.backends) + (pods.count(group.pod_selector) if group.pod_selector is not None else 0)
+        group.id: len(group.backends)
+        + (pods.count(group.pod_selector) if pods is not None and group.pod_selector is not None else 0)
         for group in lb.backend_groups
     }
-    return sum(sizes.get(group_id, 0) for group_id in _group_routes(lb))
+    return servers_in(lb, sizes)
+
+
+class ServerBudgetExceeded(LbAgentError):
+    """A load balancer whose members, pods included, need more haproxy servers than it may have."""
+
+    def __init__(self, servers: int, limit: int = MAX_SERVERS_PER_LB):
+        super().__init__(
+            f"{servers} haproxy servers with the pods its selectors take, more than the {limit} "
+            "a load balancer may have: remove backends or narrow the pod selectors"
+        )
 
 
 def budget_problems(state: DesiredState) -> list[dict[str, str]]:
-    """api.md error details for every load balancer over its server limit, and for the host over its own."""
-    pods = PodCounts(state.pods)
+    """api.md error details for every load balancer whose backends take it over its server
+    limit, and for the host over its own (pods are not counted here: see the module)."""
     problems = []
     total = 0
     for index, lb in enumerate(state.loadbalancers):
-        servers = servers_of(lb, pods)
+        servers = servers_of(lb)
         total += servers
         if servers > MAX_SERVERS_PER_LB:
             problems.append(

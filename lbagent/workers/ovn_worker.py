@@ -34,6 +34,7 @@ from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 
 from lbagent.config import DEFAULT_RESYNC_RATE
+from lbagent.desired.budget import MAX_SERVERS_PER_LB, ServerBudgetExceeded, servers_in
 from lbagent.desired.model import DesiredState, LoadBalancer
 from lbagent.errors import LbAgentError, StaleGeneration
 from lbagent.haproxy.handoff import HaproxyHandoff
@@ -395,6 +396,9 @@ class OvnWorker(ReadinessWatch):
 
     async def _converge(self, lb: LoadBalancer, fingerprint: str) -> None:
         members = self.members(lb)
+        servers = servers_in(lb, {group_id: len(group) for group_id, group in members.items()})
+        if servers > MAX_SERVERS_PER_LB:  # its pods grew past it: only this one fails
+            raise ServerBudgetExceeded(servers, MAX_SERVERS_PER_LB)
         config = await self._config(lb, fingerprint, members)
         if await self._handoff.converge(lb.id, config, functools.partial(self._converge_host, lb, members)):
             log.info("lb=%s object=haproxy action=reload", lb.id)

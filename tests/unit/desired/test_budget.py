@@ -7,7 +7,7 @@ import copy
 import pytest
 
 from lbagent.desired import budget
-from lbagent.desired.budget import MAX_SERVERS_PER_LB, budget_problems
+from lbagent.desired.budget import MAX_SERVERS_PER_LB, PodCounts, budget_problems, servers_of
 from lbagent.desired.model import parse_desired_state
 from lbagent.desired.parser import RefreshParser
 from lbagent.errors import InvalidDesiredState
@@ -71,21 +71,21 @@ def test_a_redirect_rule_needs_no_servers():
     assert problems(lb) == []
 
 
-def test_selected_pods_count_as_members():
+def test_selected_pods_do_not_count_at_refresh_but_are_counted_for_the_pass():
     lb = routed_lb(1, rules=15, backends=GROUP_SIZE - 1)
     lb["backend_groups"][0]["pod_selector"] = {"namespace": "shop", "labels": {"app": "web"}, "port": "http"}
     one = [pod_body("p1", "198.18.0.40")]
-    assert problems(lb, pods=one) == []
     # Not ready, another app, no port of that name: not members.
     others = [
         pod_body("p2", "198.18.0.41", ready=False),
         pod_body("p3", "198.18.0.42", app="db"),
         {**pod_body("p4", "198.18.0.43"), "ports": []},
     ]
-    assert problems(lb, pods=one + others) == []
     two = [*one, pod_body("p5", "198.18.0.44")]
-    assert [p["path"] for p in problems(lb, pods=two)] == ["/loadbalancers/0"]
-    assert f"needs {16 * (GROUP_SIZE + 1)} haproxy servers" in problems(lb, pods=two)[0]["message"]
+    assert problems(lb, pods=two + others) == []  # a tenant's pods never refuse the host's body
+    state = parse_desired_state(body(lb, pods=two + others))
+    assert servers_of(state.loadbalancers[0], PodCounts(state.pods)) == 16 * (GROUP_SIZE + 1)
+    assert servers_of(state.loadbalancers[0]) == 16 * (GROUP_SIZE - 1)
 
 
 def test_the_host_has_a_limit_of_its_own(monkeypatch):

@@ -548,3 +548,17 @@ async def test_pods_beyond_the_backend_ports_fail_their_load_balancer_alone(work
     await asyncio.wait_for(_until(lambda: web.state == "ready"), 5)
     assert web.last_error is None and web.generation == 3
     assert worker.allocations["web"].ports == {"bg-1/w2": 1026, "bg-1/w3": 1025}
+
+
+async def test_pods_beyond_the_server_budget_fail_their_load_balancer_alone(worker, monkeypatch):
+    monkeypatch.setattr(worker_mod, "MAX_SERVERS_PER_LB", 2)
+    lbs = [selecting_lb("web", "198.18.0.12", "web"), lb_body("other", ip="198.18.0.13")]
+    body = state(1, lbs)
+    body["pods"] = [pod_body(f"w{i}", f"198.18.0.{20 + i}") for i in (1, 2, 3)]
+    assert await apply(worker, body) == 1  # accepted: pods do not count at refresh
+    await asyncio.wait_for(_until(lambda: worker.tasks["web"].state == "error"), 5)
+    assert worker.tasks["web"].last_error == (
+        "3 haproxy servers with the pods its selectors take, more than the 2 a load balancer may have: "
+        "remove backends or narrow the pod selectors"
+    )
+    assert await worker.wait_settled(1, 5) and worker.tasks["other"].state == "ready"
