@@ -286,24 +286,43 @@ def _keeps_scheme(listener: Listener, redirect: Redirect) -> bool:
 
 def _listener_redirect_loops(listener: Listener, redirect: Redirect) -> bool:
     """A listener's redirect answers the requests no rule takes: it loops when
-    it keeps scheme and host and its path (kept, or new) is one no rule takes."""
+    it keeps scheme and host and its path (kept, or new) is one no rule takes
+    for every host (a rule with a domain takes only that host's requests)."""
     if not _keeps_scheme(listener, redirect) or redirect.host:
         return False
     if not redirect.path:
         return True
-    return not any(not rule.path or redirect.path.startswith(rule.path) for rule in listener.rules)
+    return not any(
+        not rule.domain and (not rule.path or redirect.path.startswith(rule.path)) for rule in listener.rules
+    )
 
 
 def _rule_redirect_loops(listener: Listener, rule: Rule, redirect: Redirect) -> bool:
-    """A rule's redirect loops when each part is kept or set to what the rule
-    matched on: the request it sends the client to is the one it answered."""
+    """A rule's redirect loops when the request it sends the client to is one
+    the same rule takes again: scheme kept, the same host (kept, set to the
+    rule's exact domain, or any host for a rule without a domain that no other
+    rule claims), and a path the rule's prefix matches that no longer prefix
+    of another rule for that domain takes first."""
     if not _keeps_scheme(listener, redirect):
         return False
-    same_host = not redirect.host or (
-        redirect.host.lower() == rule.domain.lower()  # an exact domain: a wildcard names no one host
-        and listener.listener_port == _DEFAULT_PORTS[listener.kind.scheme]
+    host = redirect.host.lower()
+    if host and rule.domain:
+        # an exact domain: a wildcard names no one host
+        same_host = host == rule.domain.lower() and listener.listener_port == _DEFAULT_PORTS[listener.kind.scheme]
+    else:
+        same_host = not host or not any(other.domain.lower() == host for other in listener.rules)
+    if not same_host:
+        return False
+    path = redirect.path or rule.path
+    if not path.startswith(rule.path):
+        return False
+    return not any(
+        other is not rule
+        and other.domain == rule.domain
+        and len(other.path) > len(rule.path)
+        and path.startswith(other.path)
+        for other in listener.rules
     )
-    return same_host and redirect.path in ("", rule.path)
 
 
 # Health check fields that only one type of check reads.

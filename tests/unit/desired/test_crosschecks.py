@@ -104,7 +104,13 @@ LOOP = "redirects to the very request it answers (a redirect loop): change the s
 
 @pytest.mark.parametrize(
     "redirect",
-    [{"scheme": "http"}, {"scheme": "http", "path": "/elsewhere"}, {"path": "/nowhere"}],
+    [
+        {"scheme": "http"},
+        {"scheme": "http", "path": "/elsewhere"},
+        {"path": "/nowhere"},
+        # rule-1 takes /v1/login for api.example.com only: any other host comes back.
+        {"path": "/v1/login"},
+    ],
 )
 def test_a_listener_redirect_to_a_request_it_answers_again_is_refused(redirect):
     assert details_of(with_listener_redirect({"code": 301, **redirect}))[f"{LISTENER}/redirect"] == LOOP
@@ -112,11 +118,19 @@ def test_a_listener_redirect_to_a_request_it_answers_again_is_refused(redirect):
 
 @pytest.mark.parametrize(
     "redirect",
-    [{"scheme": "https"}, {"host": "www.example.com"}, {"path": "/v1/login"}],
+    [{"scheme": "https"}, {"host": "www.example.com"}, {"host": "api.example.com", "path": "/v1/login"}],
 )
 def test_a_listener_redirect_elsewhere_is_accepted(redirect):
-    # /v1/login: rule-1 (path /v1) takes the redirected request.
     parse_desired_state(with_listener_redirect({"code": 301, **redirect}))
+
+
+def test_a_listener_redirect_to_a_path_a_rule_of_every_host_takes_is_accepted():
+    def change(doc):
+        listener = doc["loadbalancers"][0]["listeners"][0]
+        listener["rules"][0]["domain"] = ""
+        listener["redirect"] = {"code": 301, "path": "/v1/login"}
+
+    parse_desired_state(with_changes(change))
 
 
 @pytest.mark.parametrize(
@@ -126,6 +140,8 @@ def test_a_listener_redirect_elsewhere_is_accepted(redirect):
         {"path": "/v1"},
         {"host": "api.example.com"},
         {"scheme": "http", "host": "API.example.com", "path": "/v1"},
+        # /v1/new still starts with the rule's /v1: it comes back to the same rule.
+        {"path": "/v1/new"},
     ],
 )
 def test_a_rule_redirect_to_what_the_rule_matches_is_refused(redirect):
@@ -144,6 +160,25 @@ def test_a_rule_redirect_to_what_the_rule_matches_is_refused(redirect):
 )
 def test_a_rule_redirect_that_changes_something_is_accepted(redirect, port):
     parse_desired_state(with_rule_redirect({"code": 302, **redirect}, port))
+
+
+def test_a_rule_redirect_into_a_longer_rule_is_accepted():
+    def change(doc):
+        listener = doc["loadbalancers"][0]["listeners"][0]
+        listener["rules"][0].update(backend_group_id=None, redirect={"code": 302, "path": "/v1/new"})
+        listener["rules"].append(
+            {"id": "rule-2", "domain": "api.example.com", "path": "/v1/new", "backend_group_id": "bg-2"}
+        )
+
+    parse_desired_state(with_changes(change))
+
+
+def test_a_domain_less_rule_redirecting_to_another_host_on_the_same_path_loops():
+    def change(doc):
+        rule = doc["loadbalancers"][0]["listeners"][0]["rules"][0]
+        rule.update(domain="", backend_group_id=None, redirect={"code": 302, "host": "www.example.com"})
+
+    assert details_of(with_changes(change))[f"{LISTENER}/rules/0/redirect"] == LOOP
 
 
 # --- provider network uplinks ------------------------------------------------
