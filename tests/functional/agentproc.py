@@ -123,13 +123,13 @@ class AgentProcess:
         assert code == 200, body
         return body
 
-    def cli(self, *args: str, check: bool = True) -> subprocess.CompletedProcess:
+    def cli(self, *args: str, check: bool = True, timeout: float = 60) -> subprocess.CompletedProcess:
         return subprocess.run(
             [LBAGENT, *args, "--config", str(self.config_path)],
             capture_output=True,
             text=True,
             check=check,
-            timeout=60,
+            timeout=timeout,
             env=self.env,
         )
 

@@ -23,7 +23,7 @@ from devtools.topology import Vpc, lb_port_name
 from lbagent.ovnhost import links
 from lbagent.ovnhost.inventory import owner_value
 
-from agentproc import LBAGENT, wait_until
+from agentproc import wait_until
 from lbstate import backend, desired, loadbalancer, tcp_listener
 
 COUNT = int(os.environ.get("LBAGENT_SCALE_COUNT", "2500"))  # smaller to try the test out
@@ -167,13 +167,7 @@ def test_thousands_of_load_balancers_serve_reload_and_go(agent_factory, wide_vpc
 
     # `lbagent cleanup` removes them all; every namespace, link and rule with them.
     agent.stop()
-    result = subprocess.run(
-        [LBAGENT, "cleanup", "--yes", "--config", str(agent.config_path)],
-        capture_output=True,
-        text=True,
-        timeout=900,
-        env=agent.env,
-    )
+    result = agent.cli("cleanup", "--yes", check=False, timeout=900)
     assert result.returncode == 0, result.stdout[-2000:] + result.stderr[-2000:]
     assert not [ns for ns in os.listdir("/run/netns") if ns.startswith(f"lb-{prefix}-")]
     assert not links.marked_host_links(owner_value(agent.host))
