@@ -202,11 +202,14 @@ async def test_overall_rate_limit_spaces_handler_starts(make_queue):
     keys = [f"k{i}" for i in range(12)]
     for name in keys:
         queue.add(name)
+    started = asyncio.get_running_loop().time()  # the bucket's clock: time.monotonic
     queue.start(handler, workers=4)
     await handler.wait_calls(len(keys))
     times = sorted(t for _, t in handler.calls)
-    # Two starts come from the burst; the other ten wait 10 ms each.
-    assert times[-1] - times[0] >= (len(keys) - 2) / 100 - 0.005
+    # Two starts come from the burst; the other ten wait 10 ms each. Measured
+    # from before the start, not from the first handler: a first handler that
+    # runs late on a busy machine shortens the span it sees, never the pacing.
+    assert times[-1] - started >= (len(keys) - 2) / 100 - 0.001
     assert sorted(handler.keys()) == sorted(keys)
 
 
