@@ -22,7 +22,7 @@ from __future__ import annotations
 
 from collections.abc import Iterator, Mapping
 
-from lbagent.desired.model import DesiredState, LoadBalancer, Pod, PodSelector
+from lbagent.desired.model import DesiredState, LoadBalancer
 from lbagent.errors import LbAgentError
 
 # Far above what real load balancers carry (a few listeners of a few groups of
@@ -30,43 +30,6 @@ from lbagent.errors import LbAgentError
 # balancers of 2 listeners of 4 backends: 24,000 servers).
 MAX_SERVERS_PER_LB = 4096
 MAX_SERVERS_PER_HOST = 262_144
-
-SelectorKey = tuple[str, tuple[tuple[str, str], ...], int | str]
-
-
-def pod_port(selector: PodSelector, pod: Pod) -> int | None:
-    """The port on which `selector` takes `pod` as a member, or None when it does not take it."""
-    if not pod.ready or pod.namespace != selector.namespace:
-        return None
-    if any(pod.labels.get(name) != value for name, value in selector.labels.items()):
-        return None
-    if isinstance(selector.port, int):
-        return selector.port
-    return next((port.port for port in pod.ports if port.name == selector.port), None)
-
-
-class PodCounts:
-    """How many pods each selector takes, counted once per distinct selector."""
-
-    def __init__(self, pods: list[Pod]) -> None:
-        self._pods = pods
-        self._by_namespace: dict[str, list[Pod]] | None = None
-        self._counts: dict[SelectorKey, int] = {}
-
-    def count(self, selector: PodSelector) -> int:
-        key = (selector.namespace, tuple(sorted(selector.labels.items())), selector.port)
-        if key not in self._counts:
-            candidates = self._namespaces().get(selector.namespace, [])
-            self._counts[key] = sum(1 for pod in candidates if pod_port(selector, pod) is not None)
-        return self._counts[key]
-
-    def _namespaces(self) -> dict[str, list[Pod]]:
-        if self._by_namespace is None:
-            self._by_namespace = {}
-            for pod in self._pods:
-                if pod.ready:
-                    self._by_namespace.setdefault(pod.namespace, []).append(pod)
-        return self._by_namespace
 
 
 def _group_routes(lb: LoadBalancer) -> Iterator[str]:
@@ -83,14 +46,9 @@ def servers_in(lb: LoadBalancer, group_sizes: Mapping[str, int]) -> int:
     return sum(group_sizes.get(group_id, 0) for group_id in _group_routes(lb))
 
 
-def servers_of(lb: LoadBalancer, pods: PodCounts | None = None) -> int:
-    """The haproxy servers of `lb`: its backends, and the pods `pods` counts (None: none)."""
-    sizes = {
-        group.id: len(group.backends)
-        + (pods.count(group.pod_selector) if pods is not None and group.pod_selector is not None else 0)
-        for group in lb.backend_groups
-    }
-    return servers_in(lb, sizes)
+def servers_of(lb: LoadBalancer) -> int:
+    """The haproxy servers of `lb`'s backends (its pods are counted by its pass)."""
+    return servers_in(lb, {group.id: len(group.backends) for group in lb.backend_groups})
 
 
 class ServerBudgetExceeded(LbAgentError):

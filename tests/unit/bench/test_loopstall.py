@@ -2,14 +2,14 @@
 
 from bench import loopstall
 from bench.report import evaluate
-from lbagent.desired.budget import MAX_SERVERS_PER_LB, PodCounts, servers_of
+from lbagent.desired.budget import MAX_SERVERS_PER_LB, servers_of
 from lbagent.desired.parser import RefreshParser, decode
 
 
 def test_the_budget_body_is_accepted_and_exactly_at_the_budget():
     body = loopstall.bodies()["one load balancer at the server budget"]
     state = RefreshParser().parse(*decode(body))
-    assert servers_of(state.loadbalancers[0], PodCounts([])) == MAX_SERVERS_PER_LB
+    assert servers_of(state.loadbalancers[0]) == MAX_SERVERS_PER_LB
 
 
 async def test_the_stall_is_measured_while_a_body_is_posted():

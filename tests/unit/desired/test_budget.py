@@ -7,10 +7,11 @@ import copy
 import pytest
 
 from lbagent.desired import budget
-from lbagent.desired.budget import MAX_SERVERS_PER_LB, PodCounts, budget_problems, servers_of
+from lbagent.desired.budget import MAX_SERVERS_PER_LB, budget_problems, servers_in, servers_of
 from lbagent.desired.model import parse_desired_state
 from lbagent.desired.parser import RefreshParser
 from lbagent.errors import InvalidDesiredState
+from lbagent.workers.plan import selected_pods
 from tests.unit.samples import EXAMPLE, pod_body
 
 GROUP_SIZE = 256
@@ -84,8 +85,11 @@ def test_selected_pods_do_not_count_at_refresh_but_are_counted_for_the_pass():
     two = [*one, pod_body("p5", "198.18.0.44")]
     assert problems(lb, pods=two + others) == []  # a tenant's pods never refuse the host's body
     state = parse_desired_state(body(lb, pods=two + others))
-    assert servers_of(state.loadbalancers[0], PodCounts(state.pods)) == 16 * (GROUP_SIZE + 1)
-    assert servers_of(state.loadbalancers[0]) == 16 * (GROUP_SIZE - 1)
+    lb_model = state.loadbalancers[0]
+    group = lb_model.backend_groups[0]
+    members = len(group.backends) + len(selected_pods(group.pod_selector, state.pods))
+    assert servers_in(lb_model, {group.id: members}) == 16 * (GROUP_SIZE + 1)  # what its pass counts
+    assert servers_of(lb_model) == 16 * (GROUP_SIZE - 1)
 
 
 def test_the_host_has_a_limit_of_its_own(monkeypatch):
