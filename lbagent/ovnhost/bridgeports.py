@@ -23,6 +23,9 @@ balancers made 2,500 transactions, each a reconfiguration of the bridge.
 
 from __future__ import annotations
 
+from collections.abc import Awaitable, Callable
+from typing import TypeVar
+
 from lbagent.errors import LbAgentError
 from lbagent.ovnhost.errors import OvsdbError, OvsdbUnavailable
 from lbagent.ovnhost.ovs import OvsClient, PortState, PortWant
@@ -31,6 +34,8 @@ from lbagent.support.coalesce import Coalescer
 from lbagent.support.waits import InFlight
 
 MAX_PORTS = 200  # ports in one turn: an error in a shared transaction stays readable
+I = TypeVar("I")  # noqa: E741 - an item
+R = TypeVar("R")
 GATHER_LIMIT = 0.25  # seconds a turn with new ports waits for the passes still building theirs
 
 
@@ -58,36 +63,39 @@ class BridgePorts:
 
     async def converge(self, name: str, external_ids: dict[str, str], reattach: bool = False) -> PortState | None:
         """`OvsClient.converge_ports` for one port, in a turn shared with others."""
-        try:
-            return await self._turns.submit(PortWant(name, external_ids, reattach))
-        except _Unanswered as unanswered:
-            raise unanswered.error from unanswered.error.__cause__
+        return await _answer_of(self._turns.submit(PortWant(name, external_ids, reattach)))
 
     async def delete(self, name: str) -> bool:
         """`OvsClient.delete_port`, in a turn shared with other removals; True if it was there."""
-        try:
-            return await self._removals.submit(name)
-        except _Unanswered as unanswered:
-            raise unanswered.error from unanswered.error.__cause__
-
-    async def _delete_together(self, names: list[str]) -> list[bool]:
-        try:
-            return await self._pool.run(self._ovs.delete_ports, names)
-        except OvsdbUnavailable as exc:
-            raise _Unanswered(exc) from None
-
-    async def _delete_alone(self, name: str) -> bool:
-        return (await self._delete_together([name]))[0]
+        return await _answer_of(self._removals.submit(name))
 
     async def _gather(self, wants: list[PortWant]) -> None:
         if self._building is not None and any(want.reattach for want in wants):
             await self._building.none_within(GATHER_LIMIT)
 
     async def _converge_together(self, wants: list[PortWant]) -> list[PortState | None]:
-        try:
-            return await self._pool.run(self._ovs.converge_ports, wants)
-        except OvsdbUnavailable as exc:
-            raise _Unanswered(exc) from None
+        return await self._on_ovsdb(self._ovs.converge_ports, wants)
 
     async def _converge_alone(self, want: PortWant) -> PortState | None:
         return (await self._converge_together([want]))[0]
+
+    async def _delete_together(self, names: list[str]) -> list[bool]:
+        return await self._on_ovsdb(self._ovs.delete_ports, names)
+
+    async def _delete_alone(self, name: str) -> bool:
+        return (await self._delete_together([name]))[0]
+
+    async def _on_ovsdb(self, write: Callable[[list[I]], list[R]], items: list[I]) -> list[R]:
+        """`write(items)` on the OVSDB thread; unavailability wrapped so the turn is not split."""
+        try:
+            return await self._pool.run(write, items)
+        except OvsdbUnavailable as exc:
+            raise _Unanswered(exc) from None
+
+
+async def _answer_of(turn: Awaitable[R]) -> R:
+    """A port's share of a turn, with an unavailable OVSDB raised as itself."""
+    try:
+        return await turn
+    except _Unanswered as unanswered:
+        raise unanswered.error from unanswered.error.__cause__
