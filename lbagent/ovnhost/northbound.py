@@ -1,0 +1,191 @@
+"""`NorthboundClient`: the agent's one link to the OVN Northbound database.
+
+High availability keeps a lease per load balancer in the `external_ids` of
+its logical switch port, and moves the port's binding by its
+`options:requested-chassis`. This module owns the connection, reading those
+two from the IDL's replica, and writing them as compare-and-swap
+transactions. Nothing else of the Northbound database is read or written:
+the region controller creates and owns the ports; the agent touches only its
+own `lbagent:*` keys and `requested-chassis`, and only with `setkey`/`delkey`
+(OVSDB mutations), so a key the region controller writes meanwhile is never
+overwritten.
+
+A write names the lease keys it was decided on (`LeaseWrite.expect`): it
+applies only if the port still has exactly those, and it `verify`s the
+column, so the server refuses the transaction when another agent changed it
+after our replica saw it (on a clustered Northbound database the leader
+orders them). ovsdbapp then runs the commands again on the newer replica,
+where the stale write finds its expectation broken and drops out: of two
+agents taking the same lease, one wins and the other learns it lost. All
+the writes of one tick go in one transaction.
+
+The IDL watches only `Logical_Switch_Port`'s name, options and external_ids.
+Every call blocks; the caller runs it on its own thread (`BlockingPool`).
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+from collections.abc import Iterable
+from dataclasses import dataclass, field
+
+from ovs.db import idl as ovs_idl
+from ovsdbapp import exceptions as ovsdbapp_exceptions
+from ovsdbapp.backend import ovs_idl as ovsdbapp_backend
+from ovsdbapp.backend.ovs_idl import command, connection, idlutils
+
+from lbagent.ovnhost.errors import OvsdbError, OvsdbUnavailable
+
+log = logging.getLogger(__name__)
+
+PORT_TABLE = "Logical_Switch_Port"
+WATCHED_COLUMNS = ["name", "options", "external_ids"]
+KEY_PREFIX = "lbagent:"
+REQUESTED_CHASSIS = "requested-chassis"
+# Debian ships the schema with ovn-common's tools; without it the client asks the server.
+LOCAL_SCHEMA = "/usr/share/ovn/ovn-nb.ovsschema"
+
+
+@dataclass(frozen=True)
+class PortLease:
+    """One logical switch port as the replica shows it: its `lbagent:*` keys and binding."""
+
+    name: str
+    keys: dict[str, str] = field(default_factory=dict)
+    requested_chassis: str = ""
+
+
+@dataclass(frozen=True)
+class LeaseWrite:
+    """Set and delete `lbagent:*` keys of one port (and maybe its requested-chassis),
+    only if its `lbagent:*` keys are still exactly `expect`."""
+
+    port: str
+    expect: dict[str, str]
+    set_keys: dict[str, str] = field(default_factory=dict)
+    delete_keys: tuple[str, ...] = ()
+    requested_chassis: str | None = None
+
+
+def _own_keys(row) -> dict[str, str]:
+    return {k: v for k, v in row.external_ids.items() if k.startswith(KEY_PREFIX)}
+
+
+class _ReadPorts(command.ReadOnlyCommand):
+    def __init__(self, api, names: Iterable[str]):
+        super().__init__(api)
+        self.names = list(names)
+
+    def run_idl(self, txn):
+        found = {}
+        for name in self.names:
+            row = idlutils.row_by_value(self.api.idl, PORT_TABLE, "name", name, None)
+            if row is not None:
+                found[name] = PortLease(name, _own_keys(row), row.options.get(REQUESTED_CHASSIS, ""))
+        self.result = found
+
+
+class _WriteLeases(command.BaseCommand):
+    def __init__(self, api, writes: list[LeaseWrite]):
+        super().__init__(api)
+        self.writes = writes
+
+    def run_idl(self, txn):
+        # Run again on every TRY_AGAIN, on the newer replica: each write is decided anew.
+        applied = []
+        for write in self.writes:
+            row = idlutils.row_by_value(self.api.idl, PORT_TABLE, "name", write.port, None)
+            if row is None or _own_keys(row) != write.expect:
+                applied.append(False)
+                continue
+            row.verify("external_ids")
+            for key, value in write.set_keys.items():
+                row.setkey("external_ids", key, value)
+            for key in write.delete_keys:
+                row.delkey("external_ids", key)
+            if write.requested_chassis is not None:
+                row.setkey("options", REQUESTED_CHASSIS, write.requested_chassis)
+            applied.append(True)
+        self.result = applied
+
+
+class _NbApi(ovsdbapp_backend.Backend):
+    """Transactions and lookups over one Northbound IDL. ovsdbapp keeps the
+    connection in a class attribute; `_api_class` gives each client a class of
+    its own, so two clients in one process (tests) do not share one."""
+
+
+def _api_class() -> type[_NbApi]:
+    return type("NbApi", (_NbApi,), {"_ovsdb_connection": None})
+
+
+def _schema_helper(remote: str) -> ovs_idl.SchemaHelper:
+    if os.path.exists(LOCAL_SCHEMA):
+        helper = ovs_idl.SchemaHelper(location=LOCAL_SCHEMA)
+    else:
+        helper = idlutils.get_schema_helper(remote, "OVN_Northbound")
+    helper.register_columns(PORT_TABLE, WATCHED_COLUMNS)
+    return helper
+
+
+class NorthboundClient:
+    def __init__(self, remote: str, timeout: float):
+        self.remote = remote
+        self._timeout = timeout  # seconds one read or transaction may take
+        self._api: _NbApi | None = None
+        self._conn: connection.Connection | None = None
+
+    def connect(self) -> None:
+        """Connect and wait for the first copy of the ports; OvsdbUnavailable if
+        the server does not answer within the timeout (call again to retry)."""
+        if self._api is not None:
+            return
+        try:
+            if self._conn is None:
+                idl = connection.OvsdbIdl(self.remote, _schema_helper(self.remote))
+                self._conn = connection.Connection(idl=idl, timeout=self._timeout)
+            self._api = _api_class()(self._conn, start=True)
+        except Exception as exc:  # ovsdbapp raises bare Exceptions on connect failures
+            raise OvsdbUnavailable(f"cannot reach the OVN Northbound database at {self.remote}: {exc}") from exc
+
+    def connected(self) -> bool:
+        """Whether the IDL holds a live session now (its replica is then current)."""
+        if self._conn is None or self._api is None:
+            return False
+        idl = self._conn.idl
+        # python-ovs has no public accessor; the state says the monitor's reply is in.
+        return idl._session.is_connected() and idl.state == idl.IDL_S_MONITORING
+
+    def close(self) -> None:
+        if self._conn is not None:
+            self._conn.stop(timeout=self._timeout)
+        self._api = self._conn = None
+
+    def _require(self) -> _NbApi:
+        if self._api is None:
+            raise OvsdbUnavailable(f"not connected to the OVN Northbound database at {self.remote}")
+        return self._api
+
+    def ports(self, names: Iterable[str]) -> dict[str, PortLease]:
+        """Those of these logical switch ports that exist, as the replica shows them now."""
+        return _ReadPorts(self._require(), names).execute(check_error=True, log_errors=False)
+
+    def commit(self, writes: list[LeaseWrite]) -> list[bool]:
+        """Apply `writes` in one transaction; for each, whether it applied (False:
+        its port changed or went away meanwhile)."""
+        if not writes:
+            return []
+        api = self._require()
+        cmd = _WriteLeases(api, writes)
+        txn = api.create_transaction(check_error=True, log_errors=False)
+        txn.add(cmd)
+        try:
+            txn.commit()
+        except ovsdbapp_exceptions.TimeoutException as exc:
+            raise OvsdbUnavailable(f"OVN Northbound lease transaction: {exc}") from exc
+        except RuntimeError as exc:  # ovsdbapp's "OVS transaction timed out" after TRY_AGAINs
+            raise OvsdbUnavailable(f"OVN Northbound lease transaction: {exc}") from exc
+        except Exception as exc:
+            raise OvsdbError(f"OVN Northbound lease transaction: {exc}") from exc
+        return list(cmd.result)
