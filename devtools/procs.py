@@ -129,9 +129,9 @@ def wait_for(predicate: Callable[[], T], timeout: float, what: str, interval: fl
         time.sleep(interval)
 
 
-def link_names() -> set[str]:
-    """Names of the links in the host network namespace."""
-    return {link["ifname"] for link in json.loads(run("ip", "-j", "link", "show") or "[]")}
+def link_names(*launcher: str) -> set[str]:
+    """Names of the links in the host network namespace, or where `launcher` (a command prefix) runs `ip`."""
+    return {link["ifname"] for link in json.loads(run(*launcher, "ip", "-j", "link", "show") or "[]")}
 
 
 def _proc_state(pid: int) -> str | None:

@@ -13,6 +13,12 @@ What was created is recorded before it is created, optionally in a JSON
 file, so that `cleanup()` works after a partial failure and from another
 process (`Vpc.restore`, used by `demo down`).
 
+The VPC's OVN objects go into any northbound database with an `nbctl`
+(`OvnNorthbound`: the sandbox, or a multi-host central), and its hosts onto
+any `Hypervisor`: by default the sandbox's own OVS in the host namespace; a
+simulated host of `devtools.multihost` runs the same commands through its
+`launcher` (a command prefix that enters its namespaces).
+
 Addresses must lie in 198.18.0.0/15: the benchmarking range, routed nowhere
 on the test machines.
 """
@@ -25,15 +31,15 @@ import json
 import re
 import subprocess
 import sys
+from collections.abc import Mapping, Sequence
 from dataclasses import asdict, dataclass, field, fields
 from pathlib import Path
-from typing import Any
+from typing import Any, Protocol, runtime_checkable
 
 from devtools.programs import HTTPD_CODE, HTTPD_MARKER, PING_CODE, self_signed_certificate
 from devtools.sandbox import (
     INTEGRATION_BRIDGE,
     CommandError,
-    OvnSandbox,
     WaitAborted,
     link_names,
     run,
@@ -44,12 +50,63 @@ from devtools.sandbox import (
 
 # CommandError is re-exported: VpcHost.run/curl raise it; so is self_signed_certificate,
 # which the tests import from here.
-__all__ = ["ALLOWED_RANGE", "CommandError", "Vpc", "VpcHost", "lb_port_name", "self_signed_certificate"]
+__all__ = [
+    "ALLOWED_RANGE",
+    "CommandError",
+    "Hypervisor",
+    "OvnNorthbound",
+    "OvsDatabase",
+    "Vpc",
+    "VpcHost",
+    "lb_port_name",
+    "self_signed_certificate",
+]
 
-ALLOWED_RANGE = ipaddress.ip_network("198.18.0.0/15")
+ALLOWED_RANGE = ipaddress.IPv4Network("198.18.0.0/15")
 PREFIX_RE = re.compile(r"^[a-z][a-z0-9]{0,7}$")
 ROUTER_MAC = "00:00:5e:00:53:01"  # RFC 7042 documentation MAC range
 NS_IFNAME = "eth0"
+
+
+@runtime_checkable
+class OvnNorthbound(Protocol):
+    """The northbound database a VPC's switches, router and ports go into."""
+
+    def nbctl(self, *args: str, timeout: float = 30) -> str: ...
+
+    def nb_db_running(self) -> bool: ...
+
+
+@runtime_checkable
+class OvsDatabase(Protocol):
+    """An Open_vSwitch database whose br-int the VPC's hosts are plugged into."""
+
+    def vsctl(self, *args: str, timeout: float = 30) -> str: ...
+
+    def ovs_db_running(self) -> bool: ...
+
+
+class Hypervisor(OvsDatabase, Protocol):
+    """A machine VPC hosts live on: its OVS, and how to run a command there."""
+
+    @property
+    def launcher(self) -> Sequence[str]:
+        """Prefix that runs a command on it (empty: right here)."""
+        ...
+
+
+@dataclass(frozen=True)
+class _LocalHypervisor:
+    """The sandbox's OVS, in the namespaces of the calling process."""
+
+    ovs: OvsDatabase
+    launcher: tuple[str, ...] = ()
+
+    def vsctl(self, *args: str, timeout: float = 30) -> str:
+        return self.ovs.vsctl(*args, timeout=timeout)
+
+    def ovs_db_running(self) -> bool:
+        return self.ovs.ovs_db_running()
 
 
 def lb_port_name(lb_id: str) -> str:
@@ -100,11 +157,13 @@ class VpcHost:
     subnet: int = 0
     http_port: int | None = None
     http_pid: int | None = None
+    hypervisor: str = ""  # key of the Vpc's hypervisor it lives on ("": the sandbox)
+    launcher: list[str] = field(default_factory=list)  # that hypervisor's command prefix
     _proc: subprocess.Popen | None = field(default=None, repr=False, compare=False)
 
     def run(self, *cmd: str, timeout: float = 30, check: bool = True) -> str:
         """Run a command inside the host's namespace; return stdout."""
-        return run("ip", "netns", "exec", self.netns, *cmd, timeout=timeout, check=check)
+        return run(*self.launcher, "ip", "netns", "exec", self.netns, *cmd, timeout=timeout, check=check)
 
     def curl(self, url: str, timeout: float = 5) -> str:
         """GET `url` from inside the namespace; return the body (CommandError on failure)."""
@@ -144,7 +203,7 @@ class VpcHost:
         if any(options.values()):
             argv.append(json.dumps({key: value for key, value in options.items() if value}))
         self._proc = subprocess.Popen(
-            [which("ip") or "ip", "netns", "exec", self.netns, *argv],
+            [*self.launcher, which("ip") or "ip", "netns", "exec", self.netns, *argv],
             stdin=subprocess.DEVNULL,
             stdout=subprocess.DEVNULL,
             stderr=subprocess.DEVNULL,
@@ -152,7 +211,8 @@ class VpcHost:
             # take it down mid-test, and the demo's servers outlive `up`.
             start_new_session=True,
         )
-        # `ip netns exec` execs the command, so this pid is the server itself.
+        # `ip netns exec` execs the command (as does a launcher's nsenter), so
+        # this pid is the server itself.
         self.http_pid, self.http_port = self._proc.pid, port
 
         def answers() -> bool:
@@ -184,17 +244,20 @@ class Vpc:
 
     Construction creates the OVN objects (and removes them again if that
     fails). `state_file`, when given, receives the record of everything
-    created, for `Vpc.restore`.
+    created, for `Vpc.restore`. `hypervisors` names the machines `add_host`
+    may put hosts on (`on=`); by default the one machine is the sandbox
+    itself, under the name "".
     """
 
     def __init__(
         self,
-        sandbox: OvnSandbox,
+        sandbox: OvnNorthbound,
         prefix: str,
         cidr: str = "198.18.0.0/24",
         gateway: str = "198.18.0.1",
         *,
         state_file: Path | None = None,
+        hypervisors: Mapping[str, Hypervisor] | None = None,
         _record: dict[str, Any] | None = None,
     ):
         if not PREFIX_RE.match(prefix):
@@ -203,6 +266,7 @@ class Vpc:
                 "(it goes into 15-character interface names)"
             )
         self.sandbox = sandbox
+        self.hypervisors = _hypervisors(sandbox, hypervisors)
         self.prefix = prefix
         self.router = f"{prefix}-lr"
         self.state_file = Path(state_file) if state_file else None
@@ -224,10 +288,12 @@ class Vpc:
     # -- persistence ---------------------------------------------------------
 
     @classmethod
-    def restore(cls, sandbox: OvnSandbox, state_file: Path) -> Vpc:
+    def restore(
+        cls, sandbox: OvnNorthbound, state_file: Path, hypervisors: Mapping[str, Hypervisor] | None = None
+    ) -> Vpc:
         """Rebuild a Vpc from its state file (e.g. to clean it up from another process)."""
         record = json.loads(Path(state_file).read_text())
-        return cls(sandbox, record["prefix"], state_file=state_file, _record=record)
+        return cls(sandbox, record["prefix"], state_file=state_file, hypervisors=hypervisors, _record=record)
 
     def _load(self, record: dict[str, Any]) -> None:
         self.subnets = [_Subnet(**s) for s in record.get("subnets", [])]
@@ -307,7 +373,7 @@ class Vpc:
 
     def add_lb_port(self, lb_id: str, mac: str, ip: str, subnet: int = 0) -> str:
         """Create the LSP `iface/lb/<lb_id>` the agent's load balancer binds to; return its name."""
-        _check_in_range(ipaddress.ip_address(ip), "load balancer address")
+        _check_in_range(ipaddress.IPv4Address(ip), "load balancer address")
         name = lb_port_name(lb_id)
         self.lb_ports[lb_id] = self.subnets[subnet].switch
         self._save()
@@ -330,12 +396,18 @@ class Vpc:
         http_port: int = 8000,
         subnet: int = 0,
         timeout: float = 30,
+        on: str = "",
     ) -> VpcHost:
-        """A namespace `<prefix>-<name>` on the VPC, bound through OVN, optionally serving HTTP."""
+        """A namespace `<prefix>-<name>` on the VPC, bound through OVN, optionally serving HTTP.
+
+        `on` names the hypervisor it lives on (one of `hypervisors`).
+        """
         if name in self.hosts:
             raise ValueError(f"host {name!r} already exists in VPC {self.prefix}")
+        if on not in self.hypervisors:
+            raise ValueError(f"no hypervisor {on!r} for host {name!r}; known: {sorted(self.hypervisors)}")
         net = self.subnets[subnet]
-        addr = ipaddress.ip_address(ip)
+        addr = ipaddress.IPv4Address(ip)
         _check_in_range(addr, "host address")
         if addr not in ipaddress.ip_network(net.cidr):
             raise ValueError(f"{addr} is not in subnet {net.cidr}")
@@ -348,6 +420,8 @@ class Vpc:
             lsp=f"{self.prefix}-{name}",
             host_if=f"{self.prefix}{digest}h",
             subnet=subnet,
+            hypervisor=on,
+            launcher=list(self.hypervisors[on].launcher),
         )
         self.hosts[name] = host
         self._save()  # before creating anything, so cleanup() knows what to look for
@@ -360,9 +434,10 @@ class Vpc:
 
     def _plumb(self, host: VpcHost, net: _Subnet) -> None:
         """Namespace, veth pair (namespace end created directly inside it), addresses, route."""
-        run("ip", "netns", "add", host.netns)
-        run("ip", "link", "add", host.host_if, "type", "veth", "peer", "name", NS_IFNAME, "netns", host.netns)
-        ns = ("ip", "-n", host.netns)
+        on = host.launcher
+        run(*on, "ip", "netns", "add", host.netns)
+        run(*on, "ip", "link", "add", host.host_if, "type", "veth", "peer", "name", NS_IFNAME, "netns", host.netns)
+        ns = (*on, "ip", "-n", host.netns)
         run(*ns, "link", "set", NS_IFNAME, "address", host.mac)
         run(*ns, "addr", "add", f"{host.ip}/{net.prefixlen}", "dev", NS_IFNAME)
         run(*ns, "link", "set", "lo", "up")
@@ -371,15 +446,16 @@ class Vpc:
         # The userspace datapath delivers frames as the sender left them: with
         # TX checksum offload on, TCP segments arrive with bad checksums and are
         # dropped (ping still works). Checksums must be computed in software.
-        run("ip", "netns", "exec", host.netns, "ethtool", "-K", NS_IFNAME, "tx", "off")
-        run("ip", "link", "set", host.host_if, "up")
+        run(*on, "ip", "netns", "exec", host.netns, "ethtool", "-K", NS_IFNAME, "tx", "off")
+        run(*on, "ip", "link", "set", host.host_if, "up")
 
     def _bind(self, host: VpcHost, net: _Subnet, timeout: float) -> None:
         """LSP with the host's addresses, OVS port with its iface-id; wait for ovn-installed."""
         self.sandbox.nbctl(
             "lsp-add", net.switch, host.lsp, "--", "lsp-set-addresses", host.lsp, f"{host.mac} {host.ip}"
         )
-        self.sandbox.vsctl(
+        ovs = self.hypervisors[host.hypervisor]
+        ovs.vsctl(
             "add-port",
             INTEGRATION_BRIDGE,
             host.host_if,
@@ -391,9 +467,7 @@ class Vpc:
         )
         wait_for(
             lambda: (
-                self.sandbox.vsctl(
-                    "--if-exists", "get", "Interface", host.host_if, "external_ids:ovn-installed"
-                ).strip()
+                ovs.vsctl("--if-exists", "get", "Interface", host.host_if, "external_ids:ovn-installed").strip()
                 == '"true"'
             ),
             timeout,
@@ -418,20 +492,21 @@ class Vpc:
 
         # A database whose server is gone took its rows with it (and would
         # only make the ctl commands wait for their timeout).
-        ovs_up, nb_up = self.sandbox.ovs_db_running(), self.sandbox.nb_db_running()
+        nb_up = self.sandbox.nb_db_running()
         for host in list(self.hosts.values()):
             attempt(f"HTTP server of {host.name}", host.stop_http)
-            if ovs_up:
+            ovs = self.hypervisors.get(host.hypervisor)
+            if ovs is not None and ovs.ovs_db_running():
                 attempt(
                     f"OVS port {host.host_if}",
-                    self.sandbox.vsctl,
+                    ovs.vsctl,
                     "--if-exists",
                     "del-port",
                     INTEGRATION_BRIDGE,
                     host.host_if,
                 )
-            attempt(f"link {host.host_if}", _del_link, host.host_if)
-            attempt(f"netns {host.netns}", _del_netns, host.netns)
+            attempt(f"link {host.host_if}", _del_link, host.host_if, host.launcher)
+            attempt(f"netns {host.netns}", _del_netns, host.netns, host.launcher)
         ovn_cmd: list[str] = []
         for lb_id in self.lb_ports:
             ovn_cmd += ["--", "--if-exists", "lsp-del", lb_port_name(lb_id)]
@@ -457,17 +532,25 @@ def _mac_for(addr: ipaddress.IPv4Address) -> str:
     return "0a:58:" + ":".join(f"{b:02x}" for b in addr.packed)
 
 
-def _del_link(name: str) -> None:
-    if name in link_names():
-        run("ip", "link", "del", name)
+def _hypervisors(sandbox: OvnNorthbound, given: Mapping[str, Hypervisor] | None) -> dict[str, Hypervisor]:
+    if given is not None:
+        return dict(given)
+    if not isinstance(sandbox, OvsDatabase):
+        raise TypeError(f"{type(sandbox).__name__} has no OVS of its own: pass the hypervisors")
+    return {"": _LocalHypervisor(sandbox)}
 
 
-def _del_netns(name: str) -> None:
-    if name not in run("ip", "netns", "list").split():
+def _del_link(name: str, launcher: Sequence[str] = ()) -> None:
+    if name in link_names(*launcher):
+        run(*launcher, "ip", "link", "del", name)
+
+
+def _del_netns(name: str, launcher: Sequence[str] = ()) -> None:
+    if name not in run(*launcher, "ip", "netns", "list").split():
         return
     # Whatever still runs in a namespace we created was started by us (a
     # server whose pid never got recorded): it would keep the namespace's
     # network alive after `ip netns del`.
-    for pid in run("ip", "netns", "pids", name).split():
+    for pid in run(*launcher, "ip", "netns", "pids", name).split():
         stop_pid(int(pid), expect="", what=f"process {pid} left in netns {name}")
-    run("ip", "netns", "del", name)
+    run(*launcher, "ip", "netns", "del", name)
