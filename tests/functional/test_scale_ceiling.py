@@ -99,35 +99,46 @@ def refresh(agent, generation: int, lbs: list[dict], wait: float) -> tuple[int, 
 
 
 def why_not(agent, client, prefix: str, index: int) -> dict:
-    """What a load balancer that does not serve looks like, for the failure's message."""
+    """What a load balancer that does not serve looks like, for the failure's message:
+    where a connection's packets go (OVS port, both veths of its namespace, the
+    host's reply path) is read before and after one more try."""
     lb = agent.lb(lb_id(prefix, index))
     netns = lb.get("netns", "")
-    listening = subprocess.run(["ip", "netns", "exec", netns, "ss", "-ltnH"], capture_output=True, text=True)
-    curl = subprocess.run(
-        ["ip", "netns", "exec", client.netns, "curl", "-sS", "-m", "3", f"http://{vip(index)}:{PORT}/"],
-        capture_output=True,
-        text=True,
-    )
-
-    def run(*cmd: str) -> str:
-        done = subprocess.run(cmd, capture_output=True, text=True)
-        return (done.stdout + done.stderr)[-600:]
-
     port = lb.get("ovs_port") or ""
+    outer = lb.get("outer") or ""
+
+    def run(*cmd: str, keep: int = 600) -> str:
+        done = subprocess.run(cmd, capture_output=True, text=True)
+        return (done.stdout + done.stderr)[-keep:]
+
+    def counters() -> dict:
+        return {
+            "ovs_port": run("ovs-ofctl", "dump-ports", "br-int", port, keep=400),
+            "netns_links": run("ip", "netns", "exec", netns, "ip", "-s", "-s", "link", keep=1500),
+            "conntrack": run("ip", "netns", "exec", netns, "cat", "/proc/net/nf_conntrack", keep=800),
+        }
+
+    before = counters()
+    curl = run("ip", "netns", "exec", client.netns, "curl", "-sS", "-m", "3", f"http://{vip(index)}:{PORT}/")
+    after = counters()
+    table = subprocess.run(["ip", "rule", "show", "from", outer], capture_output=True, text=True).stdout
     return {
-        "lb": {k: lb.get(k) for k in ("state", "reason", "last_error", "ovn_installed", "netns", "ovs_port")},
+        "lb": {k: lb.get(k) for k in ("state", "reason", "last_error", "ovn_installed", "netns", "ovs_port", "outer")},
         "ovs": run(
             "ovs-vsctl", f"--db={agent_db(agent)}", "--columns=ofport,link_state,error", "list", "Interface", port
         ),
         "addresses": run("ip", "netns", "exec", netns, "ip", "-br", "addr"),
         "neighbour": run("ip", "netns", "exec", client.netns, "ip", "neigh", "show", vip(index)),
         "nat": run("ip", "netns", "exec", netns, "iptables-legacy-save", "-t", "nat"),
-        "offload": run("ip", "netns", "exec", netns, "ethtool", "-k", port[:-1] + "0"),
-        "host_offload": run("ethtool", "-k", port),
+        "offload": run("sh", "-c", f"ip netns exec {netns} ethtool -k {port[:-1]}0 | grep -i checksum"),
+        "host_offload": run("sh", "-c", f"ethtool -k {port} | grep -i checksum"),
+        "reply_rule": table,
+        "reply_table": run("ip", "route", "show", "table", table.split("lookup")[-1].strip()) if table else "",
+        "host_neighbour": run("ip", "neigh", "show", "dev", f"h{port[1:-1]}1") if port else "",
         "haproxy": haproxy_counters(agent),
-        "listening": listening.stdout[-500:] + listening.stderr[-200:],
-        "curl": curl.stdout[-200:] + curl.stderr[-300:],
-        "ping": run("ip", "netns", "exec", client.netns, "ping", "-c1", "-W1", vip(index)),
+        "before": before,
+        "curl": curl,
+        "after": after,
     }
 
 
