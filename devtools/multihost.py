@@ -6,7 +6,7 @@ start and stop in, the record of what was made (`<base>/multihost.json`,
 written before each thing is made, so that `stop()` works after a partial
 start and `MultiHost.restore(base).stop()` from another process), and the
 VPCs built on it. The hosts and the central themselves are
-`devtools.simhost`'s.
+`devtools.simhost`'s and `devtools.central`'s.
 
 How it is laid out, for `MultiHost(base, "t1", ["gw-1", "gw-2", "cl"])`:
 
@@ -50,19 +50,10 @@ import shutil
 from collections.abc import Iterator
 from pathlib import Path
 
+from devtools.central import Central
+from devtools.namespaces import Ledger, MultiHostError, add_netns, del_netns, unmount
 from devtools.procs import CommandError, run
-from devtools.simhost import (
-    UNDERLAY_MTU,
-    UPLINK,
-    Central,
-    HostPlan,
-    Ledger,
-    MultiHostError,
-    SimHost,
-    add_netns,
-    del_netns,
-    unmount,
-)
+from devtools.simhost import UNDERLAY_MTU, UPLINK, HostPlan, SimHost
 from devtools.topology import Vpc
 
 __all__ = ["Central", "MultiHost", "MultiHostError", "SimHost", "underlay_plan"]

@@ -1,13 +1,13 @@
-"""One simulated OVN host, and the OVN central that all of them share, each in namespaces of its own.
+"""One simulated OVN host: its own OVS and ovn-controller, network namespace and private /run/netns.
 
-This module owns the processes of a `SimHost` (its ovsdb-server, ovs-vswitchd,
-ovn-controller and whatever is started through `SimHost.popen`), its network
-namespace, its persistent mount namespace with a private /run/netns, and the
-devices inside them; and the processes of the `Central` (NB and SB
-ovsdb-servers, ovn-northd) in the central's network namespace. How hosts
-and central are put together (names, addresses, the underlay) is
-`devtools.multihost`'s; what they make is written to its `Ledger` before it is
-made, so that a later `stop()`, also from another process, undoes it.
+This module owns the processes of a `SimHost` (its ovsdb-server,
+ovs-vswitchd, ovn-controller and whatever is started through
+`SimHost.popen`), its network namespace, its persistent mount namespace with
+a private /run/netns, and the devices inside them. How the hosts and the
+central are put together (names, addresses, the underlay) is
+`devtools.multihost`'s; what a host makes is written to that sandbox's
+`Ledger` before it is made, so that a later `stop()`, also from another
+process, undoes it.
 
 Every process of a host runs through the host's `launcher`
 (`nsenter --mount=<mount file> --net=/run/netns/<netns> --`). nsenter execs
@@ -18,285 +18,40 @@ machine's /run/netns) is found although the host's own /run/netns hides it.
 
 from __future__ import annotations
 
-import json
-import os
-import signal
 import subprocess
-from collections.abc import Iterable, Sequence
-from dataclasses import asdict, dataclass, field
+from collections.abc import Sequence
+from dataclasses import dataclass
 from pathlib import Path
 from typing import IO, Any
 
-from devtools.procs import (
-    TOOL_PATH,
-    CommandError,
-    clean_env,
-    pid_alive,
-    run,
-    stop_pid,
-    wait_for,
-    which,
+from devtools.central import Central
+from devtools.namespaces import (
+    NETNS_RUN_DIR,
+    Ledger,
+    add_netns,
+    appctl,
+    daemon_dirs,
+    del_netns,
+    dir_env,
+    is_mount_point,
+    kill_now,
+    ns_ids,
+    pids_in,
+    start_daemon,
+    stop_daemons,
+    unmount,
 )
-from devtools.sandbox import INTEGRATION_BRIDGE, NB_SCHEMA, OVS_SCHEMA, SB_SCHEMA, _Daemon, _tail
+from devtools.procs import CommandError, run, stop_pid, wait_for, which
+from devtools.sandbox import INTEGRATION_BRIDGE, OVS_SCHEMA, _Daemon, _tail
 
 UPLINK = "ul0"  # the host's (and the central's) end of its veth into the underlay
 PHYS_BRIDGE = "br-phy"  # the OVS bridge whose own device carries a host's underlay address
-NB_PORT, SB_PORT, NB_RAFT_PORT = 6641, 6642, 6643
 # Geneve adds 58 bytes to every frame of a VPC port (MTU 1500): the underlay carries them whole.
 UNDERLAY_MTU = 9000
-NETNS_RUN_DIR = Path("/run/netns")
 
 
 class MultiHostError(RuntimeError):
     """A multi-host sandbox cannot be started or stopped as asked."""
-
-
-# --------------------------------------------------------------------------
-# what was made
-
-
-@dataclass
-class Ledger:
-    """Everything a multi-host sandbox made, in `path`, saved before each thing is made."""
-
-    path: Path | None
-    prefix: str = ""
-    hosts: list[str] = field(default_factory=list)
-    namespaces: list[str] = field(default_factory=list)  # in the machine's /run/netns
-    mounts: list[str] = field(default_factory=list)  # mount points, in the order they were mounted
-    processes: list[dict[str, Any]] = field(default_factory=list)  # {"host", "pid", "expect"}
-    vpcs: list[str] = field(default_factory=list)  # state files of Vpc objects
-
-    def add(self, kind: str, item: Any) -> None:
-        entries = getattr(self, kind)
-        if item not in entries:
-            entries.append(item)
-            self.save()
-
-    def discard(self, kind: str, item: Any) -> None:
-        entries = getattr(self, kind)
-        if item in entries:
-            entries.remove(item)
-            self.save()
-
-    def save(self) -> None:
-        if self.path is None:
-            return
-        record = {k: v for k, v in asdict(self).items() if k != "path"}
-        tmp = self.path.with_suffix(".tmp")
-        tmp.write_text(json.dumps(record, indent=2))
-        tmp.replace(self.path)
-
-    @classmethod
-    def load(cls, path: Path) -> Ledger:
-        return cls(path, **json.loads(path.read_text()))
-
-
-# --------------------------------------------------------------------------
-# namespaces and processes
-
-
-def netns_exists(name: str) -> bool:
-    return (NETNS_RUN_DIR / name).exists()
-
-
-def add_netns(name: str, ledger: Ledger) -> None:
-    """Create a network namespace of ours (refusing one that exists: it would be someone else's)."""
-    if netns_exists(name):
-        raise MultiHostError(f"network namespace {name} exists already: is a sandbox with this prefix running?")
-    ledger.add("namespaces", name)
-    run("ip", "netns", "add", name)
-    run("ip", "-n", name, "link", "set", "lo", "up")
-
-
-def del_netns(name: str, ledger: Ledger) -> None:
-    """Delete one of our network namespaces (the ledger says which) with every device in it."""
-    if name not in ledger.namespaces:
-        return
-    if netns_exists(name):
-        # Devices go first: a userspace datapath's taps survive their
-        # vswitchd, and a device the kernel moved out of a dying namespace
-        # would land in the machine's.
-        links = json.loads(run("ip", "-n", name, "-j", "link", "show") or "[]")
-        for link in links:
-            if link["ifname"] != "lo":
-                run("ip", "-n", name, "link", "del", link["ifname"], check=False)
-        run("ip", "netns", "del", name)
-    ledger.discard("namespaces", name)
-
-
-def ns_ids(*paths: str | os.PathLike) -> set[tuple[int, int]]:
-    """Identities (device, inode) of the namespaces behind these namespace files."""
-    ids = set()
-    for path in paths:
-        try:
-            st = os.stat(path)
-        except OSError:  # gone, or a process of another user namespace
-            continue
-        ids.add((st.st_dev, st.st_ino))
-    return ids
-
-
-def pids_in(namespaces: set[tuple[int, int]]) -> list[int]:
-    """Processes whose mount or network namespace is one of `namespaces`."""
-    found: list[int] = []
-    if not namespaces:
-        return found
-    for entry in Path("/proc").iterdir():
-        if not entry.name.isdigit() or int(entry.name) == os.getpid():
-            continue
-        for kind in ("mnt", "net"):
-            if ns_ids(entry / "ns" / kind) & namespaces:
-                found.append(int(entry.name))
-                break
-    return found
-
-
-def kill_now(pids: Iterable[int], what: str) -> None:
-    """SIGKILL, as a machine that loses power; wait until they are gone."""
-    pids = [pid for pid in pids if pid_alive(pid)]
-    for pid in pids:
-        try:
-            os.kill(pid, signal.SIGKILL)
-        except ProcessLookupError:
-            pass
-    wait_for(lambda: not any(pid_alive(pid) for pid in pids), 10, f"{what} to die")
-
-
-def start_daemon(daemon: _Daemon, launcher: Sequence[str], env: dict[str, str], *args: str) -> None:
-    """Start a daemon with --detach inside the namespaces `launcher` enters; return once it is ready."""
-    argv = [*launcher, *daemon.argv(*args)]
-    errfile = daemon.logdir / f"{daemon.name}.stderr"
-    with open(errfile, "w") as err:
-        proc = subprocess.run(argv, env=env, stdin=subprocess.DEVNULL, stdout=err, stderr=err, timeout=60)
-    if proc.returncode != 0:
-        raise CommandError(argv, proc.returncode, "", errfile.read_text() + _tail(daemon.logfile))
-
-
-def stop_daemons(daemons: Iterable[_Daemon], errors: list[str]) -> None:
-    for daemon in daemons:
-        pid = daemon.pid()
-        try:
-            if pid is not None:
-                stop_pid(pid, expect=str(daemon.pidfile), what=daemon.name)
-            daemon.pidfile.unlink(missing_ok=True)
-        except Exception as exc:  # noqa: BLE001 - keep stopping the rest
-            errors.append(f"{daemon.name}: {exc}")
-
-
-def _dirs(base: Path) -> dict[str, Path]:
-    return {k: base / k for k in ("run", "db", "log", "etc")}
-
-
-def _dir_env(dirs: dict[str, Path]) -> dict[str, str]:
-    """OVS_* and OVN_* directories: every daemon, ctl tool and agent of one machine uses these."""
-    env = {**clean_env(), "PATH": TOOL_PATH}
-    for project in ("OVS", "OVN"):
-        for kind, var in (("run", "RUNDIR"), ("db", "DBDIR"), ("log", "LOGDIR"), ("etc", "SYSCONFDIR")):
-            env[f"{project}_{var}"] = str(dirs[kind])
-    return env
-
-
-# --------------------------------------------------------------------------
-# the central
-
-
-class Central:
-    """OVN NB (a one-member RAFT cluster) and SB databases and ovn-northd, in network namespace `netns`.
-
-    The databases listen on the underlay address for the hosts and on unix
-    sockets in `<base>/run` for the test process (`nbctl`, `sbctl`, `nb_db`).
-    """
-
-    def __init__(self, base: Path, netns: str, ip: str):
-        self.base, self.netns, self.ip = base, netns, ip
-        self.dirs = _dirs(base)
-        self.launcher = (which("nsenter") or "nsenter", f"--net={NETNS_RUN_DIR / netns}", "--")
-        run_dir, log_dir = self.dirs["run"], self.dirs["log"]
-        self._nb = _Daemon("ovnnb_db", "ovsdb-server", run_dir, log_dir)
-        self._sb = _Daemon("ovnsb_db", "ovsdb-server", run_dir, log_dir)
-        self._northd = _Daemon("ovn-northd", "ovn-northd", run_dir, log_dir)
-        self.daemons = [self._nb, self._sb, self._northd]
-
-    # ovn-northd finds the databases by these socket names in OVN_RUNDIR.
-    @property
-    def nb_db(self) -> str:
-        return f"unix:{self.dirs['run'] / 'ovnnb_db.sock'}"
-
-    @property
-    def sb_db(self) -> str:
-        return f"unix:{self.dirs['run'] / 'ovnsb_db.sock'}"
-
-    @property
-    def nb_remote(self) -> str:
-        """The NB database as the hosts reach it, over the underlay."""
-        return f"tcp:{self.ip}:{NB_PORT}"
-
-    @property
-    def sb_remote(self) -> str:
-        return f"tcp:{self.ip}:{SB_PORT}"
-
-    @property
-    def env(self) -> dict[str, str]:
-        """For ctl tools and programs of the test process: the databases by their unix sockets."""
-        return {**_dir_env(self.dirs), "OVN_NB_DB": self.nb_db, "OVN_SB_DB": self.sb_db}
-
-    def nbctl(self, *args: str, timeout: float = 30) -> str:
-        return self._ctl("ovn-nbctl", self.nb_db, args, timeout)
-
-    def sbctl(self, *args: str, timeout: float = 30) -> str:
-        return self._ctl("ovn-sbctl", self.sb_db, args, timeout)
-
-    def _ctl(self, tool: str, db: str, args: Sequence[str], timeout: float) -> str:
-        return run(tool, f"--db={db}", f"--timeout={int(timeout)}", *args, env=self.env, timeout=timeout + 5)
-
-    def nb_db_running(self) -> bool:
-        return self._nb.running()
-
-    def sb_db_running(self) -> bool:
-        return self._sb.running()
-
-    def port_binding_chassis(self, lsp: str) -> str | None:
-        """Name of the chassis the SB Port_Binding of `lsp` is bound to (None: unbound or no binding)."""
-        uuid = self.sbctl("--bare", "--columns=chassis", "find", "Port_Binding", f"logical_port={lsp}").strip()
-        if not uuid:
-            return None
-        return self.sbctl("--bare", "--columns=name", "list", "Chassis", uuid).strip() or None
-
-    def chassis_names(self) -> set[str]:
-        return set(self.sbctl("--bare", "--columns=name", "list", "Chassis").split())
-
-    def start(self) -> None:
-        """Databases and northd; the namespace with the underlay address must exist."""
-        for d in self.dirs.values():
-            d.mkdir(parents=True, exist_ok=True)
-        nb_file, sb_file = self.dirs["db"] / "ovnnb_db.db", self.dirs["db"] / "ovnsb_db.db"
-        for path in (nb_file, sb_file):
-            path.unlink(missing_ok=True)
-        # Clustered like a production NB: the agents' compare-and-swap
-        # transactions must meet RAFT's semantics (leader-only, ordered).
-        run("ovsdb-tool", "create-cluster", nb_file, NB_SCHEMA, f"tcp:{self.ip}:{NB_RAFT_PORT}", env=self.env)
-        run("ovsdb-tool", "create", sb_file, SB_SCHEMA, env=self.env)
-        for daemon, db_file, sock, port in (
-            (self._nb, nb_file, self.nb_db, NB_PORT),
-            (self._sb, sb_file, self.sb_db, SB_PORT),
-        ):
-            start_daemon(
-                daemon, self.launcher, self.env, str(db_file), f"--remote=p{sock}", f"--remote=ptcp:{port}:{self.ip}"
-            )
-        self.nbctl("--no-wait", "init")
-        self.sbctl("init")
-        start_daemon(self._northd, self.launcher, self.env, f"--ovnnb-db={self.nb_db}", f"--ovnsb-db={self.sb_db}")
-
-    def stop(self, errors: list[str]) -> None:
-        stop_daemons(reversed(self.daemons), errors)
-
-    def logs(self, lines: int = 20) -> str:
-        return "".join(_tail(d.logfile, lines) for d in self.daemons)
-
-
-# --------------------------------------------------------------------------
-# a host
 
 
 @dataclass(frozen=True)
@@ -326,7 +81,7 @@ class SimHost:
         self.plan, self.central, self._ledger = plan, central, ledger
         self.name, self.base, self.netns, self.chassis = plan.name, plan.base, plan.netns, plan.chassis
         self.underlay_ip = plan.underlay_ip
-        self.dirs = _dirs(plan.base)
+        self.dirs = daemon_dirs(plan.base)
         self.netns_dir = plan.base / "netns"
         run_dir, log_dir = self.dirs["run"], self.dirs["log"]
         self._ovsdb = _Daemon("ovsdb-server", "ovsdb-server", run_dir, log_dir)
@@ -350,7 +105,7 @@ class SimHost:
     @property
     def env(self) -> dict[str, str]:
         """For the host's processes (an agent): its directories, and NB/SB as it reaches them."""
-        return {**_dir_env(self.dirs), "OVN_NB_DB": self.central.nb_remote, "OVN_SB_DB": self.central.sb_remote}
+        return {**dir_env(self.dirs), "OVN_NB_DB": self.central.nb_remote, "OVN_SB_DB": self.central.sb_remote}
 
     def vsctl(self, *args: str, timeout: float = 30) -> str:
         return run(
@@ -359,8 +114,7 @@ class SimHost:
 
     def appctl(self, daemon: str, *args: str, timeout: float = 30) -> str:
         """`ovs-appctl` against one of the host's daemons (ovsdb-server, ovs-vswitchd, ovn-controller)."""
-        target = next(d for d in self.daemons if d.name == daemon)
-        return run("ovs-appctl", "-t", str(target.ctl), *args, env=self.env, timeout=timeout)
+        return appctl(self.daemons, daemon, self.env, *args, timeout=timeout)
 
     def ovs_db_running(self) -> bool:
         return self._ovsdb.running()
@@ -604,24 +358,3 @@ class SimHost:
 
     def logs(self, lines: int = 20) -> str:
         return "".join(_tail(d.logfile, lines) for d in self.daemons)
-
-
-def is_mount_point(path: Path) -> bool:
-    """Whether something is mounted on `path` (os.path.ismount misses a bind mount within one filesystem)."""
-    # Field 5 of mountinfo, with space, tab, newline and backslash octal-escaped.
-    escaped = str(path).translate({ord(c): f"\\{ord(c):03o}" for c in " \t\n\\"})
-    with open("/proc/self/mountinfo") as mountinfo:
-        return any(line.split()[4] == escaped for line in mountinfo)
-
-
-def unmount(path: Path, ledger: Ledger, errors: list[str]) -> None:
-    """Unmount one of our mounts (the ledger says which)."""
-    if str(path) not in ledger.mounts:
-        return
-    while is_mount_point(path):
-        try:
-            run("umount", path)
-        except CommandError as exc:
-            errors.append(str(exc))
-            return
-    ledger.discard("mounts", str(path))

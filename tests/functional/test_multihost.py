@@ -120,6 +120,24 @@ def test_the_requested_chassis_serves_the_port_through_crash_and_partition(multi
     _wait_for_answer(client, "gw-1", timeout=60)
 
 
+def _northbound_from(host: SimHost, multihost: MultiHost) -> str:
+    nb = multihost.central.nb_remote
+    return host.run("ovn-nbctl", f"--db={nb}", "--timeout=3", "get", "NB_Global", ".", "nb_cfg", timeout=10)
+
+
+def test_hosts_reach_the_clustered_northbound_over_their_underlay_only(multihost: MultiHost) -> None:
+    gw1, gw2 = multihost.host("gw-1"), multihost.host("gw-2")
+    assert "Role: leader" in multihost.central.appctl("ovnnb_db", "cluster/status", "OVN_Northbound")
+    assert _northbound_from(gw1, multihost).strip().isdigit()
+
+    gw1.cut_underlay()
+    with pytest.raises(CommandError):
+        _northbound_from(gw1, multihost)
+    assert _northbound_from(gw2, multihost).strip().isdigit()
+    gw1.heal_underlay()
+    wait_for(lambda: _northbound_from(gw1, multihost), 30, "gw-1 to reach the northbound database again")
+
+
 def test_a_revived_host_serves_again(multihost: MultiHost, prefix: str) -> None:
     gw1 = multihost.host("gw-1")
     vpc = multihost.vpc()
