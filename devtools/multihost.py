@@ -66,7 +66,6 @@ RECORD = "multihost.json"
 # The prefix goes into VPC prefixes (1-8 characters) with one more digit.
 PREFIX_RE = re.compile(r"^[a-z][a-z0-9]{0,6}$")
 HOST_RE = re.compile(r"^[a-z][a-z0-9-]{0,11}$")
-IFNAMSIZ = 15
 UNIX_PATH_MAX = 107
 # The longest socket name a host's run directory gets: ovn-controller.<pid>.ctl.
 LONGEST_SOCKET = "ovn-controller.4194304.ctl"
@@ -98,8 +97,6 @@ def check_names(base_dir: Path, prefix: str, hosts: list[str]) -> None:
         socket = base_dir / "hosts" / host / "run" / LONGEST_SOCKET
         if len(str(socket)) > UNIX_PATH_MAX:
             raise ValueError(f"base directory {base_dir} is too long for the unix socket {socket}")
-    for name in [UPLINK, UNDERLAY_BRIDGE, CENTRAL_PEER, *map(host_peer_name, hosts)]:
-        assert len(name) <= IFNAMSIZ, name
 
 
 class MultiHost:
@@ -220,9 +217,11 @@ class MultiHost:
         return Vpc(self.central, f"{self.prefix}{index}", cidr, gateway, state_file=state_file, hypervisors=self.hosts)
 
     def _recorded_vpcs(self) -> Iterator[Vpc]:
+        """The VPCs to clean up one by one: with the central down, their objects go with the hosts."""
         for state_file in list(self._ledger.vpcs):
-            if Path(state_file).exists():
+            if Path(state_file).exists() and self.central.nb_db_running():
                 yield Vpc.restore(self.central, Path(state_file), hypervisors=self.hosts)
+            Path(state_file).unlink(missing_ok=True)
             self._ledger.discard("vpcs", state_file)
 
     # -- stop ------------------------------------------------------------------

@@ -149,8 +149,12 @@ class SimHost:
         argv = [which(argv[0]) or argv[0], *argv[1:]]
         # Its own session: a Ctrl-C meant for the test runner must not reach it.
         kwargs.setdefault("start_new_session", True)
+        launcher = self.launcher
+        if (cwd := kwargs.pop("cwd", None)) is not None:
+            # Entering a mount namespace moves to its root: nsenter changes directory afterwards.
+            launcher = (*launcher[:-1], f"--wd={cwd}", "--")
         proc = subprocess.Popen(
-            [*self.launcher, *argv],
+            [*launcher, *argv],
             env=env or self.env,
             stdin=subprocess.DEVNULL,
             stdout=stdout,

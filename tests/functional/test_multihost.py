@@ -5,6 +5,7 @@ private to each; and stopping leaves nothing on the machine."""
 from __future__ import annotations
 
 import json
+import subprocess
 import sys
 from collections.abc import Iterator
 from pathlib import Path
@@ -167,6 +168,16 @@ def test_each_host_has_its_own_namespaces_of_the_same_name(multihost: MultiHost)
     assert "only-on-gw1" not in gw2.in_netns(LB_NS, "ip", "link", "show")
     assert LB_NS not in _machine_netns()
     assert LB_NS not in multihost.host("cl").netns_list()
+
+
+def test_a_process_started_on_a_host_runs_in_its_namespaces_and_directory(multihost: MultiHost) -> None:
+    gw1 = multihost.host("gw-1")
+    gw1.run("ip", "netns", "add", LB_NS)
+    script = "pwd; ls /run/netns; ip -o link show ul0 | wc -l"
+    proc = gw1.popen(["sh", "-c", script], cwd=gw1.base, stdout=subprocess.PIPE)
+    out, _ = proc.communicate(timeout=10)
+
+    assert out.decode().split() == [str(gw1.base), LB_NS, "1"]
 
 
 def test_it_runs_beside_the_single_host_sandbox(sandbox: OvnSandbox, vpc: Vpc, multihost: MultiHost) -> None:
