@@ -18,6 +18,7 @@ from datetime import UTC, datetime
 from typing import Any
 
 from lbagent.config import Config
+from lbagent.desired.ha import host_problems
 from lbagent.desired.model import DesiredState, parse_desired_state
 from lbagent.errors import InvalidDesiredState
 from lbagent.haproxy.manager import HaproxyManager
@@ -27,13 +28,16 @@ from lbagent.naming import interface_names, netns_name
 from lbagent.ovnhost.bridges import ProviderBridges
 from lbagent.ovnhost.host import OvnHost
 from lbagent.ovnhost.netns import NamespaceExecutor
+from lbagent.ovnhost.northbound import NorthboundClient
 from lbagent.ovnhost.ovs import OvsClient
 from lbagent.state import PersistedState, StateFileError, StateStore, private_dir
 from lbagent.support.heap import TICK_INTERVAL, HeapKeeper
 from lbagent.workers.controllers import requeue_loadbalancers, wire
 from lbagent.workers.dispatch import LOADBALANCER, kind_of
 from lbagent.workers.gc import GarbageCollector
+from lbagent.workers.ha import HaKeeper, copy_state
 from lbagent.workers.lb_task import LbTask
+from lbagent.workers.lease import Timing
 from lbagent.workers.ovn_worker import OvnWorker
 from lbagent.workers.provider_networks import ProviderNetworkController
 from lbagent.workers.queue import WorkQueue
@@ -59,6 +63,7 @@ class LoadBalancerView:
     observation: Any  # what its last pass observed (None before one)
     members: dict = field(default_factory=dict)
     udp_health: dict[str, str] = field(default_factory=dict)  # server name -> health word
+    ha: dict | None = None  # its lease as this host sees it (None without `ha`)
 
 
 class Agent:
@@ -97,17 +102,36 @@ class Agent:
         self.haproxy.expect_changes_while(
             lambda: self.worker.haproxy_changes_coming() or self.queue.unfinished_of(LOADBALANCER) > 0
         )
+        self._chassis = config.ovn.chassis  # "" until read from OVS at start
+        self.ha = self._ha_keeper() if config.ovn.nb else None
         self.gc = GarbageCollector(self.host, self.haproxy, config.agent.gc_max_deletions_per_pass)
         self.gc_stats = {"passes": 0, "skipped": 0, "deleted": 0}
         self.state_error: str | None = None
         self.heap = HeapKeeper(self._quiet)
         self._background: list[asyncio.Task] = []
 
+    def _ha_keeper(self) -> HaKeeper:
+        ovn = self.config.ovn
+        keeper = HaKeeper(
+            NorthboundClient(ovn.nb, timeout=ovn.lease_seconds),
+            self.host_name,
+            lambda: self._chassis,
+            Timing(ovn.lease_seconds),
+            ovn.restart_grace,
+            self.worker.ha_loadbalancers,
+            lambda lb_id: copy_state(self.worker.tasks.get(lb_id)),
+            self.worker.ha_role_changed,
+        )
+        self.worker.ha_role = keeper.role
+        return keeper
+
     async def start(self) -> None:
         private_dir(self.config.agent.run_dir)
         self.store.prepare()
         persisted, desired = self._load_state()
         await asyncio.to_thread(self.ovs.start)
+        if self.ha is not None and not self._chassis:
+            self._chassis = await asyncio.to_thread(self.ovs.system_id)
         await self.haproxy.start()
         self.heap.freeze_start()  # before any pass: what they make stays young
         self._start_queue()
@@ -117,6 +141,8 @@ class Agent:
         self._background.append(asyncio.create_task(self.worker.watch_readiness(), name="readiness"))
         self._background.append(asyncio.create_task(self._collect_garbage(), name="gc"))
         self._background.append(asyncio.create_task(self._keep_heap(), name="heap"))
+        if self.ha is not None:
+            self._background.append(asyncio.create_task(self.ha.run(), name="ha"))
         log.info("action=started host=%s generation=%s", self.config.agent.host, self.worker.generation)
 
     def _start_queue(self) -> None:
@@ -136,7 +162,9 @@ class Agent:
         if persisted.desired is None:
             return persisted, None
         try:
-            return persisted, parse_desired_state(persisted.desired)
+            desired = parse_desired_state(persisted.desired)
+            self.check_host(desired)
+            return persisted, desired
         except InvalidDesiredState as exc:
             self.state_error = f"persisted desired state no longer valid: {exc}"
             log.error("action=load_state result=error error=%r", self.state_error)
@@ -179,6 +207,8 @@ class Agent:
         for task in self._background:
             task.cancel()
         await asyncio.gather(*self._background, return_exceptions=True)
+        if self.ha is not None:
+            await self.ha.stop()  # asks the standbys to wait while this agent restarts
         await self.provider_networks.stop()
         await self.queue.shutdown(timeout=QUEUE_STOP_TIMEOUT)
         await self.worker.stop()
@@ -189,7 +219,15 @@ class Agent:
 
     # --- API-facing ------------------------------------------------------------
 
+    def check_host(self, desired: DesiredState) -> None:
+        """InvalidDesiredState if this agent cannot serve `desired` (`ha` without
+        [ovn] nb, or naming other hosts only)."""
+        problems = host_problems(desired.loadbalancers, self.host_name, self.ha is not None)
+        if problems:
+            raise InvalidDesiredState(problems)
+
     async def refresh(self, desired: DesiredState, raw: dict, raw_text: str | None = None) -> int:
+        self.check_host(desired)
         generation = await self.worker.apply(desired, raw, raw_text)  # which also feeds the controllers
         self.state_error = None
         return generation
@@ -270,7 +308,27 @@ class Agent:
             observation=runtime.observation if runtime else None,
             members=worker.members(lb) if lb is not None and allocation is not None else {},
             udp_health={server_name(key): word for key, word in worker.udp_health.health(lb_id).items()},
+            ha=self.ha.status(lb_id) if self.ha is not None else None,
         )
+
+    def ha_status(self) -> dict | None:
+        """The agent's side of high availability (None without [ovn] nb)."""
+        if self.ha is None:
+            return None
+        return {
+            "nb": self.config.ovn.nb,
+            "chassis": self._chassis or None,
+            "in_contact": self.ha.in_contact(),
+            "lease_seconds": self.config.ovn.lease_seconds,
+            "last_error": self.ha.last_error,
+        }
+
+    def ha_role_counts(self) -> dict[str, int]:
+        return self.ha.role_counts() if self.ha is not None else {}
+
+    async def ha_handover(self, lb_ids: list[str] | None, timeout: float) -> list[dict] | None:
+        """Hand load balancers this host holds to their next hosts (None without [ovn] nb)."""
+        return await self.ha.handover(lb_ids, timeout) if self.ha is not None else None
 
     async def server_states(self) -> dict[tuple[str, str], str]:
         return await self.haproxy.server_states()

@@ -109,9 +109,20 @@ def _account_or_empty(value: str) -> str:
     return value
 
 
+_OVSDB_REMOTE = r"unix:/.+|(?:tcp|ssl):.+:[0-9]{1,5}"
+
+
 def _ovsdb_remote(value: str) -> str:
-    if not re.fullmatch(r"unix:/.+|(?:tcp|ssl):.+:[0-9]{1,5}", value):
+    if not re.fullmatch(_OVSDB_REMOTE, value):
         raise ValueError('must be an OVSDB remote: "unix:/PATH", "tcp:HOST:PORT" or "ssl:HOST:PORT"')
+    return value
+
+
+def _plain_remotes_or_empty(value: str) -> str:
+    # The members of a clustered database, comma-separated, as ovn-nbctl takes
+    # them; no ssl: the agent has no keys to offer, and would never connect.
+    if value and not all(re.fullmatch(r"unix:/.+|tcp:.+:[0-9]{1,5}", part.strip()) for part in value.split(",")):
+        raise ValueError('must be "" or OVSDB remotes separated by commas: "unix:/PATH" or "tcp:HOST:PORT"')
     return value
 
 
@@ -163,6 +174,14 @@ class OvsSection(_Section):
     integration_bridge: InterfaceName = "br-int"
 
 
+class OvnSection(_Section):
+    nb: Annotated[str, Strict(), AfterValidator(_plain_remotes_or_empty)] = ""  # "": no high availability
+    chassis: Annotated[str, Strict(), Field(max_length=255)] = ""  # "": Open_vSwitch external_ids:system-id
+    lease_seconds: Annotated[float, Strict(), Field(ge=0.3, le=60)] = 1.5
+    # How long standbys wait for an agent that stops (a restart) before taking its leases.
+    restart_grace: Annotated[float, Strict(), Field(ge=0, le=600)] = 30.0
+
+
 DEFAULT_HAPROXY_USER = "lbagent-haproxy"
 MAX_LISTENER_MAXCONN = 1_000_000
 Account = Annotated[str, Strict(), AfterValidator(_account_or_empty)]
@@ -192,6 +211,7 @@ class Config(_Section):
     agent: AgentSection = Field(default_factory=AgentSection)
     api: ApiSection = Field(default_factory=ApiSection)
     ovs: OvsSection = Field(default_factory=OvsSection)
+    ovn: OvnSection = Field(default_factory=OvnSection)
     haproxy: HaproxySection = Field(default_factory=HaproxySection)
 
     def read_token(self) -> str | None:

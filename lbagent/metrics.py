@@ -41,6 +41,14 @@ API_REQUESTS = Counter(
 )
 OVSDB_CONNECTIONS = Counter("lbagent_ovsdb_connections_total", "OVSDB sessions established, the first one included")
 OVSDB_RECONNECTS = Counter("lbagent_ovsdb_reconnects_total", "OVSDB sessions established after the first one")
+HA_FAILOVERS = Counter(
+    "lbagent_ha_failovers_total", "Leases this host took over because their holder stopped renewing them"
+)
+HA_RENEW_SECONDS = Histogram(
+    "lbagent_ha_lease_renew_seconds",
+    "Duration of one lease transaction (all the renewals and takeovers of one tick) on the Northbound database",
+    buckets=(0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5),
+)
 
 
 def count_write(kind: str, amount: int = 1, what: str = "") -> None:
@@ -167,6 +175,12 @@ class AgentCollector:
         yield _gauge(
             "lbagent_ready", "1 once the agent is ready (see /readyz)", 1 if agent.not_ready_reason() is None else 0
         )
+        roles = GaugeMetricFamily(
+            "lbagent_ha_roles", "Highly available load balancers by this host's role", labels=["role"]
+        )
+        for role, count in agent.ha_role_counts().items():
+            roles.add_metric([role], count)
+        yield roles
         depths = GaugeMetricFamily("lbagent_queue_depth", "Items waiting in a work queue", labels=["queue"])
         # Load balancers not yet reconciled at the accepted generation, or still being deleted.
         depths.add_metric(

@@ -30,6 +30,7 @@ from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 from lbagent.api.openapi import document_bytes, open_paths
 from lbagent.api.status import StatusReporter
 from lbagent.desired.details import capped
+from lbagent.desired.fields import MAX_ID_LEN, MAX_LOADBALANCERS
 from lbagent.desired.model import DesiredState
 from lbagent.desired.parser import DuplicateKeys, RefreshParser, decode
 from lbagent.errors import InvalidDesiredState, LbAgentError, StaleGeneration
@@ -45,6 +46,7 @@ class RefreshTarget(Protocol):
     async def refresh(self, desired: DesiredState, raw: dict, raw_text: str | None = None) -> int: ...
     async def wait_settled(self, generation: int, timeout: float) -> bool: ...
     def not_ready_reason(self) -> str | None: ...
+    async def ha_handover(self, lb_ids: list[str] | None, timeout: float) -> list[dict] | None: ...
 
 
 class Reporter(Protocol):
@@ -81,6 +83,7 @@ def create_app(agent, token: str | None, max_body_bytes: int, reporter=None) -> 
     app[PARSING] = BlockingPool("api-parse", threads=1)
     app.on_cleanup.append(_stop_parsing)
     app.router.add_post("/v1/refresh", refresh)
+    app.router.add_post("/v1/ha/handover", handover)
     # No implicit HEAD routes: the OpenAPI document lists exactly what is served.
     app.router.add_get("/v1/status", status, allow_head=False)
     app.router.add_get("/v1/loadbalancers/{lb_id}", loadbalancer, allow_head=False)
@@ -245,6 +248,8 @@ async def refresh(request: web.Request) -> web.Response:
         generation = await agent.refresh(parsed.desired, parsed.body, parsed.text)
     except StaleGeneration as exc:
         return error_response(409, "stale_generation", str(exc))
+    except InvalidDesiredState as exc:  # valid, but not for this host (api.md "High availability")
+        return error_response(400, "invalid_body", "the desired state is invalid; nothing was applied", exc.details)
     if wait is None:
         return web.json_response({"generation": generation}, status=202)
     settled = await agent.wait_settled(generation, wait)
@@ -261,6 +266,39 @@ def _utf8_text(raw: bytes) -> str | None:
         return raw.decode("utf-8")
     except UnicodeDecodeError:  # json.loads passes encoded surrogates, which UTF-8 forbids
         return None
+
+
+HANDOVER_TIMEOUT = 30.0  # seconds a handover answer waits for the standbys at most
+
+
+async def handover(request: web.Request) -> web.Response:
+    """Hand load balancers this host holds to the next host of their `ha.hosts`."""
+    try:
+        body = await request.json() if request.can_read_body else {}
+    except ValueError:
+        return error_response(400, "invalid_json", "the body is not JSON")
+    ids = body.get("loadbalancers") if isinstance(body, dict) else None
+    if not isinstance(body, dict) or set(body) - {"loadbalancers"} or not _ids_or_none(ids):
+        return error_response(
+            400,
+            "invalid_body",
+            'the body must be {} or {"loadbalancers": [ID, ...]}',
+            [{"path": "/loadbalancers", "message": f"must be a list of at most {MAX_LOADBALANCERS} load balancer ids"}],
+        )
+    results = await request.app[AGENT].ha_handover(ids, HANDOVER_TIMEOUT)
+    if results is None:
+        return error_response(
+            409, "ha_not_configured", "high availability needs the OVN Northbound database: [ovn] nb is not set"
+        )
+    return web.json_response({"loadbalancers": results})
+
+
+def _ids_or_none(ids: object) -> bool:
+    return ids is None or (
+        isinstance(ids, list)
+        and len(ids) <= MAX_LOADBALANCERS
+        and all(isinstance(i, str) and 0 < len(i) <= MAX_ID_LEN for i in ids)
+    )
 
 
 async def status(request: web.Request) -> web.Response:

@@ -80,6 +80,34 @@ PATHS: dict[str, dict[str, dict]] = {
             },
         },
     },
+    "/v1/ha/handover": {
+        "post": {
+            "operationId": "haHandover",
+            "summary": "Hand load balancers this host holds to the next ready host of their ha.hosts",
+            "description": "Each is offered to the hosts after this one in its `ha.hosts`, in order, until one "
+            "whose copy is ready takes the lease (in one Northbound transaction); answers once every one is "
+            "settled, at most 30 s. An empty body hands over every load balancer this host holds.",
+            "requestBody": {
+                "required": False,
+                "content": {
+                    "application/json": {
+                        "schema": {
+                            "type": "object",
+                            "additionalProperties": False,
+                            "properties": {"loadbalancers": {"type": "array", "items": {"type": "string"}}},
+                        }
+                    }
+                },
+            },
+            "responses": {
+                "200": _json("one result per load balancer", "Handover"),
+                "400": _error('a body other than {} or {"loadbalancers": [ID, ...]}'),
+                "401": UNAUTHORIZED,
+                "409": _error("high availability is not configured: no [ovn] nb"),
+                "500": INTERNAL,
+            },
+        },
+    },
     "/v1/status": {
         "get": {
             "operationId": "status",
@@ -176,7 +204,8 @@ BEYOND_THE_SCHEMA = (
     "with the same address or MAC in one subnet; a network.subnet_id naming no subnet of the request, a "
     "backend_group_id naming no backend group of its load balancer; a gateway, route next hop or load balancer "
     "address outside its subnet, a gateway or load balancer address that is the subnet's network or broadcast "
-    "address, and a load balancer address equal to the subnet's gateway. Integers must be written as integers: "
+    "address, a load balancer address equal to the subnet's gateway, and slow_start on a backend group that "
+    "a udp listener uses. Integers must be written as integers: "
     "JSON Schema counts 1.0 as the integer 1, the agent refuses it. "
     f"A body is also refused when a load balancer needs more than {MAX_SERVERS_PER_LB} haproxy servers, or all of "
     f"them together more than {MAX_SERVERS_PER_HOST}: every listener and every rule that routes to a backend group "

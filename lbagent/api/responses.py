@@ -76,6 +76,14 @@ class QueueStats(_Answer):
     retrying: int  # failed at their last handling, not succeeded since
 
 
+class AgentHaStatus(_Answer):
+    nb: str  # the Northbound database the leases live in
+    chassis: str | None  # this host's chassis, which requested-chassis names while it is active
+    in_contact: bool
+    lease_seconds: float
+    last_error: str | None = None
+
+
 class AgentStatus(_Answer):
     version: str
     host: str
@@ -85,6 +93,7 @@ class AgentStatus(_Answer):
     ready: bool = False
     haproxy: HaproxyStatus
     queues: dict[str, QueueStats] = {}
+    ha: AgentHaStatus | None = None  # None: no [ovn] nb, no high availability
 
 
 class Interfaces(_Answer):
@@ -117,6 +126,16 @@ class BackendStatus(_Answer):
     health: str  # up | down | draining | maint | unchecked | unknown
 
 
+class HaStatus(_Answer):
+    # unknown: no contact with the Northbound database; the host serves as it was.
+    role: Literal["active", "standby", "unknown"]
+    active_host: str | None
+    term: int
+    since: str  # when this host's role last changed
+    # Seconds from the last renewal this host saw to its taking the lease, when it took it last.
+    last_failover_s: float | None = None
+
+
 class LoadBalancerStatus(_Answer):
     id: str
     # ready: it carries traffic (its pass succeeded, ovn-controller installed
@@ -139,6 +158,19 @@ class LoadBalancerStatus(_Answer):
     certificate_warnings: list[ErrorDetail] = []
     retries: int
     last_reconciled_at: str | None
+    ha: HaStatus | None = None  # None without `ha`, or before this host has read its lease
+
+
+class HandoverResult(_Answer):
+    id: str
+    # handed_over: another host took it; not_taken: no standby took it in time;
+    # not_active: this host does not hold it; not_ha: it has no `ha` here.
+    result: Literal["handed_over", "not_taken", "not_active", "not_ha"]
+    active_host: str | None = None
+
+
+class Handover(_Answer):
+    loadbalancers: list[HandoverResult]
 
 
 class SubnetRoute(_Answer):
@@ -200,4 +232,5 @@ ANSWERS: tuple[type[BaseModel], ...] = (
     Readiness,
     Status,
     LoadBalancerStatus,
+    Handover,
 )

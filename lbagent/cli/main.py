@@ -87,3 +87,38 @@ def cleanup(config_path: Path | None, yes: bool) -> None:
         click.confirm("Remove every load balancer namespace, link, OVS port and haproxy of lbagent?", abort=True)
     for line in asyncio.run(cleanup_host(config)):
         click.echo(line)
+
+
+@main.group()
+def ha() -> None:
+    """High availability: the leases of load balancers with `ha`."""
+
+
+@ha.command()
+@CONFIG_OPTION
+@click.argument("lb_ids", nargs=-1)
+def handover(config_path: Path | None, lb_ids: tuple[str, ...]) -> None:
+    """Hand load balancers this host holds (all of them without ID) to the next
+    ready host of their ha.hosts; exits 1 if one of them was not taken."""
+    from lbagent.cli.client import AgentUnreachable, request
+
+    config = _load(config_path)
+    body = {"loadbalancers": list(lb_ids)} if lb_ids else {}
+    try:
+        code, answer = request(config, "POST", "/v1/ha/handover", body, timeout=HANDOVER_WAIT)
+    except AgentUnreachable as exc:
+        raise click.ClickException(str(exc)) from None
+    if code != 200 or not isinstance(answer, dict):
+        message = answer.get("message") if isinstance(answer, dict) else answer
+        raise click.ClickException(f"the agent answered {code}: {message}")
+    results = answer.get("loadbalancers", [])
+    for result in results:
+        where = f" (active: {result['active_host']})" if result.get("active_host") else ""
+        click.echo(f"{result['id']}: {result['result']}{where}")
+    if not results:
+        click.echo("this host holds no load balancer")
+    if any(result["result"] == "not_taken" for result in results):
+        sys.exit(1)
+
+
+HANDOVER_WAIT = 45.0  # seconds: the agent answers within 30

@@ -193,7 +193,7 @@ def render_status(document: dict, source: str, color: bool = False, detail: bool
     if not lbs:
         lines.append("no load balancers")
         return "\n".join(lines)
-    rows = [("ID", "STATE", "VIP", "INNER/OUTER", "LISTENERS", "BACKENDS", "REASON")]
+    rows = [("ID", "STATE", "ROLE", "VIP", "INNER/OUTER", "LISTENERS", "BACKENDS", "REASON")]
     for lb in lbs:
         listeners = ",".join(f"{ls['listener_type']}/{ls['listener_port']}" for ls in lb.get("listeners", []))
         backends = ",".join(
@@ -203,6 +203,7 @@ def render_status(document: dict, source: str, color: bool = False, detail: bool
             (
                 lb["id"],
                 lb["state"],
+                (lb.get("ha") or {}).get("role", "-"),  # "-": served by this host alone
                 lb.get("vip"),
                 f"{lb.get('inner')}/{lb.get('outer')}",
                 listeners,
@@ -225,6 +226,12 @@ def render_detail(lb: dict, color: bool = False) -> list[str]:
         f"  netns {lb.get('netns')}{'' if present is None else (' (present)' if present else ' (absent)')}"
         f"  ovs_port {lb.get('ovs_port') or '-'}  ovn_installed={lb.get('ovn_installed', '-')}",
     ]
+    if lb.get("ha"):
+        ha = lb["ha"]
+        lines.append(
+            f"  ha: {ha.get('role')} term {ha.get('term')} active host {ha.get('active_host') or '-'}"
+            f" since {ha.get('since')} last failover {ha.get('last_failover_s') or '-'} s"
+        )
     if lb.get("reason") and lb.get("reason") != lb.get("last_error"):
         lines.append(f"  reason: {lb['reason']}")
     if lb.get("last_error"):

@@ -100,6 +100,12 @@ class _BridgeDatapath(command.ReadOnlyCommand):
         self.result = None if br is None else (br.datapath_type or "system")
 
 
+class _SystemId(command.ReadOnlyCommand):
+    def run_idl(self, txn):
+        rows = list(self.api.tables["Open_vSwitch"].rows.values())
+        self.result = rows[0].external_ids.get("system-id", "") if rows else ""
+
+
 # Columns ovs-vswitchd rewrites all the time (every few seconds per interface)
 # and that nothing here reads: with a thousand ports, parsing their updates
 # kept the IDL thread, which every OVSDB call waits on, busy.
@@ -197,6 +203,10 @@ class OvsClient(ProviderBridgeCommands):
             raise OvsdbUnavailable(f"OVSDB {type(cmd).__name__}: {exc}") from exc
         except Exception as exc:
             raise OvsdbError(f"OVSDB {type(cmd).__name__}: {exc}") from exc
+
+    def system_id(self) -> str:
+        """This host's chassis name as ovn-controller registers it ("" if unset)."""
+        return self._execute(_SystemId(self.api))
 
     def datapath_type(self) -> str | None:
         return self._execute(_BridgeDatapath(self.api, self.bridge))

@@ -35,6 +35,7 @@ from dataclasses import dataclass
 
 from lbagent.config import DEFAULT_RESYNC_RATE
 from lbagent.desired.budget import MAX_SERVERS_PER_LB, ServerBudgetExceeded, servers_in
+from lbagent.desired.ha import HighAvailability
 from lbagent.desired.model import DesiredState, LoadBalancer
 from lbagent.errors import LbAgentError, StaleGeneration
 from lbagent.haproxy.handoff import HaproxyHandoff
@@ -122,6 +123,9 @@ class OvnWorker(ReadinessWatch):
         self._haproxy_up = True  # as last seen by the readiness watch
         self._haproxy_starts: int | None = None  # masters started, as last seen by the readiness watch
         self._waiting_for_ovn: set[str] = set()  # passed load balancers whose port is not installed yet
+        self.ha_role: Callable[[str], str | None] = lambda lb_id: None
+        self._ha_specs: tuple[DesiredState | None, dict] = (None, {})
+        self._notifying: set[asyncio.Task] = set()
         # Our installed OVS ports, read now (the agent sets it); None: only passes observe them.
         self.installed_ports: Callable[[], Awaitable[set[str]]] | None = None
         self._changed = asyncio.Condition()
@@ -344,6 +348,14 @@ class OvnWorker(ReadinessWatch):
     def state_of(self, lb_id: str) -> str | None:
         task = self.tasks.get(lb_id)
         return task.state if task is not None else None
+
+    def ha_loadbalancers(self) -> dict[str, HighAvailability]:
+        """Load balancer id -> its `ha`, for those that have one (derived once per state)."""
+        desired = self.desired
+        if self._ha_specs[0] is not desired:
+            found = {lb.id: lb.ha for lb in desired.loadbalancers if lb.ha is not None} if desired else {}
+            self._ha_specs = (desired, found)
+        return self._ha_specs[1]
 
     def members(self, lb: LoadBalancer) -> dict[str, list]:
         """The groups' members with their ports; none while some lack a port."""

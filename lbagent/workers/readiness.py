@@ -13,6 +13,9 @@ master was started again (it died), the load balancers with haproxy
 listeners stay `pending` until a pass, kicked at once, has re-applied their
 files: a master that could not start on the files on disk starts without them.
 
+For a load balancer with `ha`, only the host holding its lease waits for
+ovn-installed: a standby's port is never bound, and it is ready once built.
+
 It is part of `OvnWorker` (a mixin over the worker's tasks and runtime), kept
 apart because when a load balancer is ready is a question of its own.
 """
@@ -36,6 +39,7 @@ READINESS_INTERVAL = 0.25
 WAITING_FOR_OVN = "waiting for ovn-installed"
 HAPROXY_DOWN = "haproxy not running"
 HAPROXY_RESTARTED = "haproxy restarted: waiting for a pass to re-apply its configuration"
+WAITING_FOR_LEASE = "waiting to learn its role from the OVN Northbound database"
 
 
 class ReadinessWatch:
@@ -47,6 +51,10 @@ class ReadinessWatch:
     _haproxy_up: bool
     _haproxy_starts: Any
     _waiting_for_ovn: set[str]
+    # This host's role for a load balancer with `ha` ("active", "standby",
+    # "unknown"), None before it is known; the agent sets it.
+    ha_role: Callable[[str], str | None]
+    _notifying: set[asyncio.Task]
 
     def _lb(self, lb_id: str) -> LoadBalancer | None:
         raise NotImplementedError
@@ -63,11 +71,25 @@ class ReadinessWatch:
         if not self._haproxy_up and any(ls.enabled and ls.kind.through_haproxy for ls in lb.listeners):
             error = self._haproxy_status().get("last_error")
             return f"{HAPROXY_DOWN}: {error}" if error else HAPROXY_DOWN
+        # A standby's port is never bound (requested-chassis names the active
+        # host): it is ready once built. Out of contact, it serves as it was.
+        role = self.ha_role(lb_id) if lb.ha is not None else "active"
+        if role is None:
+            return WAITING_FOR_LEASE
         observation = runtime.observation
-        if observation is not None and not observation.ovn_installed:
+        if role == "active" and observation is not None and not observation.ovn_installed:
             self._waiting_for_ovn.add(lb_id)
             return WAITING_FOR_OVN
         return None
+
+    def ha_role_changed(self, lb_id: str) -> None:
+        """The lease moved to or from this host: readiness follows the role."""
+        task = self.tasks.get(lb_id)
+        if task is not None and task.set_waiting(self.readiness(lb_id)):
+            log.info("lb=%s action=readiness state=%s reason=%r", lb_id, task.state, task.waiting)
+            notify = asyncio.get_running_loop().create_task(self._notify())
+            self._notifying.add(notify)  # a task nobody holds may be collected before it runs
+            notify.add_done_callback(self._notifying.discard)
 
     def not_serving(self) -> str | None:
         """Why some passed load balancers do not serve yet (None: all that passed do)."""

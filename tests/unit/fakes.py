@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import asyncio
 
-from lbagent.errors import StaleGeneration
+from lbagent.errors import InvalidDesiredState, StaleGeneration
 from lbagent.ovnhost.host import HostObservation
 from lbagent.workers.dispatch import Dispatcher, kind_of
 from lbagent.workers.queue import WorkQueue
@@ -28,6 +28,9 @@ class FakeAgent:
         self.haproxy = FakeHaproxy()
         self.ready_reason = "no complete desired state yet"
         self.gauges_updated = 0
+        self.host_problems = []  # details refresh refuses with, as for `ha` this host cannot serve
+        self.handover_results = None  # what ha_handover answers (None: no [ovn] nb)
+        self.handovers = []
 
     async def wait_settled(self, generation, timeout):
         return await self.worker.wait_settled(generation, timeout)
@@ -43,6 +46,8 @@ class FakeAgent:
         return self.haproxy.status()
 
     async def refresh(self, desired, raw, raw_text=None):
+        if self.host_problems:
+            raise InvalidDesiredState(self.host_problems)
         if self.accepted and desired.generation < self.accepted[-1]:
             raise StaleGeneration(desired.generation, self.accepted[-1])
         self.accepted.append(desired.generation)
@@ -63,6 +68,13 @@ class FakeAgent:
 
     def update_gauges(self):
         self.gauges_updated += 1
+
+    def ha_role_counts(self):
+        return {"active": 1, "standby": 2, "unknown": 0} if self.handover_results is not None else {}
+
+    async def ha_handover(self, lb_ids, timeout):
+        self.handovers.append(lb_ids)
+        return self.handover_results
 
 
 class FakeHost:

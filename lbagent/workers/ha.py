@@ -1,0 +1,325 @@
+"""`HaKeeper`: this host's side of the leases of its highly available load balancers.
+
+Every `tick` it reads the lease of each load balancer with `ha` from the
+Northbound replica, asks `lease.decide` what to write, and commits all the
+writes of the tick in one transaction (renewals of a thousand leases are one
+transaction, not a thousand). It owns each load balancer's role as this host
+sees it (`active`, `standby`, or `unknown` while the Northbound database is
+out of reach: the data path then keeps serving as it was), the handovers
+asked for through the API, and the grace a stopping agent asks for.
+
+Restarts are not failures: `stop` renews every lease this host holds with a
+`grace` of `restart_grace` seconds in one transaction, and standbys wait that
+long before taking over; the agent that starts again finds itself the holder
+and renews (which clears the grace). A crashed host writes no grace: its
+standbys take over after the lease time. The data path is the same on every
+host (warm standby); what moves traffic is `requested-chassis`, written in
+the same transaction that takes the lease, so ovn-controller binds the port
+on the new holder's chassis and releases it on the old one.
+
+A host that loses the Northbound database stops measuring: when contact
+comes back, every lease is watched from that moment on, as if new. A standby
+out of contact can never take over (its writes cannot commit), and one that
+just regained it waits a full lease time first.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from datetime import UTC, datetime
+
+from lbagent.desired.ha import HighAvailability
+from lbagent.errors import LbAgentError
+from lbagent.metrics import HA_FAILOVERS, HA_RENEW_SECONDS
+from lbagent.naming import iface_id
+from lbagent.ovnhost.northbound import NorthboundClient, PortLease
+from lbagent.support.blocking import BlockingPool
+from lbagent.workers.lease import Copy, Decision, Lease, Timing, Watch, decide, write_for
+
+log = logging.getLogger(__name__)
+
+ACTIVE, STANDBY, UNKNOWN = "active", "standby", "unknown"
+ROLES = (ACTIVE, STANDBY, UNKNOWN)
+TICKS_PER_LEASE = 10
+RECONNECT_INTERVAL = 2.0  # seconds between two tries to reach an unreachable Northbound database
+
+
+def _now_iso() -> str:
+    return datetime.now(UTC).isoformat(timespec="milliseconds")
+
+
+@dataclass
+class _Role:
+    """What this host knows of one load balancer's lease."""
+
+    watch: Watch
+    role: str = UNKNOWN
+    active_host: str = ""
+    term: int = 0
+    since: str = field(default_factory=_now_iso)
+    last_failover_s: float | None = None
+    offers: list[str] = field(default_factory=list)  # hosts still to offer a handover to, the current first
+    offer_deadline: float = 0.0
+
+    def document(self) -> dict:
+        return {
+            "role": self.role,
+            "active_host": self.active_host or None,
+            "term": self.term,
+            "since": self.since,
+            "last_failover_s": self.last_failover_s,
+        }
+
+
+class HaKeeper:
+    def __init__(
+        self,
+        nb: NorthboundClient,
+        host: str,
+        chassis: Callable[[], str],
+        timing: Timing,
+        restart_grace: float,
+        loadbalancers: Callable[[], dict[str, HighAvailability]],
+        copy_of: Callable[[str], Copy],
+        on_role: Callable[[str], None] = lambda lb_id: None,
+    ):
+        self._nb = nb
+        self._pool = BlockingPool("ovn-nb", 1)
+        self.host = host
+        self._chassis = chassis  # read once connected: it may come from the local OVSDB
+        self.timing = timing
+        self._restart_grace = restart_grace
+        self._loadbalancers = loadbalancers
+        self._copy_of = copy_of
+        self._on_role = on_role
+        self._roles: dict[str, _Role] = {}
+        self._in_contact = False
+        self._next_connect = 0.0
+        self._ticked = asyncio.Condition()
+        self.last_error: str | None = None
+
+    @property
+    def tick_interval(self) -> float:
+        return self.timing.lease / TICKS_PER_LEASE
+
+    # --- what others read ---------------------------------------------------
+
+    def role(self, lb_id: str) -> str | None:
+        """This host's role for the load balancer; None if it has no `ha` (or is not known yet)."""
+        found = self._roles.get(lb_id)
+        return found.role if found is not None else None
+
+    def status(self, lb_id: str) -> dict | None:
+        found = self._roles.get(lb_id)
+        return found.document() if found is not None else None
+
+    def role_counts(self) -> dict[str, int]:
+        counts = dict.fromkeys(ROLES, 0)
+        for found in self._roles.values():
+            counts[found.role] += 1
+        return counts
+
+    def in_contact(self) -> bool:
+        return self._in_contact
+
+    # --- the loop -----------------------------------------------------------
+
+    async def run(self) -> None:
+        while True:
+            try:
+                await self.tick()
+            except Exception as exc:  # noqa: BLE001 - the next tick tries again
+                self.last_error = str(exc)
+                log.warning("object=ha action=tick result=error error=%r", str(exc))
+            async with self._ticked:
+                self._ticked.notify_all()
+            await asyncio.sleep(self.tick_interval)
+
+    async def tick(self) -> None:
+        wanted = self._loadbalancers()
+        for lb_id in set(self._roles) - set(wanted):
+            del self._roles[lb_id]
+        if not wanted:
+            return
+        now = time.monotonic()
+        if not await self._contact(now):
+            for lb_id in wanted:
+                self._set_role(lb_id, self._role_of(lb_id, now), UNKNOWN, None, "out of contact with the Northbound")
+            return
+        ports = await self._pool.run(self._nb.ports, [iface_id(lb_id) for lb_id in wanted])
+        chassis = self._chassis()
+        decided: list[tuple[str, PortLease, Decision]] = []
+        for lb_id, ha in wanted.items():
+            state = self._role_of(lb_id, now)
+            port = ports.get(iface_id(lb_id))
+            if port is None:
+                self._set_role(lb_id, state, STANDBY, Lease(), "no logical switch port")
+                continue
+            self._expire_offer(lb_id, state, ha, now)
+            decision = decide(
+                self.host, chassis, ha, port, state.watch, self._copy_of(lb_id), now, self.timing, self._offer(state)
+            )
+            if decision.write is not None:
+                decided.append((lb_id, port, decision))
+            self._set_role(lb_id, state, None, Lease.of(port), "")
+        if decided:
+            await self._commit(decided, now)
+
+    async def _contact(self, now: float) -> bool:
+        """Whether the Northbound replica is live; connects when it is time to try."""
+        if not self._nb.connected() and now >= self._next_connect:
+            try:
+                await self._pool.run(self._nb.connect)
+                self.last_error = None
+            except LbAgentError as exc:
+                self._next_connect = now + RECONNECT_INTERVAL
+                self.last_error = str(exc)
+                log.warning("object=ha action=connect result=error error=%r", str(exc))
+        connected = self._nb.connected()
+        if connected and not self._in_contact:
+            # Nothing seen while out of contact counts: every lease is watched anew.
+            for state in self._roles.values():
+                state.watch = Watch(first_seen=now)
+            log.info("object=ha action=contact in_contact=true")
+        elif not connected and self._in_contact:
+            log.warning("object=ha action=contact in_contact=false")
+        self._in_contact = connected
+        return connected
+
+    def _role_of(self, lb_id: str, now: float) -> _Role:
+        found = self._roles.get(lb_id)
+        if found is None:
+            found = self._roles[lb_id] = _Role(Watch(first_seen=now))
+        return found
+
+    async def _commit(self, decided: list[tuple[str, PortLease, Decision]], now: float) -> None:
+        started = time.monotonic()
+        applied = await self._pool.run(self._nb.commit, [decision.write for _, _, decision in decided])
+        HA_RENEW_SECONDS.observe(time.monotonic() - started)
+        for (lb_id, port, decision), done in zip(decided, applied):
+            state = self._roles.get(lb_id)
+            if state is None or not done or decision.write is None:
+                continue
+            state.watch.renewed_at = now
+            new = Lease.of(PortLease(port.name, {**port.keys, **decision.write.set_keys}))
+            if decision.kind == "take":
+                state.last_failover_s = round(now - max(state.watch.changed_at, state.watch.first_seen), 3)
+                if decision.why.startswith("no renewal"):
+                    HA_FAILOVERS.inc()
+                state.watch.observe(new, now)
+                state.offers = []
+            self._set_role(lb_id, state, None, new, decision.why)
+
+    def _set_role(self, lb_id: str, state: _Role, role: str | None, lease: Lease | None, why: str) -> None:
+        if lease is not None:
+            role = role or (ACTIVE if lease.holder == self.host else STANDBY)
+            state.active_host, state.term = lease.holder, lease.term
+        if role == state.role:
+            return
+        state.role, state.since = role or UNKNOWN, _now_iso()
+        log.info(
+            "lb=%s object=ha action=role role=%s term=%d active_host=%s why=%r",
+            lb_id,
+            state.role,
+            state.term,
+            state.active_host or "-",
+            why,
+        )
+        self._on_role(lb_id)
+
+    # --- handover -----------------------------------------------------------
+
+    @staticmethod
+    def _offer(state: _Role) -> str:
+        return state.offers[0] if state.offers and state.role == ACTIVE else ""
+
+    def _expire_offer(self, lb_id: str, state: _Role, ha: HighAvailability, now: float) -> None:
+        """An offer no standby took within two lease times goes to the next host."""
+        if state.offers and now >= state.offer_deadline:
+            log.warning("lb=%s object=ha action=handover result=not_taken host=%s", lb_id, state.offers[0])
+            state.offers.pop(0)
+            state.offer_deadline = now + 2 * self.timing.lease
+
+    async def handover(self, lb_ids: list[str] | None, timeout: float) -> list[dict]:
+        """Offer each load balancer this host holds (all of them if `lb_ids` is None)
+        to the hosts after it in its `ha.hosts`, one by one, until one takes it;
+        one result per load balancer, once each is settled or `timeout` ran out."""
+        wanted = self._loadbalancers()
+        ids = lb_ids if lb_ids is not None else sorted(i for i, s in self._roles.items() if s.role == ACTIVE)
+        results: dict[str, dict] = {}
+        now = time.monotonic()
+        for lb_id in ids:
+            state, ha = self._roles.get(lb_id), wanted.get(lb_id)
+            if ha is None or state is None:
+                results[lb_id] = {"id": lb_id, "result": "not_ha"}
+            elif state.role != ACTIVE:
+                results[lb_id] = {"id": lb_id, "result": "not_active", "active_host": state.active_host or None}
+            else:
+                at = ha.hosts.index(self.host)
+                state.offers = [h for h in ha.hosts[at + 1 :] + ha.hosts[:at] if h != self.host]
+                state.offer_deadline = now + 2 * self.timing.lease
+        deadline = now + timeout
+        pending = [i for i in ids if i not in results]
+        while pending and time.monotonic() < deadline:
+            async with self._ticked:
+                try:
+                    await asyncio.wait_for(self._ticked.wait(), max(0.01, deadline - time.monotonic()))
+                except TimeoutError:
+                    break
+            pending = [i for i in pending if self._handover_open(i)]
+        for lb_id in ids:
+            if lb_id not in results:
+                results[lb_id] = self._handover_result(lb_id)
+        return [results[lb_id] for lb_id in ids]
+
+    def _handover_open(self, lb_id: str) -> bool:
+        state = self._roles.get(lb_id)
+        return state is not None and state.role == ACTIVE and bool(state.offers)
+
+    def _handover_result(self, lb_id: str) -> dict:
+        state = self._roles.get(lb_id)
+        if state is None:
+            return {"id": lb_id, "result": "not_ha"}
+        if state.role != ACTIVE:
+            return {"id": lb_id, "result": "handed_over", "active_host": state.active_host or None}
+        state.offers = []
+        return {"id": lb_id, "result": "not_taken", "active_host": self.host}
+
+    # --- stopping -----------------------------------------------------------
+
+    async def stop(self) -> None:
+        """Ask standbys to wait `restart_grace` for every lease this host holds
+        (one transaction), then disconnect."""
+        try:
+            if self._nb.connected():
+                await self._grace_held()
+        except LbAgentError as exc:
+            log.warning("object=ha action=grace result=error error=%r", str(exc))
+        finally:
+            await self._pool.run(self._nb.close)
+            await asyncio.to_thread(self._pool.shutdown)
+
+    async def _grace_held(self) -> None:
+        held = [lb_id for lb_id, state in self._roles.items() if state.role == ACTIVE]
+        if not held:
+            return
+        ports = await self._pool.run(self._nb.ports, [iface_id(lb_id) for lb_id in held])
+        writes = []
+        for port in ports.values():
+            lease = Lease.of(port)
+            if lease.holder == self.host:
+                writes.append(write_for(port, lease.renewed(grace=self._restart_grace)))
+        applied = await self._pool.run(self._nb.commit, writes)
+        log.info("object=ha action=grace leases=%d seconds=%g", sum(applied), self._restart_grace)
+
+
+def copy_state(task) -> Copy:
+    """The lease rules' view of a load balancer's task (None: no task yet)."""
+    if task is None:
+        return Copy(built=False, failing=False)
+    failing = task.state == "error"
+    return Copy(built=task.passed and not failing, failing=failing)
