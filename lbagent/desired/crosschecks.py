@@ -195,25 +195,52 @@ def own_problems(lb: LoadBalancer) -> list[Problem]:
         lambda key: f"{key[0]} port {key[1]}",
     )
     _check_backend_count(problems, groups)
+    _check_kernel_balanced_groups(problems, listeners, groups)
     group_ids = {group.id for group in lb.backend_groups}
     for index, listener in listeners:
         _check_listener(problems, (*at, "listeners", index), listener, group_ids)
     return problems.found
 
 
+def _ports_per_backend(group: BackendGroup) -> int:
+    # A separate health check port is reached through a port on INNER of its own.
+    return 1 if group.health_check_port is None else 2
+
+
 def _check_backend_count(problems: _Problems, groups: list[tuple[int, BackendGroup]]) -> None:
     """Reports the first backend beyond what a load balancer can give a port to."""
     seen = 0
     for g, group in groups:
-        if seen + len(group.backends) > MAX_BACKENDS_PER_LB:
-            b = MAX_BACKENDS_PER_LB - seen
+        each = _ports_per_backend(group)
+        if seen + each * len(group.backends) > MAX_BACKENDS_PER_LB:
+            b = (MAX_BACKENDS_PER_LB - seen) // each
             problems.add(
                 ("backend_groups", g, "backends", b),
                 f"a load balancer has at most {MAX_BACKENDS_PER_LB} backends across its groups "
-                "(each gets a port of its own); pods its selectors take count too",
+                "(each gets a port of its own, two in a group with a health_check_port); "
+                "pods its selectors take count too",
             )
             return
-        seen += len(group.backends)
+        seen += each * len(group.backends)
+
+
+def _check_kernel_balanced_groups(
+    problems: _Problems, listeners: list[tuple[int, Listener]], groups: list[tuple[int, BackendGroup]]
+) -> None:
+    """The kernel picks a udp flow's member at once, at full weight: a group a
+    udp listener uses cannot ramp its members up."""
+    udp_users: dict[str, int] = {}
+    for i, listener in listeners:
+        if listener.kind.transport == "udp":
+            udp_users.setdefault(listener.backend_group_id, i)
+    for g, group in groups:
+        if group.slow_start and group.id in udp_users:
+            problems.add(
+                ("backend_groups", g, "slow_start"),
+                "cannot apply to udp flows, which the kernel balances at full weight: "
+                "this group is already used at",
+                ("listeners", udp_users[group.id], "backend_group_id"),
+            )
 
 
 def _check_group_reference(problems: _Problems, location: Location, group_id: str, group_ids: set[str]) -> None:

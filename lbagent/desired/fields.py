@@ -57,6 +57,8 @@ MAX_RATE = 1_000_000
 # Connections one listener may hold at once; haproxy's process limit is sized
 # from the sum over every listener, so one tenant's cap bounds its share.
 MAX_CONNECTION_LIMIT = 100_000
+# A member that joins or comes back up ramps to its weight over at most this long.
+MAX_SLOW_START_SECONDS = 900
 # Generations are persisted and compared; keep them inside a signed 64-bit int.
 MAX_GENERATION = 2**63 - 1
 
@@ -396,6 +398,7 @@ ClientTimeoutSeconds = int_range(1, MAX_CLIENT_TIMEOUT_SECONDS)
 CookieTimeout = int_range(0, MAX_COOKIE_TIMEOUT)
 Rate = int_range(0, MAX_RATE)
 ConnectionLimit = int_range(0, MAX_CONNECTION_LIMIT)
+SlowStartSeconds = int_range(0, MAX_SLOW_START_SECONDS)
 Generation = int_range(0, MAX_GENERATION)
 
 _PORT_OR_NAME_WHAT = f"must be a port number {MIN_PORT}-{MAX_PORT} or a port name"

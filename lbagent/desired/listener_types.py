@@ -65,6 +65,7 @@ OPTION_TYPES: dict[str, frozenset[str]] = {
     # haproxy's maxconn; udp flows are the kernel's.
     "connection_limit": HAPROXY_TYPES,
     "x_forwarded_for": HTTP_TYPES,
+    "x_forwarded_proto": HTTP_TYPES,
     "gzip": HTTP_TYPES,
     "http2": HTTPS_TYPES,
     # A PROXY header is written by haproxy on a TCP connection.

@@ -69,6 +69,7 @@ from lbagent.desired.fields import (
     Rate,
     RiseFall,
     RouteDestination,
+    SlowStartSeconds,
     TimeoutSeconds,
     UplinkName,
     UriPath,
@@ -173,6 +174,7 @@ class Backend(_Model):
     weight: Weight = DEFAULT_WEIGHT
     send_proxy: SendProxy = "off"
     ssl: bool = False
+    backup: bool = False  # serves only while no other member of its group is up
 
 
 class PodSelector(_Model):
@@ -186,6 +188,8 @@ class BackendGroup(_Model):
     id: Id
     backends: list[Backend] = many(MAX_BACKENDS_PER_GROUP)
     pod_selector: PodSelector | None = None
+    slow_start: SlowStartSeconds = 0
+    health_check_port: Port | None = None  # None: each member's own port
 
 
 # --- listeners -------------------------------------------------------------------
@@ -296,6 +300,7 @@ class Listener(_Model):
     acl: Acl | None = None
     connection_limit: ConnectionLimit = 0
     x_forwarded_for: bool = False
+    x_forwarded_proto: bool = False
     gzip: bool = False
     http2: bool = False
     send_proxy: SendProxy = "off"

@@ -235,11 +235,53 @@ def test_more_backends_than_backend_ports_is_refused_at_the_first_one_beyond():
     details = details_of(with_backends(MAX_BACKENDS_PER_LB + 1))
     assert details == {
         "/loadbalancers/0/backend_groups/62/backends/1023": (
-            "a load balancer has at most 64511 backends across its groups (each gets a port of its own); "
-            "pods its selectors take count too"
+            "a load balancer has at most 64511 backends across its groups (each gets a port of its own, "
+            "two in a group with a health_check_port); pods its selectors take count too"
         )
     }
 
 
 def test_as_many_backends_as_backend_ports_are_accepted():
     parse_desired_state(with_backends(MAX_BACKENDS_PER_LB))
+
+
+def with_checked_backends(count: int) -> dict[str, Any]:
+    doc = with_backends(count)
+    for group in doc["loadbalancers"][0]["backend_groups"]:
+        group["health_check_port"] = 8081
+    return doc
+
+
+def test_a_health_check_port_takes_a_second_backend_port_per_backend():
+    details = details_of(with_checked_backends(MAX_BACKENDS_PER_LB // 2 + 1))
+    # Groups 0-30 take 63488 ports, which leaves 1023: room for 511 backends of group 31.
+    assert list(details) == ["/loadbalancers/0/backend_groups/31/backends/511"]
+    parse_desired_state(with_checked_backends(MAX_BACKENDS_PER_LB // 2))
+
+
+# --- traffic options that depend on the listeners using a group -------------------
+
+
+def with_udp_group(slow_start: int) -> dict[str, Any]:
+    def change(doc):
+        lb = doc["loadbalancers"][0]
+        lb["listeners"].append({"id": "dns", "listener_type": "udp", "listener_port": 53, "backend_group_id": "bg-2"})
+        lb["backend_groups"][1]["slow_start"] = slow_start
+
+    return with_changes(change)
+
+
+def test_slow_start_on_a_group_a_udp_listener_uses_is_refused_at_its_path():
+    details = details_of(with_udp_group(30))
+    assert details == {
+        "/loadbalancers/0/backend_groups/1/slow_start": (
+            "cannot apply to udp flows, which the kernel balances at full weight: "
+            "this group is already used at /loadbalancers/0/listeners/1/backend_group_id"
+        )
+    }
+
+
+def test_slow_start_on_groups_only_haproxy_listeners_use_is_accepted():
+    doc = with_changes(lambda doc: doc["loadbalancers"][0]["backend_groups"][0].update(slow_start=900))
+    assert parse_desired_state(doc).loadbalancers[0].backend_groups[0].slow_start == 900
+    parse_desired_state(with_udp_group(0))

@@ -22,6 +22,7 @@ SAMPLE_VALUES = {
     "sticky_session": {"type": "insert"},
     "connection_limit": 100,
     "x_forwarded_for": True,
+    "x_forwarded_proto": True,
     "gzip": True,
     "http2": True,
     "send_proxy": "v2",
