@@ -33,24 +33,10 @@ class Central:
         self._sb = _Daemon("ovnsb_db", "ovsdb-server", run_dir, log_dir)
         self._northd = _Daemon("ovn-northd", "ovn-northd", run_dir, log_dir)
         self.daemons = [self._nb, self._sb, self._northd]
-
-    # ovn-northd finds the databases by these socket names in OVN_RUNDIR.
-    @property
-    def nb_db(self) -> str:
-        return f"unix:{self.dirs['run'] / 'ovnnb_db.sock'}"
-
-    @property
-    def sb_db(self) -> str:
-        return f"unix:{self.dirs['run'] / 'ovnsb_db.sock'}"
-
-    @property
-    def nb_remote(self) -> str:
-        """The NB database as the hosts reach it, over the underlay."""
-        return f"tcp:{self.ip}:{NB_PORT}"
-
-    @property
-    def sb_remote(self) -> str:
-        return f"tcp:{self.ip}:{SB_PORT}"
+        # ovn-northd finds the databases by these socket names in OVN_RUNDIR.
+        self.nb_db, self.sb_db = f"unix:{run_dir / 'ovnnb_db.sock'}", f"unix:{run_dir / 'ovnsb_db.sock'}"
+        # The databases as the hosts reach them, over the underlay.
+        self.nb_remote, self.sb_remote = f"tcp:{ip}:{NB_PORT}", f"tcp:{ip}:{SB_PORT}"
 
     @property
     def env(self) -> dict[str, str]:

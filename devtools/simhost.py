@@ -205,24 +205,20 @@ class SimHost:
         db.unlink(missing_ok=True)
         run("ovsdb-tool", "create", db, OVS_SCHEMA, env=self.env)
         start_daemon(self._ovsdb, self.launcher, self.env, str(db), f"--remote=punix:{self.dirs['run'] / 'db.sock'}")
-        self.vsctl(
-            "--no-wait",
-            "init",
-            "--",
-            "set",
-            "Open_vSwitch",
-            ".",
-            f"external_ids:system-id={self.chassis}",
-            f"external_ids:hostname={self.chassis}",
-            f"external_ids:ovn-remote={self.central.sb_remote}",
-            "external_ids:ovn-encap-type=geneve",
-            f"external_ids:ovn-encap-ip={self.underlay_ip}",
-            f"external_ids:ovn-bridge={INTEGRATION_BRIDGE}",
-            "external_ids:ovn-bridge-datapath-type=netdev",
-            # Two cores for the whole machine: one thread of each kind per host.
-            "other_config:n-handler-threads=1",
-            "other_config:n-revalidator-threads=1",
-        )
+        chassis = {
+            "system-id": self.chassis,
+            "hostname": self.chassis,
+            "ovn-remote": self.central.sb_remote,
+            "ovn-encap-type": "geneve",
+            "ovn-encap-ip": self.underlay_ip,
+            "ovn-bridge": INTEGRATION_BRIDGE,
+            "ovn-bridge-datapath-type": "netdev",
+        }
+        # Two cores for the whole machine: one thread of each kind per host.
+        threads = {"n-handler-threads": 1, "n-revalidator-threads": 1}
+        settings = [f"external_ids:{k}={v}" for k, v in chassis.items()]
+        settings += [f"other_config:{k}={v}" for k, v in threads.items()]
+        self.vsctl("--no-wait", "init", "--", "set", "Open_vSwitch", ".", *settings)
         start_daemon(self._vswitchd, self.launcher, self.env, self.ovs_db)
         self.vsctl(
             "--may-exist",
