@@ -70,6 +70,9 @@ def required_tools() -> list[str]:
         "ip",
         "ethtool",
         "curl",
+        # the multi-host sandbox's namespaces
+        "nsenter",
+        "unshare",
     ]
 
 

@@ -10,6 +10,7 @@ import pytest
 from devtools import multihost, namespaces
 from devtools.multihost import MultiHost, underlay_plan
 from devtools.namespaces import Ledger
+from devtools.procs import required_tools
 
 
 def test_the_central_is_first_and_hosts_follow_from_eleven_in_order():
@@ -117,3 +118,7 @@ def test_stop_before_start_is_a_no_op(tmp_path: Path, monkeypatch: pytest.Monkey
     MultiHost(tmp_path, "t9", ["gw-1"]).stop()
 
     assert machine.commands == []
+
+
+def test_the_functional_tests_ask_for_the_tools_that_enter_namespaces():
+    assert {"nsenter", "unshare"} <= set(required_tools())
