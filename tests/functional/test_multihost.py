@@ -209,9 +209,33 @@ def test_stop_leaves_nothing_on_the_machine(tmp_path_factory: pytest.TempPathFac
         MultiHost.restore(base).stop()  # as another process would
     mh.stop()  # idempotent
 
+    _assert_nothing_left(base, prefix, links_before)
+    assert not [pid for pid in pids if pid is not None and pid_alive(pid)]
+
+
+def test_a_start_that_fails_halfway_leaves_nothing(
+    tmp_path_factory: pytest.TempPathFactory, prefix: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    base = tmp_path_factory.mktemp("mh")
+    links_before = link_names()
+    mh = MultiHost(base, prefix, HOSTS)
+    started = SimHost.start_daemons
+
+    def second_host_fails(host: SimHost) -> None:
+        started(host)
+        if host.name == "gw-2":
+            raise RuntimeError("gw-2 does not come up")
+
+    monkeypatch.setattr(SimHost, "start_daemons", second_host_fails)
+    with pytest.raises(RuntimeError, match="gw-2 does not come up"):
+        mh.start()
+
+    _assert_nothing_left(base, prefix, links_before)
+
+
+def _assert_nothing_left(base: Path, prefix: str, links_before: set[str]) -> None:
     assert not {n for n in _machine_netns() if n.startswith(f"{prefix}-")}
     assert not {n for n in link_names() - links_before if n.startswith(prefix) or n in {NETDEV_DEVICE, "br-phy"}}
-    assert not [pid for pid in pids if pid is not None and pid_alive(pid)]
     assert not _pids_mentioning(str(base))
     assert not _mount_points_under(base)
     assert sorted(p.name for p in base.iterdir()) == []
