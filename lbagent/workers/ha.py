@@ -86,6 +86,7 @@ class HaKeeper:
         loadbalancers: Callable[[], dict[str, HighAvailability]],
         copy_of: Callable[[str], Copy],
         on_role: Callable[[str], None] = lambda lb_id: None,
+        clock: Callable[[], float] = time.monotonic,
     ):
         self._nb = nb
         self._pool = BlockingPool("ovn-nb", 1)
@@ -96,6 +97,7 @@ class HaKeeper:
         self._loadbalancers = loadbalancers
         self._copy_of = copy_of
         self._on_role = on_role
+        self._clock = clock
         self._roles: dict[str, _Role] = {}
         self._in_contact = False
         self._next_connect = 0.0
@@ -135,17 +137,23 @@ class HaKeeper:
             except Exception as exc:  # noqa: BLE001 - the next tick tries again
                 self.last_error = str(exc)
                 log.warning("object=ha action=tick result=error error=%r", str(exc))
-            async with self._ticked:
-                self._ticked.notify_all()
             await asyncio.sleep(self.tick_interval)
 
     async def tick(self) -> None:
+        """One look at every lease, and one transaction for what it decided."""
+        try:
+            await self._tick()
+        finally:
+            async with self._ticked:  # handovers waiting for their outcome look again
+                self._ticked.notify_all()
+
+    async def _tick(self) -> None:
         wanted = self._loadbalancers()
         for lb_id in set(self._roles) - set(wanted):
             del self._roles[lb_id]
         if not wanted:
             return
-        now = time.monotonic()
+        now = self._clock()
         if not await self._contact(now):
             for lb_id in wanted:
                 self._set_role(lb_id, self._role_of(lb_id, now), UNKNOWN, None, "out of contact with the Northbound")
@@ -251,7 +259,7 @@ class HaKeeper:
         wanted = self._loadbalancers()
         ids = lb_ids if lb_ids is not None else sorted(i for i, s in self._roles.items() if s.role == ACTIVE)
         results: dict[str, dict] = {}
-        now = time.monotonic()
+        now = self._clock()
         for lb_id in ids:
             state, ha = self._roles.get(lb_id), wanted.get(lb_id)
             if ha is None or state is None:
@@ -262,7 +270,7 @@ class HaKeeper:
                 at = ha.hosts.index(self.host)
                 state.offers = [h for h in ha.hosts[at + 1 :] + ha.hosts[:at] if h != self.host]
                 state.offer_deadline = now + 2 * self.timing.lease
-        deadline = now + timeout
+        deadline = time.monotonic() + timeout  # the caller's seconds, not the lease clock
         pending = [i for i in ids if i not in results]
         while pending and time.monotonic() < deadline:
             async with self._ticked:

@@ -201,7 +201,8 @@ def _as_holder(
     if lease.handover != offer_to:
         kind, why = ("offer", f"to {offer_to}") if offer_to else ("renew", "offer withdrawn")
         return Decision(write_for(port, renewed, rebind), kind, why)
-    due = watch.renewed_at is None or now - watch.renewed_at >= timing.renew_interval
+    # A little early rather than a tick late: ticks come every tenth of a lease.
+    due = watch.renewed_at is None or now - watch.renewed_at >= timing.renew_interval * 0.8
     if rebind is not None or due or lease.grace:
         return Decision(write_for(port, renewed, rebind), "bind" if rebind is not None else "renew")
     return NOTHING

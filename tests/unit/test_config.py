@@ -159,6 +159,36 @@ def test_bad_haproxy_keys(tmp_path: Path, line: str, message: str) -> None:
         load_config(path)
 
 
+def test_the_ovn_section_configures_high_availability(tmp_path: Path) -> None:
+    assert Config().ovn.nb == ""  # no high availability by default
+    text = (
+        f'[api]\nlisten = "unix:{tmp_path}/api.sock"\n[ovn]\nnb = "tcp:198.19.255.1:6641,tcp:198.19.255.2:6641"\n'
+        'chassis = "gw-1-chassis"\nlease_seconds = 2\nrestart_grace = 60.0\n'
+    )
+    ovn = load_config(write_config(tmp_path, text)).ovn
+    assert (ovn.nb, ovn.chassis, ovn.lease_seconds, ovn.restart_grace) == (
+        "tcp:198.19.255.1:6641,tcp:198.19.255.2:6641",
+        "gw-1-chassis",
+        2.0,
+        60.0,
+    )
+
+
+@pytest.mark.parametrize(
+    ("line", "message"),
+    [
+        ('nb = "ssl:198.19.255.1:6641"', r"invalid ovn\.nb .*unix:/PATH"),
+        ('nb = "198.19.255.1"', r"invalid ovn\.nb"),
+        ("lease_seconds = 0.1", r"invalid ovn\.lease_seconds"),
+        ("restart_grace = -1", r"invalid ovn\.restart_grace"),
+    ],
+)
+def test_bad_ovn_keys(tmp_path: Path, line: str, message: str) -> None:
+    path = write_config(tmp_path, f'[api]\nlisten = "unix:{tmp_path}/api.sock"\n[ovn]\n{line}\n')
+    with pytest.raises(ConfigError, match=message):
+        load_config(path)
+
+
 def test_unknown_key_is_named(tmp_path: Path, token_file: Path) -> None:
     path = write_config(tmp_path, f'[agent]\nstat_dir = "/x"\n[api]\ntoken_file = "{token_file}"\n')
     with pytest.raises(ConfigError, match=rf"unknown key agent\.stat_dir in {path}"):

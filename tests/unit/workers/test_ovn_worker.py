@@ -562,3 +562,37 @@ async def test_pods_beyond_the_server_budget_fail_their_load_balancer_alone(work
         "remove backends or narrow the pod selectors"
     )
     assert await worker.wait_settled(1, 5) and worker.tasks["other"].state == "ready"
+
+
+HA_TWO_HOSTS = {"hosts": ["gw-1", "gw-2"]}
+
+
+async def test_a_standby_is_ready_once_built_and_the_active_one_once_installed(worker):
+    roles = {}
+    worker.ha_role = roles.get
+    watched(worker)._host.not_installed.update({"a", "b"})  # standbys' ports are never bound
+    await apply(
+        worker, state(1, [{**lb_body("a"), "ha": HA_TWO_HOSTS}, {**lb_body("b", ip="198.18.0.13"), "ha": HA_TWO_HOSTS}])
+    )
+    await _until(lambda: all(t.passes for t in worker.tasks.values()))
+    a, b = worker.tasks["a"], worker.tasks["b"]
+    assert (a.state, a.reason) == ("pending", "waiting to learn its role from the OVN Northbound database")
+    assert not await worker.wait_settled(1, 0.05)
+
+    roles.update(a="standby", b="active")
+    worker.ha_role_changed("a")
+    worker.ha_role_changed("b")
+    assert (a.state, b.state, b.reason) == ("ready", "pending", "waiting for ovn-installed")
+    worker._host.not_installed.discard("b")  # ovn-controller binds the active host's port
+    assert await worker.check_readiness() == 1
+    assert b.state == "ready"
+
+    roles["a"] = "active"  # a failover to this host: it serves once bound
+    worker.ha_role_changed("a")
+    assert (a.state, a.reason) == ("pending", "waiting for ovn-installed")
+    roles["a"] = "unknown"  # out of contact: it serves as it was
+    worker.ha_role_changed("a")
+    assert a.state == "ready"
+    assert set(worker.ha_loadbalancers()) == {"a", "b"}
+    assert worker.ha_loadbalancers()["a"].hosts == ["gw-1", "gw-2"]
+    await worker.stop()

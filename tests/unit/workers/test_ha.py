@@ -1,0 +1,299 @@
+"""HaKeeper: several hosts' keepers over one in-memory Northbound database."""
+
+from __future__ import annotations
+
+import asyncio
+
+import pytest
+
+from lbagent.desired.ha import HighAvailability
+from lbagent.ovnhost.errors import OvsdbUnavailable
+from lbagent.ovnhost.northbound import LeaseWrite, PortLease
+from lbagent.workers.ha import ACTIVE, STANDBY, UNKNOWN, HaKeeper, copy_state
+from lbagent.workers.lease import GRACE, HOLDER, RENEWAL, TERM, Copy, Timing
+
+PORT = "iface/lb/lb-1"
+HA = HighAvailability(hosts=["gw-1", "gw-2"])
+LEASE = 1.5
+
+
+class FakeNorthbound:
+    """The ports' lbagent keys and requested-chassis; commits are compare-and-swap."""
+
+    def __init__(self):
+        self.ports_by_name = {PORT: PortLease(PORT)}
+        self.transactions = 0
+
+    def view(self, client) -> NorthboundView:
+        return NorthboundView(self, client)
+
+    def commit(self, writes: list[LeaseWrite]) -> list[bool]:
+        self.transactions += 1
+        applied = []
+        for write in writes:
+            port = self.ports_by_name.get(write.port)
+            if port is None or port.keys != write.expect:
+                applied.append(False)
+                continue
+            keys = {k: v for k, v in {**port.keys, **write.set_keys}.items() if k not in write.delete_keys}
+            chassis = port.requested_chassis if write.requested_chassis is None else write.requested_chassis
+            self.ports_by_name[write.port] = PortLease(write.port, keys, chassis)
+            applied.append(True)
+        return applied
+
+
+class NorthboundView:
+    """One host's client: it can lose contact on its own."""
+
+    def __init__(self, db: FakeNorthbound, name: str):
+        self.db = db
+        self.name = name
+        self.reachable = True
+        self.is_connected = False
+        self.closed = False
+
+    def connect(self):
+        if not self.reachable:
+            raise OvsdbUnavailable(f"{self.name}: unreachable")
+        self.is_connected = True
+
+    def connected(self):
+        return self.is_connected and self.reachable
+
+    def ports(self, names):
+        self._check()
+        return {n: self.db.ports_by_name[n] for n in names if n in self.db.ports_by_name}
+
+    def commit(self, writes):
+        self._check()
+        return self.db.commit(writes)
+
+    def close(self):
+        self.closed = True
+
+    def _check(self):
+        if not self.reachable:
+            raise OvsdbUnavailable(f"{self.name}: unreachable")
+
+
+class Clock:
+    def __init__(self):
+        self.now = 1000.0
+
+    def __call__(self):
+        return self.now
+
+
+class Host:
+    def __init__(self, db: FakeNorthbound, clock: Clock, name: str, ha=HA, grace: float = 30.0):
+        self.nb = db.view(name)
+        self.copy = Copy(built=True, failing=False)
+        self.roles: list[str] = []
+        self.ha = ha
+        self.keeper = HaKeeper(
+            self.nb,
+            name,
+            lambda: f"ch-{name}",
+            Timing(LEASE),
+            grace,
+            lambda: {"lb-1": self.ha} if self.ha is not None else {},
+            lambda lb_id: self.copy,
+            lambda lb_id: self.roles.append(self.keeper.role(lb_id)),
+            clock,
+        )
+
+
+@pytest.fixture
+def world():
+    db, clock = FakeNorthbound(), Clock()
+    return db, clock, Host(db, clock, "gw-1"), Host(db, clock, "gw-2")
+
+
+async def tick_all(clock: Clock, *hosts: Host, seconds: float = 0.0, step: float = 0.15) -> None:
+    """Every host ticks every `step` of the lease clock for `seconds`."""
+    end = clock.now + seconds
+    while True:
+        for host in hosts:
+            await host.keeper.tick()
+        if clock.now >= end:
+            return
+        clock.now = min(end, clock.now + step)
+
+
+def holder(db: FakeNorthbound) -> tuple[str, str]:
+    port = db.ports_by_name[PORT]
+    return port.keys.get(HOLDER, ""), port.requested_chassis
+
+
+async def test_the_preferred_host_takes_a_new_lease_and_the_other_stands_by(world):
+    db, clock, gw1, gw2 = world
+    await tick_all(clock, gw1, gw2, seconds=3)
+    assert holder(db) == ("gw-1", "ch-gw-1")
+    assert (gw1.keeper.role("lb-1"), gw2.keeper.role("lb-1")) == (ACTIVE, STANDBY)
+    assert gw2.keeper.status("lb-1")["active_host"] == "gw-1"
+    assert gw1.roles == [STANDBY, ACTIVE] or gw1.roles == [ACTIVE]
+
+
+async def test_renewals_keep_the_lease_and_all_of_a_tick_go_in_one_transaction(world):
+    db, clock, gw1, gw2 = world
+    gw1.ha = gw2.ha = HA
+    db.ports_by_name["iface/lb/lb-2"] = PortLease("iface/lb/lb-2")
+    gw1.keeper._loadbalancers = lambda: {"lb-1": HA, "lb-2": HA}
+    await tick_all(clock, gw1, seconds=0)
+    before, renewals = db.transactions, int(db.ports_by_name[PORT].keys[RENEWAL])
+    await tick_all(clock, gw1, gw2, seconds=10)
+    assert holder(db)[0] == "gw-1"
+    assert db.ports_by_name["iface/lb/lb-2"].keys[HOLDER] == "gw-1"
+    renewed = int(db.ports_by_name[PORT].keys[RENEWAL]) - renewals
+    assert renewed >= 10 / (LEASE / 3)  # at least three renewals per lease time
+    assert db.ports_by_name["iface/lb/lb-2"].keys[RENEWAL] == db.ports_by_name[PORT].keys[RENEWAL]
+    assert db.transactions - before == renewed  # both leases in each one
+
+
+async def test_a_silent_holder_is_taken_over_after_the_lease_time(world):
+    db, clock, gw1, gw2 = world
+    await tick_all(clock, gw1, gw2, seconds=1)
+    last_renewal = gw2.keeper._roles["lb-1"].watch.changed_at  # as gw-2 saw it, on its clock
+    # gw-1 is dead from now on: only gw-2 ticks.
+    await tick_all(clock, gw2, seconds=last_renewal + LEASE - 0.05 - clock.now)
+    assert holder(db)[0] == "gw-1"
+    await tick_all(clock, gw2, seconds=0.2)
+    assert holder(db) == ("gw-2", "ch-gw-2")
+    assert db.ports_by_name[PORT].keys[TERM] == "2"
+    assert gw2.keeper.role("lb-1") == ACTIVE
+    assert LEASE <= gw2.keeper.status("lb-1")["last_failover_s"] <= LEASE + 0.2
+    # The old holder, back, sees the newer term and stands by; it takes nothing back.
+    await tick_all(clock, gw1, gw2, seconds=3)
+    assert (gw1.keeper.role("lb-1"), holder(db)[0]) == (STANDBY, "gw-2")
+
+
+async def test_a_stopping_holder_asks_for_grace_and_a_restart_moves_nothing(world):
+    db, clock, gw1, gw2 = world
+    await tick_all(clock, gw1, gw2, seconds=1)
+    await gw1.keeper.stop()
+    assert db.ports_by_name[PORT].keys[GRACE] == "30"
+    await tick_all(clock, gw2, seconds=20)  # the agent restarts meanwhile
+    assert holder(db)[0] == "gw-1"
+    again = Host(db, clock, "gw-1")
+    await tick_all(clock, again, gw2, seconds=2)
+    assert holder(db)[0] == "gw-1"
+    assert GRACE not in db.ports_by_name[PORT].keys
+    assert again.keeper.role("lb-1") == ACTIVE
+    assert db.ports_by_name[PORT].keys[TERM] == "1"
+
+
+async def test_a_holder_that_never_comes_back_is_taken_over_after_the_grace(world):
+    db, clock, gw1, gw2 = world
+    await tick_all(clock, gw1, gw2, seconds=1)
+    await gw1.keeper.stop()
+    await tick_all(clock, gw2, seconds=29)
+    assert holder(db)[0] == "gw-1"
+    await tick_all(clock, gw2, seconds=2)
+    assert holder(db)[0] == "gw-2"
+
+
+async def test_a_standby_out_of_contact_never_takes_over_and_waits_a_lease_after_contact(world):
+    db, clock, gw1, gw2 = world
+    await tick_all(clock, gw1, gw2, seconds=1)
+    gw2.nb.reachable = False
+    await tick_all(clock, gw2, seconds=5)  # gw-1 died meanwhile, but gw-2 cannot tell
+    assert gw2.keeper.role("lb-1") == UNKNOWN
+    assert holder(db)[0] == "gw-1"
+    gw2.nb.reachable = True
+    await tick_all(clock, gw2, seconds=1.4)
+    assert holder(db)[0] == "gw-1"
+    await tick_all(clock, gw2, seconds=0.3)
+    assert holder(db)[0] == "gw-2"
+
+
+async def test_an_active_host_out_of_contact_says_unknown_and_steps_down_on_return(world):
+    db, clock, gw1, gw2 = world
+    await tick_all(clock, gw1, gw2, seconds=1)
+    gw1.nb.reachable = False
+    await tick_all(clock, gw1, gw2, seconds=3)
+    assert gw1.keeper.role("lb-1") == UNKNOWN
+    assert not gw1.keeper.in_contact()
+    assert holder(db)[0] == "gw-2"
+    gw1.nb.reachable = True
+    await tick_all(clock, gw1, gw2, seconds=1)
+    assert gw1.keeper.role("lb-1") == STANDBY
+    assert gw1.keeper.role_counts() == {ACTIVE: 0, STANDBY: 1, UNKNOWN: 0}
+
+
+async def test_a_failing_copy_gives_the_lease_up_to_a_working_one(world):
+    db, clock, gw1, gw2 = world
+    await tick_all(clock, gw1, gw2, seconds=1)
+    gw1.copy = Copy(built=False, failing=True)
+    await tick_all(clock, gw1, gw2, seconds=2.5)
+    assert holder(db)[0] == "gw-2"
+
+
+async def test_a_standby_without_a_built_copy_never_takes_over(world):
+    db, clock, gw1, gw2 = world
+    await tick_all(clock, gw1, gw2, seconds=1)
+    gw2.copy = Copy(built=False, failing=False)
+    await tick_all(clock, gw2, seconds=10)
+    assert holder(db)[0] == "gw-1"
+
+
+async def test_preempt_brings_the_lease_back_to_the_preferred_host():
+    db, clock = FakeNorthbound(), Clock()
+    preempting = HighAvailability(hosts=["gw-1", "gw-2"], preempt=True)
+    gw1, gw2 = Host(db, clock, "gw-1", preempting), Host(db, clock, "gw-2", preempting)
+    gw1.copy = Copy(built=False, failing=False)  # gw-1 is still building
+    await tick_all(clock, gw1, gw2, seconds=3)
+    assert holder(db)[0] == "gw-2"
+    gw1.copy = Copy(built=True, failing=False)
+    await tick_all(clock, gw1, gw2, seconds=0.5)
+    assert holder(db)[0] == "gw-1"
+
+
+async def test_a_handover_moves_the_lease_to_the_next_ready_host(world):
+    db, clock, gw1, gw2 = world
+    await tick_all(clock, gw1, gw2, seconds=1)
+    asked = asyncio.ensure_future(gw1.keeper.handover(None, timeout=10))
+    await asyncio.sleep(0)
+    await tick_all(clock, gw1, gw2, seconds=0.5)
+    assert await asked == [{"id": "lb-1", "result": "handed_over", "active_host": "gw-2"}]
+    assert holder(db)[0] == "gw-2"
+    assert await gw1.keeper.handover(["lb-1", "nope"], timeout=1) == [
+        {"id": "lb-1", "result": "not_active", "active_host": "gw-2"},
+        {"id": "nope", "result": "not_ha"},
+    ]
+
+
+async def test_a_handover_nobody_takes_is_withdrawn(world):
+    db, clock, gw1, gw2 = world
+    await tick_all(clock, gw1, gw2, seconds=1)
+    gw2.copy = Copy(built=False, failing=False)
+    asked = asyncio.ensure_future(gw1.keeper.handover(["lb-1"], timeout=10))
+    await asyncio.sleep(0)
+    await tick_all(clock, gw1, gw2, seconds=4)
+    assert await asked == [{"id": "lb-1", "result": "not_taken", "active_host": "gw-1"}]
+    await tick_all(clock, gw1, seconds=0.6)
+    assert "lbagent:handover" not in db.ports_by_name[PORT].keys
+    assert holder(db)[0] == "gw-1"
+
+
+async def test_a_missing_port_leaves_the_host_standing_by_and_an_unreachable_nb_is_retried(world):
+    db, clock, gw1, _ = world
+    del db.ports_by_name[PORT]
+    await tick_all(clock, gw1, seconds=1)
+    assert gw1.keeper.status("lb-1")["role"] == STANDBY
+    gw1.nb.reachable = False
+    gw1.nb.is_connected = False
+    await gw1.keeper.tick()
+    assert "unreachable" in gw1.keeper.last_error
+    gw1.ha = None
+    await gw1.keeper.tick()
+    assert gw1.keeper.role("lb-1") is None
+
+
+def test_copy_state_reads_a_task():
+    class Task:
+        passed, state = True, "pending"
+
+    assert copy_state(None) == Copy(built=False, failing=False)
+    assert copy_state(Task()) == Copy(built=True, failing=False)
+    Task.state = "error"
+    assert copy_state(Task()) == Copy(built=False, failing=True)
