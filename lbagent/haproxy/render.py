@@ -18,6 +18,7 @@ import hashlib
 import re
 from pathlib import Path
 
+from lbagent.desired.memberoptions import options_of
 from lbagent.desired.members import Member
 from lbagent.desired.model import Listener
 from lbagent.haproxy.capacity import DEFAULT_LISTENER_MAXCONN, PROMETHEUS_MAXCONN, Capacity
@@ -214,6 +215,7 @@ def _listener_view(lb_id: str, listener, outer: str, inner: str, members: dict[s
         request_rate_per_src=per_src,
         source_table=(SOURCE_TABLE_SIZE, SOURCE_TABLE_EXPIRE) if per_src else None,
         forwardfor=http and bool(listener.x_forwarded_for),
+        forwarded_proto=(kind.scheme, listener.listener_port) if http and listener.x_forwarded_proto else None,
         compression=COMPRESSIBLE_TYPES if http and listener.gzip else (),
         rules=rules,
         rule_variable=RULE_VARIABLE,
@@ -303,6 +305,7 @@ def _servers(members: list[Member], inner: str, listener, cookies: bool) -> tupl
                 # haproxy would refuse the whole directory, not just this load balancer.
                 raise RenderError(f"two members with the {what} {value!r} in one backend")
             seen[what].add(value)
+        options = options_of(member)
         servers.append(
             ServerView(
                 name=name,
@@ -312,6 +315,9 @@ def _servers(members: list[Member], inner: str, listener, cookies: bool) -> tupl
                 send_proxy=listener_keyword or _lookup(SEND_PROXY, member.send_proxy, "send_proxy"),
                 ssl=member.ssl,  # TLS to the member, in tcp mode as in http
                 cookie=cookie,
+                backup=options.backup,
+                slowstart=options.slow_start,
+                check_port=options.mapped_check_port,
             )
         )
     return tuple(servers)

@@ -15,9 +15,11 @@ import re
 import socket
 import time
 from dataclasses import dataclass
+from datetime import UTC, datetime
 from pathlib import Path
 
 from lbagent.haproxy.errors import HaproxyAnswerError
+from lbagent.haproxy.health import from_stat_row
 
 DEFAULT_TIMEOUT = 5.0
 MAX_ANSWER_BYTES = 64 * 1024 * 1024  # show stat of thousands of servers fits easily
@@ -86,13 +88,15 @@ def parse_show_proc(text: str) -> ProcTable | None:
 
 
 def parse_show_stat(text: str) -> dict[tuple[str, str], str]:
-    """(proxy name, server name) -> status ("UP", "DOWN", "MAINT", "no check", ...) for every server row."""
+    """(proxy name, server name) -> status ("UP", "DOWN", "MAINT", "no check", ...) for every server row,
+    each a `ServerHealth` that carries its reason and since when it holds."""
     lines = text.splitlines()
     if not lines or not lines[0].startswith("# "):
         return {}
     rows = csv.DictReader(io.StringIO("\n".join([lines[0][2:], *lines[1:]])))
+    now = datetime.now(UTC)
     return {
-        (row["pxname"], row["svname"]): row["status"]
+        (row["pxname"], row["svname"]): from_stat_row(row, now)
         for row in rows
         if row.get("svname") not in (None, "FRONTEND", "BACKEND") and row.get("pxname")
     }

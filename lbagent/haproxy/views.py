@@ -29,6 +29,9 @@ class ServerView:
     send_proxy: str | None
     ssl: bool
     cookie: str | None
+    backup: bool = False
+    slowstart: int = 0  # seconds; 0: none
+    check_port: int | None = None  # where its health checks connect on `address`; None: `port`
 
 
 @dataclass(frozen=True)
@@ -94,6 +97,7 @@ class ListenerView:
     request_rate_per_src: int
     source_table: tuple[str, int] | None  # (size, expire seconds) when per-source rates are kept
     forwardfor: bool
+    forwarded_proto: tuple[str, int] | None  # (scheme, port) set in X-Forwarded-Proto and -Port; None: not set
     compression: tuple[str, ...]  # content types gzip compresses; () for none
     rules: tuple[RuleView, ...]
     rule_variable: str  # names the matching rule, set by the first rule that matches

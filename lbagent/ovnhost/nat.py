@@ -18,6 +18,7 @@ import math
 from dataclasses import dataclass, replace
 from typing import Literal
 
+from lbagent.desired.memberoptions import check_port_key, options_of
 from lbagent.desired.members import Member
 
 HASH_CHARS = 12
@@ -152,18 +153,7 @@ def nat_rules(plan: NatPlan) -> list[NatRule]:
             )
         )
     for member in plan.members:
-        rules.append(
-            NatRule(
-                PRE_CHAIN,
-                f"{BACKEND_TAG}{member.key}",
-                "DNAT",
-                f"{member.address}:{member.port}",
-                in_interface=plan.haproxy_ns,
-                protocol="tcp",
-                dst=plan.inner,
-                dport=member.mapped_port,
-            )
-        )
+        rules += backend_rules(plan, member)
     for listener in plan.udp:
         rules += udp_listener_rules(plan, listener)
     rules.append(NatRule(POST_CHAIN, "to vpc", "SNAT", plan.vip, out_interface=plan.ovn_ns))
@@ -173,6 +163,39 @@ def nat_rules(plan: NatPlan) -> list[NatRule]:
     return rules
 
 
+def backend_rules(plan: NatPlan, member: Member) -> list[NatRule]:
+    """INNER:mapped_port leads to the member; a health check port of its own
+    has a port on INNER too, tagged like a member so that it is read back alike."""
+    backend = NatRule(
+        PRE_CHAIN,
+        f"{BACKEND_TAG}{member.key}",
+        "DNAT",
+        f"{member.address}:{member.port}",
+        in_interface=plan.haproxy_ns,
+        protocol="tcp",
+        dst=plan.inner,
+        dport=member.mapped_port,
+    )
+    options = options_of(member)
+    if options.check_port is None or options.mapped_check_port is None:
+        return [backend]
+    check = replace(
+        backend,
+        tag=f"{BACKEND_TAG}{check_port_key(member.key)}",
+        to=f"{member.address}:{options.check_port}",
+        dport=options.mapped_check_port,
+    )
+    return [backend, check]
+
+
+def serving_members(members: tuple[Member, ...]) -> list[Member]:
+    """The members that take new flows: the healthy ones with a weight, and of
+    those the backups only while no other one is left."""
+    live = [m for m in members if m.weight > 0]
+    primaries = [m for m in live if not options_of(m).backup]
+    return primaries or live
+
+
 def udp_listener_rules(plan: NatPlan, listener: UdpListener) -> list[NatRule]:
     """UDP is balanced by the kernel: new flows pick a member at random in
     proportion to its weight (rule i matches with w_i / (w_i + ... + w_n), the
@@ -180,7 +203,7 @@ def udp_listener_rules(plan: NatPlan, listener: UdpListener) -> list[NatRule]:
     (`mark_blocks`); conntrack keeps a flow on its member. The tag carries a
     hash of the whole set, so any change replaces all of the listener's rules
     and they are appended again in order."""
-    live = [m for m in listener.members if m.weight > 0]
+    live = serving_members(listener.members)
     material = [(m.address, m.port, m.weight) for m in live]
     source_hash = listener.source_hash and len(live) > 1
     set_tag = _short_hash(("sch", material) if source_hash else material)

@@ -9,6 +9,7 @@ from __future__ import annotations
 import ipaddress
 from dataclasses import dataclass
 
+from lbagent.desired.memberoptions import GroupMember, TrafficOptions, check_port_key
 from lbagent.desired.members import Member
 from lbagent.naming import interface_names, netns_name
 from lbagent.ovnhost.host import HostSpec
@@ -27,6 +28,9 @@ class Target:
     weight: int
     send_proxy: str = "off"
     ssl: bool = False
+    backup: bool = False
+    slow_start: int = 0  # the group's
+    check_port: int | None = None  # the group's health_check_port
 
 
 def selected_pods(selector, pods) -> list[Target]:
@@ -53,26 +57,43 @@ def selected_pods(selector, pods) -> list[Target]:
 def group_targets(lb, pods) -> dict[str, list[Target]]:
     groups = {}
     for group in lb.backend_groups:
-        targets = [Target(b.id, b.address, b.port, b.weight, b.send_proxy, b.ssl) for b in group.backends]
+        from_group = {"slow_start": group.slow_start, "check_port": group.health_check_port}
+        targets = [
+            Target(b.id, b.address, b.port, b.weight, b.send_proxy, b.ssl, b.backup, **from_group)
+            for b in group.backends
+        ]
         if group.pod_selector is not None:
             targets += [
-                Target(f"{group.id}/{t.key}", t.address, t.port, t.weight)
+                Target(f"{group.id}/{t.key}", t.address, t.port, t.weight, **from_group)
                 for t in selected_pods(group.pod_selector, pods)
             ]
         groups[group.id] = targets
     return groups
 
 
+def _keys_of(target: Target) -> tuple[str, ...]:
+    return (target.key,) if target.check_port is None else (target.key, check_port_key(target.key))
+
+
 def member_keys(targets: dict[str, list[Target]]) -> list[str]:
-    """Every key that needs a port on INNER, in a stable order."""
-    return list(dict.fromkeys(t.key for group in targets.values() for t in group))
+    """Every key that needs a port on INNER, in a stable order: each member's,
+    and the one leading to its health check port where its group has one."""
+    return list(dict.fromkeys(key for group in targets.values() for t in group for key in _keys_of(t)))
+
+
+def _member(target: Target, ports: dict[str, int]) -> GroupMember:
+    options = TrafficOptions(
+        backup=target.backup,
+        slow_start=target.slow_start,
+        check_port=target.check_port,
+        mapped_check_port=None if target.check_port is None else ports[check_port_key(target.key)],
+    )
+    t = target
+    return GroupMember(t.key, t.address, t.port, t.weight, t.send_proxy, t.ssl, ports[t.key], options=options)
 
 
 def members_by_group(targets: dict[str, list[Target]], ports: dict[str, int]) -> dict[str, list[Member]]:
-    return {
-        group_id: [Member(t.key, t.address, t.port, t.weight, t.send_proxy, t.ssl, ports[t.key]) for t in group]
-        for group_id, group in targets.items()
-    }
+    return {group_id: [_member(t, ports) for t in group] for group_id, group in targets.items()}
 
 
 def udp_listeners(lb):
