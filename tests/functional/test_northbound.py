@@ -1,0 +1,156 @@
+"""NorthboundClient against a real, raft-clustered OVN Northbound ovsdb-server.
+
+The server is this test's own (its files under tmp_path, stopped by pid);
+it needs no OVS and no sandbox lock.
+"""
+
+from __future__ import annotations
+
+import threading
+from pathlib import Path
+
+import pytest
+
+from devtools.procs import pid_alive, run, stop_pid, wait_for
+from lbagent.ovnhost.errors import OvsdbUnavailable
+from lbagent.ovnhost.northbound import LeaseWrite, NorthboundClient
+
+SCHEMA = "/usr/share/ovn/ovn-nb.ovsschema"
+PORT = "iface/lb/nb-test"
+
+
+class Northbound:
+    def __init__(self, base: Path):
+        self.base = base
+        self.db = base / "nb.db"
+        self.sock = base / "nb.sock"
+        self.pidfile = base / "nb.pid"
+        self.remote = f"unix:{self.sock}"
+
+    def create(self) -> None:
+        run("ovsdb-tool", "create-cluster", self.db, SCHEMA, f"unix:{self.base}/raft.sock")
+
+    def start(self) -> None:
+        run(
+            "ovsdb-server",
+            self.db,
+            f"--remote=punix:{self.sock}",
+            "--detach",
+            "--no-chdir",
+            f"--pidfile={self.pidfile}",
+            f"--log-file={self.base}/nb.log",
+            f"--unixctl={self.base}/nb.ctl",
+        )
+        wait_for(lambda: "leader" in self.cluster_status(), 10, "the one-member cluster to elect itself")
+
+    def cluster_status(self) -> str:
+        return run("ovs-appctl", "-t", self.base / "nb.ctl", "cluster/status", "OVN_Northbound", check=False)
+
+    def stop(self) -> None:
+        if self.pidfile.exists():
+            pid = int(self.pidfile.read_text())
+            if pid_alive(pid):
+                stop_pid(pid, expect=str(self.pidfile), what="ovsdb-server")
+
+    def nbctl(self, *args: str) -> str:
+        return run("ovn-nbctl", f"--db={self.remote}", *args)
+
+
+@pytest.fixture
+def northbound(tmp_path):
+    if not Path(SCHEMA).exists():
+        pytest.fail(f"{SCHEMA} is missing: install ovn-central (make deps does)")
+    nb = Northbound(tmp_path)
+    nb.create()
+    nb.start()
+    nb.nbctl("ls-add", "nb-test", "--", "lsp-add", "nb-test", PORT)
+    nb.nbctl("set", "Logical_Switch_Port", PORT, "external_ids:owner=region")
+    clients: list[NorthboundClient] = []
+
+    def client() -> NorthboundClient:
+        made = NorthboundClient(nb.remote, timeout=3.0)
+        made.connect()
+        clients.append(made)
+        return made
+
+    nb.client = client
+    try:
+        yield nb
+    finally:
+        for made in clients:
+            made.close()
+        nb.stop()
+
+
+def external_ids(nb: Northbound) -> str:
+    return nb.nbctl("get", "Logical_Switch_Port", PORT, "external_ids")
+
+
+def test_a_write_touches_only_its_keys_and_requested_chassis(northbound):
+    client = northbound.client()
+    assert client.connected()
+    assert client.ports([PORT, "iface/lb/none"])[PORT].keys == {}
+    assert client.commit([LeaseWrite(PORT, {}, {"lbagent:term": "1", "lbagent:holder": "gw-1"}, (), "ch-1")]) == [True]
+    assert "owner=region" in external_ids(northbound)  # the region controller's key stays
+    assert northbound.nbctl("get", "Logical_Switch_Port", PORT, "options:requested-chassis").strip() == "ch-1"
+    wait_for(lambda: client.ports([PORT])[PORT].requested_chassis == "ch-1", 5, "the replica to catch up")
+    keys = client.ports([PORT])[PORT].keys
+    assert client.commit([LeaseWrite(PORT, keys, {}, ("lbagent:holder",))]) == [True]
+    assert "lbagent:holder" not in external_ids(northbound)
+
+
+def take_at_once(clients: dict[str, NorthboundClient], seen: dict[str, str], term: int) -> dict[str, list[bool]]:
+    """Every client commits its take of the lease decided on `seen`, released together."""
+    outcomes: dict[str, list[bool]] = {}
+    start = threading.Barrier(len(clients))
+
+    def take(name: str, client: NorthboundClient) -> None:
+        start.wait()
+        new = {"lbagent:term": str(term), "lbagent:holder": name}
+        outcomes[name] = client.commit([LeaseWrite(PORT, dict(seen), new, (), f"ch-{name}")])
+
+    threads = [threading.Thread(target=take, args=item) for item in clients.items()]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join(10)
+    return outcomes
+
+
+def holder_in(client: NorthboundClient) -> str | None:
+    return client.ports([PORT])[PORT].keys.get("lbagent:holder")
+
+
+def test_of_two_hosts_taking_one_lease_at_once_exactly_one_wins(northbound):
+    """Both decide on the same view; the server orders the two verified writes."""
+    clients = {"gw-1": northbound.client(), "gw-2": northbound.client()}
+    for term in range(1, 21):
+        seen = clients["gw-1"].ports([PORT])[PORT].keys
+        wait_for(lambda: clients["gw-2"].ports([PORT])[PORT].keys == seen, 5, "both replicas to agree")  # noqa: B023
+        outcomes = take_at_once(clients, seen, term)
+        assert sorted(outcomes.values()) == [[False], [True]], outcomes
+        winner = next(name for name, won in outcomes.items() if won == [True])
+        assert f"lbagent:holder={winner}" in external_ids(northbound).replace('"', "")
+        wait_for(lambda: holder_in(clients["gw-1"]) == winner, 5, "the replica")  # noqa: B023
+
+
+def test_a_lost_server_is_unavailable_and_a_restarted_one_reconnects(northbound):
+    client = northbound.client()
+    northbound.stop()
+    wait_for(lambda: not client.connected(), 10, "the client to notice the server is gone")
+    with pytest.raises(OvsdbUnavailable):
+        client.commit([LeaseWrite(PORT, {}, {"lbagent:term": "1"})])
+    northbound.start()
+    wait_for(client.connected, 30, "the client to reconnect")
+    keys = client.ports([PORT])[PORT].keys
+    assert client.commit([LeaseWrite(PORT, keys, {"lbagent:term": "9"})]) == [True]
+
+
+def test_an_unreachable_server_is_unavailable_at_connect(tmp_path):
+    client = NorthboundClient(f"unix:{tmp_path}/nobody.sock", timeout=0.5)
+    with pytest.raises(OvsdbUnavailable, match="cannot reach"):
+        client.connect()
+    assert not client.connected()
+    with pytest.raises(OvsdbUnavailable):
+        client.ports([PORT])
+    client.close()
