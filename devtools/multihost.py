@@ -170,6 +170,10 @@ class MultiHost:
                 host.wait_ready(timeout)
             # A full round trip NB -> northd -> SB -> every ovn-controller.
             self.central.nbctl("--wait=hv", "sync", timeout=timeout)
+        except Exception as exc:
+            tails = self.logs()  # stop() removes the logs with the directories
+            self.stop()
+            raise MultiHostError(f"multi-host sandbox did not start: {exc}{tails}") from exc
         except BaseException:
             self.stop()
             raise

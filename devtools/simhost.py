@@ -108,8 +108,16 @@ class SimHost:
         return {**dir_env(self.dirs), "OVN_NB_DB": self.central.nb_remote, "OVN_SB_DB": self.central.sb_remote}
 
     def vsctl(self, *args: str, timeout: float = 30) -> str:
+        """`ovs-vsctl` on the host's database, waiting for ovs-vswitchd only while that runs (not when crashed)."""
+        no_wait = () if self._vswitchd.running() else ("--no-wait",)
         return run(
-            "ovs-vsctl", f"--db={self.ovs_db}", f"--timeout={int(timeout)}", *args, env=self.env, timeout=timeout + 5
+            "ovs-vsctl",
+            f"--db={self.ovs_db}",
+            f"--timeout={int(timeout)}",
+            *no_wait,
+            *args,
+            env=self.env,
+            timeout=timeout + 5,
         )
 
     def appctl(self, daemon: str, *args: str, timeout: float = 30) -> str:

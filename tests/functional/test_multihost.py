@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 
-from devtools.multihost import MultiHost, SimHost
+from devtools.multihost import MultiHost, MultiHostError, SimHost
 from devtools.procs import CommandError, link_names, pid_alive, run, wait_for
 from devtools.programs import HTTPD_CODE
 from devtools.sandbox import INTEGRATION_BRIDGE, NETDEV_DEVICE, OvnSandbox
@@ -198,13 +198,14 @@ def test_stop_leaves_nothing_on_the_machine(tmp_path_factory: pytest.TempPathFac
     mh = MultiHost(base, prefix, HOSTS)
     mh.start()
     try:
-        gw1 = mh.host("gw-1")
+        gw1, gw2 = mh.host("gw-1"), mh.host("gw-2")
         host = mh.vpc().add_host("a", "198.18.0.21", on="gw-1", http_text="a")
-        agent = gw1.popen(["ip", "netns", "exec", host.netns, "sleep", "3600"])
-        gw1.run("ip", "netns", "add", LB_NS)
+        gw2.run("ip", "netns", "add", LB_NS)
+        agent = gw2.popen(["ip", "netns", "exec", LB_NS, "sleep", "3600"])
         assert not {n for n in link_names() - links_before if n.startswith(prefix) or n in {NETDEV_DEVICE, "br-phy"}}
         pids = [agent.pid, host.http_pid] + [d.pid() for h in mh.hosts.values() for d in h.daemons]
         pids += [d.pid() for d in mh.central.daemons]
+        gw1.crash()  # its VPC host's OVS port goes without an ovs-vswitchd to wait for
     finally:
         MultiHost.restore(base).stop()  # as another process would
     mh.stop()  # idempotent
@@ -227,8 +228,10 @@ def test_a_start_that_fails_halfway_leaves_nothing(
             raise RuntimeError("gw-2 does not come up")
 
     monkeypatch.setattr(SimHost, "start_daemons", second_host_fails)
-    with pytest.raises(RuntimeError, match="gw-2 does not come up"):
+    with pytest.raises(MultiHostError, match="gw-2 does not come up") as failed:
         mh.start()
+
+    assert "ovs-vswitchd.log" in str(failed.value)  # the logs' tails, as they go with the directories
 
     _assert_nothing_left(base, prefix, links_before)
 
