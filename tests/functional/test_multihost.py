@@ -192,6 +192,20 @@ def test_it_runs_beside_the_single_host_sandbox(sandbox: OvnSandbox, vpc: Vpc, m
     assert sandbox.vsctl("br-exists", INTEGRATION_BRIDGE) == ""
 
 
+def test_two_multi_host_sandboxes_run_at_once(
+    multihost: MultiHost, tmp_path_factory: pytest.TempPathFactory, prefix: str
+) -> None:
+    with MultiHost(tmp_path_factory.mktemp("mh"), f"{prefix}x", ["gw-1", "cl"]) as other:
+        answers = []
+        for sandbox in (multihost, other):
+            vpc = sandbox.vpc()  # the same addresses in both
+            server = vpc.add_host("a", "198.18.0.21", on="gw-1", http_text=sandbox.prefix)
+            client = vpc.add_host("c", "198.18.0.31", on="cl")
+            answers.append(client.curl(f"http://{server.ip}:8000/").strip())
+
+    assert answers == [prefix, f"{prefix}x"]
+
+
 def test_stop_leaves_nothing_on_the_machine(tmp_path_factory: pytest.TempPathFactory, prefix: str) -> None:
     base = tmp_path_factory.mktemp("mh")
     links_before = link_names()
