@@ -92,9 +92,8 @@ def del_netns(name: str, ledger: Ledger) -> None:
     if name not in ledger.namespaces:
         return
     if netns_exists(name):
-        # Devices go first: a userspace datapath's taps survive their
-        # vswitchd, and a device the kernel moved out of a dying namespace
-        # would land in the machine's.
+        # Devices go first, one by one: the userspace datapath's taps outlive
+        # their ovs-vswitchd, and are not left to the namespace's teardown.
         links = json.loads(run("ip", "-n", name, "-j", "link", "show") or "[]")
         for link in links:
             if link["ifname"] != "lo":
