@@ -13,6 +13,8 @@ from datetime import UTC, datetime
 from typing import TYPE_CHECKING, Protocol
 
 from lbagent import __version__
+from lbagent.desired.memberoptions import options_of
+from lbagent.haproxy.health import ServerHealth, reason_of, since_of
 from lbagent.haproxy.render import server_name
 from lbagent.metrics import write_counts
 
@@ -25,9 +27,10 @@ HEALTH_WORDS = (("UP", "up"), ("DOWN", "down"), ("NOLB", "draining"), ("MAINT", 
 
 
 def health_by_loadbalancer(server_states: dict[tuple[str, str], str]) -> dict[str, dict[str, str]]:
-    """Load balancer id -> server name -> health word, in one pass over haproxy's
-    servers (a backend serving two listeners is up if any of its checks says
-    so). Backends are named "be:<lb>:<listener>[:<rule>]"."""
+    """Load balancer id -> server name -> health word (with haproxy's reason and
+    since when), in one pass over haproxy's servers (a backend serving two
+    listeners is up if any of its checks says so). Backends are named
+    "be:<lb>:<listener>[:<rule>]"."""
     health: dict[str, dict[str, str]] = {}
     for (backend, server), raw in server_states.items():
         kind, _, rest = backend.partition(":")
@@ -36,8 +39,20 @@ def health_by_loadbalancer(server_states: dict[tuple[str, str], str]) -> dict[st
             continue
         merged = health.setdefault(lb_id, {})
         if merged.get(server) != "up":
-            merged[server] = next((w for key, w in HEALTH_WORDS if raw.startswith(key)), "unknown")
+            word = next((w for key, w in HEALTH_WORDS if raw.startswith(key)), "unknown")
+            merged[server] = ServerHealth(word, reason_of(raw), raw.since if isinstance(raw, ServerHealth) else None)
     return health
+
+
+def _member_health(member, health: dict[str, str]) -> dict:
+    """The per-member health fields of the status document."""
+    word = health.get(server_name(member.key), "unknown")
+    return {
+        "backup": options_of(member).backup,
+        "health": str(word),
+        "health_reason": reason_of(word),
+        "health_since": since_of(word),
+    }
 
 
 def _rule_status(rule) -> dict:
@@ -83,7 +98,7 @@ def loadbalancer_status(
                         "port": member.port,
                         "weight": member.weight,
                         "mapped_port": member.mapped_port,
-                        "health": health.get(server_name(member.key), "unknown"),
+                        **_member_health(member, health),
                     }
                 )
     return {

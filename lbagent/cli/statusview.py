@@ -197,7 +197,7 @@ def render_status(document: dict, source: str, color: bool = False, detail: bool
     for lb in lbs:
         listeners = ",".join(f"{ls['listener_type']}/{ls['listener_port']}" for ls in lb.get("listeners", []))
         backends = ",".join(
-            f"{b['address']}:{b['port']}→{b.get('mapped_port')}({b.get('health', '?')})" for b in lb.get("backends", [])
+            f"{b['address']}:{b['port']}→{b.get('mapped_port')}({_health_summary(b)})" for b in lb.get("backends", [])
         )
         rows.append(
             (
@@ -216,6 +216,15 @@ def render_status(document: dict, source: str, color: bool = False, detail: bool
         for lb in lbs:
             lines += [""] + render_detail(lb, color)
     return "\n".join(lines)
+
+
+def _health_summary(backend: dict) -> str:
+    """'up', 'down: connect_refused', '... backup': the health, why, and whether it only stands in."""
+    reason = backend.get("health_reason")
+    text = str(backend.get("health", "?"))
+    if reason and reason != "ok":
+        text += f": {reason}"
+    return text + (" backup" if backend.get("backup") else "")
 
 
 def render_detail(lb: dict, color: bool = False) -> list[str]:
@@ -260,9 +269,18 @@ def render_detail(lb: dict, color: bool = False) -> list[str]:
         lines += table([("LISTENER", "RULE", "DOMAIN", "PATH", "TO")] + rules, indent="    ")
     lines.append("  backends:")
     lines += table(
-        [("ID", "ADDRESS", "MAPPED PORT", "WEIGHT", "HEALTH")]
+        [("ID", "ADDRESS", "MAPPED PORT", "WEIGHT", "HEALTH", "REASON", "SINCE", "BACKUP")]
         + [
-            (b["id"], f"{b['address']}:{b['port']}", b.get("mapped_port"), b.get("weight"), b.get("health"))
+            (
+                b["id"],
+                f"{b['address']}:{b['port']}",
+                b.get("mapped_port"),
+                b.get("weight"),
+                b.get("health"),
+                b.get("health_reason") or "-",
+                b.get("health_since") or "-",
+                "yes" if b.get("backup") else "no",
+            )
             for b in lb.get("backends", [])
         ],
         color,

@@ -8,7 +8,13 @@ flips so its next pass gives that member new flows again, or none.
 
 A `udp` check sends `udp_request` and, when `udp_expect` is set, wants it in
 the answer; without an expected answer silence counts as alive and an ICMP
-port-unreachable as dead. A `tcp` check connects to the member's port.
+port-unreachable as dead. A `tcp` check connects to the member's port. Both
+probe the group's `health_check_port` instead where it has one.
+
+Each probe ends in a reason, as haproxy's checks do: `ok`, `connect_refused`
+(a reset, an ICMP port-unreachable), `timeout` (nothing in time, or nothing
+reachable) or `bad_response` (an answer without `udp_expect`); the status
+document shows the last one and when the member last turned up or down.
 """
 
 from __future__ import annotations
@@ -18,13 +24,17 @@ import logging
 import socket
 from collections.abc import Callable
 from dataclasses import dataclass
+from datetime import UTC, datetime
 
+from lbagent.desired.memberoptions import probed_port
 from lbagent.desired.members import Member
 from lbagent.desired.model import HealthCheck
+from lbagent.haproxy.health import ServerHealth
 
 log = logging.getLogger(__name__)
 
 Key = tuple[str, str, str]  # (load balancer, listener, member key)
+OK = "ok"
 
 
 @dataclass(frozen=True)
@@ -55,6 +65,8 @@ class UdpHealthChecker:
         self._probes: dict[Key, Probe] = {}
         self._tasks: dict[Key, asyncio.Task] = {}
         self._up: dict[Key, bool] = {}
+        self._reason: dict[Key, str] = {}  # the last probe's
+        self._since: dict[Key, datetime] = {}  # the last turn up or down, or the first probe
 
     def sync(self, lb_id: str, netns: str, listeners: list[tuple[str, HealthCheck, list[Member]]]) -> None:
         """The probes `lb_id` needs now: (listener id, health check, members)."""
@@ -65,7 +77,7 @@ class UdpHealthChecker:
                     netns,
                     check.type if check.type in ("udp", "tcp") else "udp",
                     member.address,
-                    member.port,
+                    probed_port(member),
                     check.udp_request.encode(),
                     check.udp_expect.encode(),
                     float(check.interval),
@@ -79,6 +91,7 @@ class UdpHealthChecker:
             if key not in self._probes:
                 self._probes[key] = probe
                 self._up[key] = True  # like haproxy: a new member starts up
+                self._since[key] = datetime.now(UTC)
                 self._tasks[key] = asyncio.create_task(self._run(key, probe), name=f"udp-check-{key}")
 
     def unhealthy(self, lb_id: str) -> dict[str, set[str]]:
@@ -88,12 +101,14 @@ class UdpHealthChecker:
                 down.setdefault(listener, set()).add(member)
         return down
 
-    def health(self, lb_id: str) -> dict[str, str]:
-        """Member key -> "up"/"down" for the members of this load balancer's UDP listeners."""
-        merged: dict[str, str] = {}
-        for (lb, _, member), up in self._up.items():
+    def health(self, lb_id: str) -> dict[str, ServerHealth]:
+        """Member key -> "up"/"down" for the members of this load balancer's UDP listeners
+        (up if any listener's check says so), with the reason of its last probe."""
+        merged: dict[str, ServerHealth] = {}
+        for key, up in self._up.items():
+            lb, _, member = key
             if lb == lb_id and merged.get(member) != "up":
-                merged[member] = "up" if up else "down"
+                merged[member] = ServerHealth("up" if up else "down", self._reason.get(key), self._since.get(key))
         return merged
 
     def forget(self, lb_id: str) -> None:
@@ -109,6 +124,8 @@ class UdpHealthChecker:
     def _drop(self, key: Key) -> None:
         self._probes.pop(key, None)
         self._up.pop(key, None)
+        self._reason.pop(key, None)
+        self._since.pop(key, None)
         task = self._tasks.pop(key, None)
         if task is not None:
             task.cancel()
@@ -116,38 +133,48 @@ class UdpHealthChecker:
     async def _run(self, key: Key, probe: Probe) -> None:
         passed = failed = 0
         while True:
-            ok = await self.probe_once(probe)
-            passed, failed = (passed + 1, 0) if ok else (0, failed + 1)
+            reason = await self.check_once(probe)
+            if key not in self._probes:
+                return  # dropped while probing
+            self._reason[key] = reason
+            passed, failed = (passed + 1, 0) if reason == OK else (0, failed + 1)
             up = self._up.get(key, True)
             if (up and failed >= probe.fall) or (not up and passed >= probe.rise):
                 self._up[key] = not up
+                self._since[key] = datetime.now(UTC)
                 log.info("lb=%s listener=%s member=%s object=health action=%s", *key, "up" if not up else "down")
                 self._on_change(key[0])
             await asyncio.sleep(probe.interval)  # the check's own period, not a wait for a condition
 
     async def probe_once(self, probe: Probe) -> bool:
+        return await self.check_once(probe) == OK
+
+    async def check_once(self, probe: Probe) -> str:
+        """One probe: "ok", or why it failed."""
         loop = asyncio.get_running_loop()
         try:
             sock = await self._namespaces.run(probe.netns, _open_socket, probe.kind)
         except Exception as exc:  # the namespace is being rebuilt: no verdict yet counts as a failure
             log.debug("health probe could not open a socket in %s: %s", probe.netns, exc)
-            return False
+            return "timeout"
         try:
             async with asyncio.timeout(probe.timeout):
                 return await self._exchange(loop, sock, probe)
         except TimeoutError:
             # UDP with nothing expected: silence means nobody refused it.
-            return probe.kind == "udp" and not probe.expect
+            return OK if probe.kind == "udp" and not probe.expect else "timeout"
+        except ConnectionRefusedError:
+            return "connect_refused"  # an ICMP port unreachable, or a reset
         except OSError:
-            return False  # refused (ICMP port unreachable, RST) or unreachable
+            return "timeout"  # unreachable: nothing could answer
         finally:
             sock.close()
 
     @staticmethod
-    async def _exchange(loop, sock: socket.socket, probe: Probe) -> bool:
+    async def _exchange(loop, sock: socket.socket, probe: Probe) -> str:
         await loop.sock_connect(sock, (probe.address, probe.port))
         if probe.kind == "tcp":
-            return True
+            return OK
         await loop.sock_sendall(sock, probe.request)
         answer = await loop.sock_recv(sock, 4096)
-        return not probe.expect or probe.expect in answer
+        return OK if not probe.expect or probe.expect in answer else "bad_response"

@@ -1,8 +1,16 @@
-"""The load balancer documents say why a load balancer is not ready."""
+"""The load balancer documents say why a load balancer is not ready, and how each backend fares."""
 
-from lbagent.api.status import StatusReporter, loadbalancer_status
+import json
+from datetime import UTC, datetime, timedelta
+
+import pytest
+
+from lbagent.api.status import StatusReporter, health_by_loadbalancer, loadbalancer_status
 from lbagent.desired.model import parse_desired_state
+from lbagent.haproxy.health import reason_of
+from lbagent.haproxy.sockets import parse_show_stat
 from lbagent.ovnhost.host import HostObservation
+from lbagent.workers import plan
 from lbagent.workers.lb_task import LbTask
 from tests.unit.samples import lb_body, state
 
@@ -53,3 +61,59 @@ def test_documents_name_the_certificates_that_have_expired():
     assert document["certificate_warnings"][0]["message"].startswith("certificate expired at ")
     gone = loadbalancer_status(task("deleting"), None, None, None, "lb-lb-1", None, {}, {})
     assert gone["certificate_warnings"] == []
+
+
+# --- per-backend health: backup, reason, since --------------------------------
+
+SHOW_STAT_HEADER = "# pxname,svname,status,weight,check_status,check_code,lastchg,"
+
+
+def show_stat(*rows: str) -> str:
+    return "\n".join([SHOW_STAT_HEADER, *rows]) + "\n"
+
+
+@pytest.mark.parametrize(
+    "status,check_status,check_code,reason",
+    [
+        ("UP", "L7OK", "200", "ok"),
+        ("UP", "L4OK", "", "ok"),
+        ("DOWN", "L4CON", "", "connect_refused"),
+        ("DOWN", "* L4TOUT", "", "timeout"),
+        ("DOWN", "L7TOUT", "", "timeout"),
+        ("DOWN", "L7STS", "503", "bad_status:503"),
+        ("DOWN", "L7RSP", "", "bad_response"),
+        ("MAINT", "L7OK", "200", "disabled"),
+        ("DRAIN", "L7OK", "200", "draining"),
+        ("no check", "", "", None),
+    ],
+)
+def test_haproxys_check_status_becomes_the_health_reason(status, check_status, check_code, reason):
+    states = parse_show_stat(show_stat(f"be:lb-1:l,be-1,{status},1,{check_status},{check_code},42,"))
+    health = health_by_loadbalancer(states)["lb-1"]["be-1"]
+    assert reason_of(health) == reason
+
+
+def test_backends_show_backup_reason_and_since():
+    body = lb_body("lb-1", backends=("main", "spare"))
+    body["backend_groups"][0]["backends"][1]["backup"] = True
+    lb = parse_desired_state(state(1, [body])).loadbalancer("lb-1")
+    targets = plan.group_targets(lb, [])
+    members = plan.members_by_group(targets, {"main": 1025, "spare": 1026})
+    stat = show_stat("be:lb-1:lsn-1,main,DOWN,1,L7STS,503,60,", "be:lb-1:lsn-1,spare,UP,1,L4OK,,5,")
+    before = datetime.now(UTC)
+    health = health_by_loadbalancer(parse_show_stat(stat))["lb-1"]
+    document = loadbalancer_status(task("ready"), lb, None, None, "lb-lb-1", None, health, members)
+    main, spare = document["backends"]
+    assert (main["backup"], main["health"], main["health_reason"]) == (False, "down", "bad_status:503")
+    assert (spare["backup"], spare["health"], spare["health_reason"]) == (True, "up", "ok")
+    since = datetime.fromisoformat(main["health_since"])
+    assert before - timedelta(seconds=62) <= since <= datetime.now(UTC) - timedelta(seconds=59)
+    assert json.loads(json.dumps(document))["backends"][0]["health"] == "down"
+
+
+def test_a_backend_haproxy_does_not_know_has_no_reason():
+    lb = parse_desired_state(state(1, [lb_body("lb-1")])).loadbalancer("lb-1")
+    members = plan.members_by_group(plan.group_targets(lb, []), {"be-1": 1025})
+    document = loadbalancer_status(task("ready"), lb, None, None, "lb-lb-1", None, {}, members)
+    backend = document["backends"][0]
+    assert (backend["health"], backend["health_reason"], backend["health_since"]) == ("unknown", None, None)

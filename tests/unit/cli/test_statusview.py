@@ -76,7 +76,7 @@ def test_detail_lists_listeners_backends_and_counted_rules():
     text = render_status({**DOC, "loadbalancers": [lb]}, "agent", detail=True)
     lines = text.splitlines()
     assert any(line.split() == ["lsn-80", "tcp", "80", "ready"] for line in lines), text
-    assert any(line.split() == ["be-a", "198.18.0.21:8000", "1025", "1", "up"] for line in lines), text
+    assert any(line.split() == ["be-a", "198.18.0.21:8000", "1025", "1", "up", "-", "-", "no"] for line in lines), text
     assert any(
         line.split()[:5] == ["LBAGENT-PRE", "7", "420", "DNAT", "169.254.0.101:80"] and line.endswith("listener tcp/80")
         for line in lines
@@ -153,3 +153,44 @@ def test_what_keeps_a_load_balancer_from_ready_is_shown():
     failed = {**LB, "state": "error", "reason": "netlink add link: EEXIST", "last_error": "netlink add link: EEXIST"}
     assert "netlink add link: EEXIST" in render_status({**DOC, "loadbalancers": [failed]}, "agent")
     assert not any(line.startswith("  reason:") for line in render_detail(failed))  # said once, as the error
+
+
+BACKUP_AND_REASONS = [
+    {
+        "id": "be-a",
+        "address": "198.18.0.21",
+        "port": 8000,
+        "mapped_port": 1025,
+        "weight": 1,
+        "health": "down",
+        "health_reason": "bad_status:503",
+        "health_since": "2026-01-01T00:00:00+00:00",
+        "backup": False,
+    },
+    {
+        "id": "be-b",
+        "address": "198.18.0.22",
+        "port": 8000,
+        "mapped_port": 1026,
+        "weight": 1,
+        "health": "up",
+        "health_reason": "ok",
+        "health_since": "2026-01-01T00:00:05+00:00",
+        "backup": True,
+    },
+]
+
+
+def test_the_table_shows_why_a_backend_is_down_and_which_is_a_backup():
+    text = render_status({**DOC, "loadbalancers": [{**LB, "backends": BACKUP_AND_REASONS}]}, "agent")
+    assert "198.18.0.21:8000→1025(down: bad_status:503),198.18.0.22:8000→1026(up backup)" in text
+
+
+def test_detail_shows_reason_since_and_backup_per_backend():
+    lb = {**LB, "backends": BACKUP_AND_REASONS, "nat_rules": [], "nat_rules_error": None}
+    lines = render_status({**DOC, "loadbalancers": [lb]}, "agent", detail=True).splitlines()
+    rows = [line.split() for line in lines if line.strip().startswith("be-")]
+    assert [row[4:] for row in rows] == [
+        ["down", "bad_status:503", "2026-01-01T00:00:00+00:00", "no"],
+        ["up", "ok", "2026-01-01T00:00:05+00:00", "yes"],
+    ]

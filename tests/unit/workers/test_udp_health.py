@@ -1,0 +1,107 @@
+"""The UDP checker's probes on loopback: each ends in a reason, it probes a
+group's health check port instead of the member's own, and its health words
+carry the last reason and when the member last turned."""
+
+from __future__ import annotations
+
+import asyncio
+import socket
+import threading
+from collections.abc import Iterator
+
+import pytest
+
+from lbagent.desired.memberoptions import GroupMember, TrafficOptions
+from lbagent.desired.model import HealthCheck
+from lbagent.haproxy.health import reason_of, since_of
+from lbagent.workers.udp_health import Probe, UdpHealthChecker
+
+WAIT = 10.0
+
+
+class HostNamespaces:
+    """Runs the checker's socket work in this process's own namespace."""
+
+    async def run(self, netns, function, *args):
+        return function(*args)
+
+
+def closed_udp_port() -> int:
+    with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as sock:
+        sock.bind(("127.0.0.1", 0))
+        return sock.getsockname()[1]
+
+
+@pytest.fixture
+def answering() -> Iterator[int]:
+    """A UDP port on loopback that answers every datagram with "pong"."""
+    sock = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
+    sock.bind(("127.0.0.1", 0))
+    sock.settimeout(0.1)
+    stop = threading.Event()
+
+    def serve():
+        while not stop.is_set():
+            try:
+                _, peer = sock.recvfrom(512)
+            except TimeoutError:
+                continue
+            sock.sendto(b"pong", peer)
+
+    thread = threading.Thread(target=serve, daemon=True)
+    thread.start()
+    yield sock.getsockname()[1]
+    stop.set()
+    thread.join(WAIT)
+    sock.close()
+
+
+def probe(port: int, expect: bytes = b"pong", timeout: float = 0.3) -> Probe:
+    return Probe("ns", "udp", "127.0.0.1", port, b"ping", expect, 1.0, timeout, 1, 1)
+
+
+async def check(port: int, expect: bytes = b"pong") -> str:
+    return await UdpHealthChecker(HostNamespaces(), lambda lb_id: None).check_once(probe(port, expect))
+
+
+def test_an_answer_with_the_expected_text_is_ok(answering):
+    assert asyncio.run(check(answering)) == "ok"
+
+
+def test_an_answer_without_the_expected_text_is_a_bad_response(answering):
+    assert asyncio.run(check(answering, b"nope")) == "bad_response"
+
+
+def test_a_closed_port_is_refused():
+    assert asyncio.run(check(closed_udp_port())) == "connect_refused"
+
+
+def test_silence_is_a_timeout_when_an_answer_is_expected_and_ok_when_not():
+    with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as silent:
+        silent.bind(("127.0.0.1", 0))
+        port = silent.getsockname()[1]
+        assert asyncio.run(check(port)) == "timeout"
+        assert asyncio.run(check(port, b"")) == "ok"
+
+
+def test_the_group_health_check_port_is_probed_instead_of_the_members_own(answering):
+    closed = closed_udp_port()
+    options = TrafficOptions(check_port=closed, mapped_check_port=2001)
+    member = GroupMember("be-1", "127.0.0.1", answering, 1, "off", False, 2000, options=options)
+    check_model = HealthCheck(type="udp", udp_request="ping", udp_expect="pong", rise=1, fall=1, interval=1, timeout=1)
+
+    async def scenario():
+        changed = asyncio.Event()
+        checker = UdpHealthChecker(HostNamespaces(), lambda lb_id: changed.set())
+        checker.sync("lb-1", "ns", [("dns", check_model, [member])])
+        try:
+            async with asyncio.timeout(WAIT):
+                await changed.wait()
+            return checker.health("lb-1"), checker.unhealthy("lb-1")
+        finally:
+            await checker.stop()
+
+    health, unhealthy = asyncio.run(scenario())
+    assert health == {"be-1": "down"} and unhealthy == {"dns": {"be-1"}}
+    assert reason_of(health["be-1"]) == "connect_refused"
+    assert since_of(health["be-1"]) is not None
