@@ -316,3 +316,18 @@ def test_ha_needs_the_northbound_database_and_this_host_in_its_list(agent_factor
             outsider.destroy()
     finally:
         lb.remove()
+
+
+def test_preempt_brings_the_load_balancer_back_to_the_preferred_host(multihost, make):
+    lb, agents = make(preempt=True)
+    lb.push(agents)
+    wait_roles(lb, agents, active="gw-1")
+    multihost.host("gw-1").crash()
+    wait_until(lambda: lb.bound_to() == chassis(multihost, "gw-2"), 15, "the binding to move to gw-2")
+    multihost.host("gw-1").revive()
+    agents["gw-1"].start()
+    # Back and built, the preferred host takes its load balancer back, and it serves from there.
+    wait_roles(lb, agents, active="gw-1", timeout=60)
+    wait_until(lambda: lb.bound_to() == chassis(multihost, "gw-1"), 15, "the binding back on gw-1")
+    wait_until(lb.serves, 15, "the VIP through gw-1 again")
+    assert int(lb.lease()["lbagent:term"]) == 3
