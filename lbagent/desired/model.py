@@ -75,6 +75,7 @@ from lbagent.desired.fields import (
     UriPath,
     Weight,
 )
+from lbagent.desired.ha import HighAvailability
 from lbagent.desired.listener_types import (
     ListenerKind,
     ListenerType,
@@ -341,6 +342,7 @@ class LoadBalancer(_Model):
     network: Network
     listeners: list[Listener] = many(MAX_LISTENERS_PER_LB)
     backend_groups: list[BackendGroup] = many(MAX_BACKEND_GROUPS_PER_LB)
+    ha: HighAvailability | None = None  # None: this host alone serves it
 
     @property
     def enabled(self) -> bool:
