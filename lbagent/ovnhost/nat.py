@@ -140,18 +140,7 @@ class NatPlan:
 def nat_rules(plan: NatPlan) -> list[NatRule]:
     rules = jump_rules()
     for port in plan.tcp_ports:
-        rules.append(
-            NatRule(
-                PRE_CHAIN,
-                f"listener tcp/{port}",
-                "DNAT",
-                f"{plan.outer}:{port}",
-                in_interface=plan.ovn_ns,
-                protocol="tcp",
-                dst=plan.vip,
-                dport=port,
-            )
-        )
+        rules.append(_tcp_dnat(f"listener tcp/{port}", plan.ovn_ns, plan.vip, port, f"{plan.outer}:{port}"))
     for member in plan.members:
         rules += backend_rules(plan, member)
     for listener in plan.udp:
@@ -163,19 +152,15 @@ def nat_rules(plan: NatPlan) -> list[NatRule]:
     return rules
 
 
+def _tcp_dnat(tag: str, in_interface: str, dst: str, dport: int, to: str) -> NatRule:
+    return NatRule(PRE_CHAIN, tag, "DNAT", to, in_interface=in_interface, protocol="tcp", dst=dst, dport=dport)
+
+
 def backend_rules(plan: NatPlan, member: Member) -> list[NatRule]:
     """INNER:mapped_port leads to the member; a health check port of its own
     has a port on INNER too, tagged like a member so that it is read back alike."""
-    backend = NatRule(
-        PRE_CHAIN,
-        f"{BACKEND_TAG}{member.key}",
-        "DNAT",
-        f"{member.address}:{member.port}",
-        in_interface=plan.haproxy_ns,
-        protocol="tcp",
-        dst=plan.inner,
-        dport=member.mapped_port,
-    )
+    at = f"{member.address}:{member.port}"
+    backend = _tcp_dnat(f"{BACKEND_TAG}{member.key}", plan.haproxy_ns, plan.inner, member.mapped_port, at)
     options = options_of(member)
     if options.check_port is None or options.mapped_check_port is None:
         return [backend]
