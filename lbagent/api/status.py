@@ -23,7 +23,14 @@ if TYPE_CHECKING:  # the agent builds the views; only their shape is needed here
 
 log = logging.getLogger(__name__)
 
-HEALTH_WORDS = (("UP", "up"), ("DOWN", "down"), ("NOLB", "draining"), ("MAINT", "maint"), ("no check", "unchecked"))
+HEALTH_WORDS = (
+    ("UP", "up"),
+    ("DOWN", "down"),
+    ("NOLB", "draining"),
+    ("DRAIN", "draining"),
+    ("MAINT", "maint"),
+    ("no check", "unchecked"),
+)
 
 
 def health_by_loadbalancer(server_states: dict[tuple[str, str], str]) -> dict[str, dict[str, str]]:

@@ -93,6 +93,11 @@ def test_haproxys_check_status_becomes_the_health_reason(status, check_status, c
     assert reason_of(health) == reason
 
 
+def test_a_server_haproxy_drains_is_draining():
+    states = parse_show_stat(show_stat("be:lb-1:l,be-1,DRAIN,1,L7OK,200,42,"))
+    assert health_by_loadbalancer(states)["lb-1"]["be-1"] == "draining"
+
+
 def test_backends_show_backup_reason_and_since():
     body = lb_body("lb-1", backends=("main", "spare"))
     body["backend_groups"][0]["backends"][1]["backup"] = True
