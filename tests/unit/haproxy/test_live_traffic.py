@@ -11,6 +11,7 @@ from lbagent.desired.members import Member
 from lbagent.haproxy.health import reason_of
 from lbagent.haproxy.render import render_config
 from lbagent.haproxy.sockets import parse_show_stat, send_command
+from tests.unit.haproxy.test_live import who_answers
 from tests.unit.samples import WAIT, free_port, only_loadbalancer, until
 
 BACKEND = "be:lb-1:l"
@@ -55,14 +56,6 @@ async def answering(name: str) -> asyncio.Server:
         writer.close()
 
     return await asyncio.start_server(answer, "127.0.0.1", 0)
-
-
-async def who_answers(port: int) -> str:
-    reader, writer = await asyncio.wait_for(asyncio.open_connection("127.0.0.1", port), WAIT)
-    try:
-        return (await asyncio.wait_for(reader.read(1), WAIT)).decode()
-    finally:
-        writer.close()
 
 
 async def test_a_backup_added_live_waits_and_is_checked_on_its_check_port(manager):
