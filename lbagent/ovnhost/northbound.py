@@ -27,13 +27,15 @@ from __future__ import annotations
 
 import logging
 import os
+import time
 from collections.abc import Iterable
 from dataclasses import dataclass, field
 
+from ovs import poller
 from ovs.db import idl as ovs_idl
 from ovsdbapp import exceptions as ovsdbapp_exceptions
 from ovsdbapp.backend import ovs_idl as ovsdbapp_backend
-from ovsdbapp.backend.ovs_idl import command, connection, idlutils
+from ovsdbapp.backend.ovs_idl import command, connection, idlutils, transaction
 
 from lbagent.ovnhost.errors import OvsdbError, OvsdbUnavailable
 
@@ -110,10 +112,67 @@ class _WriteLeases(command.BaseCommand):
         self.result = applied
 
 
+class _BoundedTransaction(transaction.Transaction):
+    """ovsdbapp's transaction with every wait bounded by its timeout.
+
+    ovsdbapp's own, when the server stops answering (a partition), waits in
+    `commit_block` until the session is found dead, and then, its time being
+    up, for a reconnection without any limit, all the while holding the
+    connection's lock: every read of the replica, and so the host's answer
+    that it is out of contact, waited for the Northbound database to come
+    back. A transaction given up here may still commit on the server: the
+    lease rules read the outcome back from the replica, never from here.
+    """
+
+    def do_commit(self):
+        deadline = time.monotonic() + self.timeout
+        idl = self.api.idl
+        while True:
+            seqno = idl.change_seqno
+            txn = ovs_idl.Transaction(idl)
+            for cmd in self.commands:
+                try:
+                    cmd.run_idl(txn)
+                except Exception:
+                    txn.abort()
+                    raise
+            status = _commit_until(txn, deadline)
+            if status == txn.TRY_AGAIN:
+                remaining = deadline - time.monotonic()
+                if remaining <= 0:
+                    raise RuntimeError(f"no answer within {self.timeout:g}s")
+                idlutils.wait_for_change(idl, remaining, seqno)  # a TimeoutException when it runs out
+                continue
+            if status in (txn.ERROR, txn.NOT_LOCKED, txn.ABORTED):
+                raise RuntimeError(f"OVSDB error: {txn.get_error() or status}")
+            return [cmd.result for cmd in self.commands]
+
+
+def _commit_until(txn: ovs_idl.Transaction, deadline: float) -> str:
+    """`txn.commit_block()` that gives up (TRY_AGAIN, the transaction aborted) at `deadline`."""
+    status = txn.commit()
+    while status == txn.INCOMPLETE:
+        remaining = deadline - time.monotonic()
+        if remaining <= 0:
+            txn.abort()
+            return txn.TRY_AGAIN
+        txn.idl.run()
+        waiter = poller.Poller()
+        txn.idl.wait(waiter)
+        txn.wait(waiter)
+        waiter.timer_wait(int(remaining * 1000) + 1)
+        waiter.block()
+        status = txn.commit()
+    return status
+
+
 class _NbApi(ovsdbapp_backend.Backend):
     """Transactions and lookups over one Northbound IDL. ovsdbapp keeps the
     connection in a class attribute; `_api_class` gives each client a class of
     its own, so two clients in one process (tests) do not share one."""
+
+    def create_transaction(self, check_error=False, log_errors=True, **kwargs):
+        return _BoundedTransaction(self, self.ovsdb_connection, self.ovsdb_connection.timeout, check_error, log_errors)
 
 
 def _api_class() -> type[_NbApi]:
@@ -143,7 +202,10 @@ class NorthboundClient:
             return
         try:
             if self._conn is None:
-                idl = connection.OvsdbIdl(self.remote, _schema_helper(self.remote))
+                # Probes every two timeouts: a server that stopped answering is
+                # noticed within four (python-ovs would wait 10 s).
+                probe_ms = max(1000, int(self._timeout * 2000))
+                idl = connection.OvsdbIdl(self.remote, _schema_helper(self.remote), probe_interval=probe_ms)
                 self._conn = connection.Connection(idl=idl, timeout=self._timeout)
             self._api = _api_class()(self._conn, start=True)
         except Exception as exc:  # ovsdbapp raises bare Exceptions on connect failures

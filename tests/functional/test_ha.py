@@ -331,3 +331,24 @@ def test_preempt_brings_the_load_balancer_back_to_the_preferred_host(multihost, 
     wait_until(lambda: lb.bound_to() == chassis(multihost, "gw-1"), 15, "the binding back on gw-1")
     wait_until(lb.serves, 15, "the VIP through gw-1 again")
     assert int(lb.lease()["lbagent:term"]) == 3
+
+
+def test_a_partitioned_active_host_loses_its_load_balancer_and_steps_down_when_healed(multihost, make):
+    lb, agents = make()
+    lb.push(agents)
+    wait_roles(lb, agents, active="gw-1")
+    wait_until(lb.serves, 15, "the VIP to answer through gw-1")
+    with Watcher(lb) as watcher:
+        multihost.host("gw-1").cut_underlay()  # off the central and the other hosts
+        wait_until(lambda: role_of(agents["gw-2"], lb) == "active", 15, "gw-2 to take the lease")
+        wait_until(lb.serves, 15, "the VIP through gw-2")
+        # Cut off, gw-1 cannot tell: it keeps serving as it was, and says so once it notices.
+        try:
+            wait_until(lambda: role_of(agents["gw-1"], lb) == "unknown", 30, "gw-1 to notice it is out of contact")
+        except TimeoutError:
+            raise AssertionError(agents["gw-1"].log()[-6000:]) from None
+        assert agents["gw-1"].status()["agent"]["ha"]["in_contact"] is False
+        multihost.host("gw-1").heal_underlay()
+        wait_roles(lb, agents, active="gw-2", timeout=60)
+    assert watcher.bindings == [chassis(multihost, "gw-1"), chassis(multihost, "gw-2")]  # one move, no flapping
+    assert lb.lease()["lbagent:holder"] == "gw-2"
