@@ -205,15 +205,13 @@ class HaBench:
         self._wait_roles(standby, among=[standby])
         self._wait_bound(standby)
         moved = time.monotonic()
-        outage = ha_report.outage(self.probe.attempts(), called)
-        say(
-            f"    crash {index + 1}: {active} killed, {standby} answered after {answered - killed:.2f} s "
-            f"(the client's outage {outage or 0:.2f} s)"
-        )
+        say(f"    crash {index + 1}: {active} killed, {standby} answered after {answered - killed:.2f} s")
         self._revive(active)
         self._wait_roles(standby)
         self._wait_built(active)
         ended = time.monotonic()
+        # Read after the revival: the connections of the outage have ended (or timed out) by now.
+        outage = ha_report.outage(self.probe.attempts(), called)
         window = ha_report.samples_between(self.sampler.samples, called, ended)
         return {
             "crashed": active,

@@ -44,13 +44,18 @@ def first_answer_after(attempts: Iterable[Attempt], moment: float) -> float | No
 
 def outage(attempts: Iterable[Attempt], since: float) -> float | None:
     """The outage the client saw after `since`: from the start of its first connection that failed
-    to the end of the first one after that which was answered (None: no failure, or no answer yet)."""
+    or was slow to the end of the first one after that which was answered promptly (None: no such
+    connection, or no answer yet). Read it once the connections of the outage have ended."""
     ordered = sorted((a for a in attempts if a.start >= since), key=lambda a: a.start)
-    failed = next((a for a in ordered if a.outcome != "ok"), None)
-    if failed is None:
+    hit = next((a for a in ordered if not _prompt(a)), None)
+    if hit is None:
         return None
-    answered = first_answer_after(ordered, failed.start)
-    return None if answered is None else answered - failed.start
+    answered = [a.end for a in ordered if a.start >= hit.start and _prompt(a)]
+    return min(answered) - hit.start if answered else None
+
+
+def _prompt(attempt: Attempt) -> bool:
+    return attempt.outcome == "ok" and attempt.end - attempt.start <= SLOW_SECONDS
 
 
 SLOW_SECONDS = 1.0  # an answered connection that took longer had its SYN (or its answer) retransmitted
