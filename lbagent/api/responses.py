@@ -124,6 +124,10 @@ class BackendStatus(_Answer):
     port: int
     mapped_port: int | None
     health: str  # up | down | draining | maint | unchecked | unknown
+    backup: bool = False  # serves only while no other member of its group is up
+    # ok | connect_refused | timeout | bad_status:<code> | bad_response | draining | disabled
+    health_reason: str | None = None
+    health_since: str | None = None  # the last change of health, or when checks started
 
 
 class HaStatus(_Answer):

@@ -26,7 +26,9 @@ MAX_HA_HOSTS = 8
 class HighAvailability(BaseModel):
     model_config = ConfigDict(extra="forbid", frozen=True, strict=True)
 
-    hosts: list[Hostname] = Field(min_length=MIN_HA_HOSTS, max_length=MAX_HA_HOSTS)
+    hosts: list[Hostname] = Field(
+        min_length=MIN_HA_HOSTS, max_length=MAX_HA_HOSTS, json_schema_extra={"uniqueItems": True}
+    )
     preempt: bool = False
 
     @field_validator("hosts")

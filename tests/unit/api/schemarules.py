@@ -33,6 +33,9 @@ CROSS_FIELD = re.compile(
     r"|must not lie inside the subnet's own prefix "
     r"|redirects to the very request it answers "
     r"|a load balancer has at most [0-9]+ backends "
+    # what depends on the agent, not the body (lbagent.desired.ha.host_problems)
+    r"|high availability needs the OVN Northbound database"
+    r"|does not name this host "
     # what only decoding a certificate or key can tell (lbagent.desired.pem)
     r"|must hold X\.509 certificates: "
     r"|must be an unencrypted private key that decodes"
