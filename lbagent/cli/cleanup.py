@@ -31,9 +31,16 @@ CLEANUP_THREADS = 8
 PORTS_PER_TRANSACTION = 500
 LINKS_GONE_WITHIN = 60.0  # seconds the kernel gets to free the links of deleted namespaces
 T = TypeVar("T")
+Progress = Callable[[str], None]
 
 
-async def cleanup_host(config: Config) -> list[str]:
+def _quiet(line: str) -> None:
+    del line
+
+
+async def cleanup_host(config: Config, progress: Progress = _quiet) -> list[str]:
+    """Remove what is ours; `progress` gets a line now and then (the CLI shows
+    it on a terminal: thousands of namespaces take a while)."""
     report: list[str] = []
     haproxy = HaproxyManager(config.haproxy.binary, config.agent.run_dir)
     if await haproxy.stop():
@@ -60,13 +67,13 @@ async def cleanup_host(config: Config) -> list[str]:
             names = names_from_interface(port)
             if lb_id and names is not None:
                 owned.setdefault(lb_id, names)
-        report += await _delete_ports(ovs, sorted(ports))
+        report += await _delete_ports(ovs, sorted(ports), progress)
     except Exception as exc:  # OVS may be down; the rest can still be cleaned
         report.append(f"warning: OVS ports not cleaned: {exc}")
     finally:
         await asyncio.to_thread(ovs.stop)
 
-    report += await _in_threads(_remove_load_balancer, sorted(owned.items()))
+    report += await _in_threads(_remove_load_balancer, sorted(owned.items()), progress, "load balancers")
     # The kernel frees deleted namespaces, their links with them, in batches
     # of its own; one link deleted alone costs it far more.
     await asyncio.to_thread(
@@ -76,7 +83,7 @@ async def cleanup_host(config: Config) -> list[str]:
         if await asyncio.to_thread(links.delete_link, name):
             report.append(f"removed link {name}")
     marks = NamespaceMarks(config.agent.host)
-    report += await _in_threads(_remove_namespace, sorted(marks.marked()))
+    report += await _in_threads(_remove_namespace, sorted(marks.marked()), progress, "orphan namespaces")
     marks.remove_all()
     outers = {a.outer for a in allocations.values()}
     report += [f"removed policy rule from {o}" for o in await asyncio.to_thread(links.delete_reply_rules, outers)]
@@ -86,23 +93,31 @@ async def cleanup_host(config: Config) -> list[str]:
     return report or ["nothing to clean up"]
 
 
-async def _delete_ports(ovs: OvsClient, ports: list[str]) -> list[str]:
+async def _delete_ports(ovs: OvsClient, ports: list[str], progress: Progress = _quiet) -> list[str]:
     """In transactions of many ports: each one is a reconfiguration of the whole bridge."""
     report = []
     for start in range(0, len(ports), PORTS_PER_TRANSACTION):
         chunk = ports[start : start + PORTS_PER_TRANSACTION]
         present = await asyncio.to_thread(ovs.delete_ports, chunk)
         report += [f"removed OVS port {port}" for port, there in zip(chunk, present) if there]
+        progress(f"OVS ports: {start + len(chunk)}/{len(ports)}")
     return report
 
 
-async def _in_threads(remove: Callable[[T], list[str]], items: list[T]) -> list[str]:
+async def _in_threads(
+    remove: Callable[[T], list[str]], items: list[T], progress: Progress = _quiet, what: str = "items"
+) -> list[str]:
     """`remove` of every item, a few at a time on threads; their reports in the items' order."""
     slots = asyncio.Semaphore(CLEANUP_THREADS)
+    done = 0
 
     async def one(item: T) -> list[str]:
+        nonlocal done
         async with slots:
-            return await asyncio.to_thread(remove, item)
+            lines = await asyncio.to_thread(remove, item)
+        done += 1
+        progress(f"{what}: {done}/{len(items)}")
+        return lines
 
     return [line for lines in await asyncio.gather(*map(one, items)) for line in lines]
 

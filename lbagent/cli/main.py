@@ -85,7 +85,17 @@ def cleanup(config_path: Path | None, yes: bool) -> None:
     config = _load(config_path)
     if not yes and sys.stdin.isatty():
         click.confirm("Remove every load balancer namespace, link, OVS port and haproxy of lbagent?", abort=True)
-    for line in asyncio.run(cleanup_host(config)):
+    # On a terminal, one line that keeps saying how far it is (3,000 load balancers take a minute).
+    shown = sys.stderr.isatty()
+
+    def progress(line: str) -> None:
+        if shown:
+            click.echo(f"\r\033[K{line}", nl=False, err=True)
+
+    lines = asyncio.run(cleanup_host(config, progress))
+    if shown:
+        click.echo("\r\033[K", nl=False, err=True)
+    for line in lines:
         click.echo(line)
 
 
