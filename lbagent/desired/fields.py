@@ -18,6 +18,7 @@ from collections.abc import Callable
 from ipaddress import IPv4Address, IPv4Network
 from typing import Annotated, Any
 
+from cryptography import x509
 from pydantic import AfterValidator, Field, PlainValidator, Strict, WithJsonSchema
 
 from lbagent.desired import pem
@@ -59,6 +60,10 @@ MAX_RATE = 1_000_000
 MAX_CONNECTION_LIMIT = 100_000
 # A member that joins or comes back up ramps to its weight over at most this long.
 MAX_SLOW_START_SECONDS = 900
+# A backend removed or set to weight 0 keeps its established connections this long.
+MAX_DRAIN_TIMEOUT_SECONDS, DEFAULT_DRAIN_TIMEOUT = 3600, 300
+# Access log lines per second and listener; beyond it lines are counted, not written.
+MAX_ACCESS_LOG_RATE, DEFAULT_ACCESS_LOG_RATE = 10_000, 100
 # Generations are persisted and compared; keep them inside a signed 64-bit int.
 MAX_GENERATION = 2**63 - 1
 
@@ -399,6 +404,8 @@ CookieTimeout = int_range(0, MAX_COOKIE_TIMEOUT)
 Rate = int_range(0, MAX_RATE)
 ConnectionLimit = int_range(0, MAX_CONNECTION_LIMIT)
 SlowStartSeconds = int_range(0, MAX_SLOW_START_SECONDS)
+DrainTimeoutSeconds = int_range(0, MAX_DRAIN_TIMEOUT_SECONDS)
+AccessLogRate = int_range(1, MAX_ACCESS_LOG_RATE)
 Generation = int_range(0, MAX_GENERATION)
 
 _PORT_OR_NAME_WHAT = f"must be a port number {MIN_PORT}-{MAX_PORT} or a port name"
@@ -503,4 +510,29 @@ PemPrivateKey = text_type(
         "description": "PEM; one private key of the first certificate: "
         f"RSA of {pem.MIN_RSA_BITS} to {pem.MAX_RSA_BITS} bits or EC of at least {pem.MIN_EC_BITS} bits",
     },
+)
+
+_CRL_RE = re.compile(rf"-----BEGIN X509 CRL-----{_B64_BODY}-----END X509 CRL-----")
+
+
+def _check_crl(value: str) -> None:
+    _check_pem_text(value)
+    blocks = _CRL_RE.findall(value)
+    if not blocks:
+        raise ValueError("must contain a PEM certificate revocation list (-----BEGIN X509 CRL----- ...)")
+    for block in blocks:
+        try:
+            x509.load_pem_x509_crl(block.encode())
+        except ValueError:
+            raise ValueError("has an X509 CRL block that does not decode") from None
+
+
+PemCrlOrEmpty = text_type(
+    _check_crl,
+    {
+        "maxLength": MAX_PEM_BYTES,
+        "pattern": rf"^({_PEM_CHAR}*-----BEGIN X509 CRL-----{_PEM_BODY}-----END X509 CRL-----{_PEM_CHAR}*)?$",
+        "description": "PEM; X509 CRL blocks that decode, or empty for none",
+    },
+    allow_empty=True,
 )

@@ -80,6 +80,10 @@ OPTION_TYPES: dict[str, frozenset[str]] = {
     "redirect": HTTP_TYPES,
     "certificates": HTTPS_TYPES,
     "tls_cipher_policy": HTTPS_TYPES,
+    "client_certificate": HTTPS_TYPES,
+    # haproxy writes the lines; udp flows are the kernel's, which logs none.
+    "access_log": HAPROXY_TYPES,
+    "access_log_rate": HAPROXY_TYPES,
     "rules": HTTP_TYPES,
 }
 

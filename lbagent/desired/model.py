@@ -25,6 +25,8 @@ from lbagent.desired import pem
 from lbagent.desired.crosschecks import Problem, check_state, own_problems
 from lbagent.desired.details import error_details, json_pointer
 from lbagent.desired.fields import (
+    DEFAULT_ACCESS_LOG_RATE,
+    DEFAULT_DRAIN_TIMEOUT,
     DEFAULT_MTU,
     DEFAULT_WEIGHT,
     MAX_ACL_CIDRS,
@@ -41,6 +43,7 @@ from lbagent.desired.fields import (
     MAX_ROUTES_PER_SUBNET,
     MAX_RULES_PER_LISTENER,
     MAX_SUBNETS,
+    AccessLogRate,
     BridgeSuffix,
     CheckSeconds,
     Cidr,
@@ -49,6 +52,7 @@ from lbagent.desired.fields import (
     Cookie,
     CookieTimeout,
     DomainPatternOrEmpty,
+    DrainTimeoutSeconds,
     Generation,
     HostIPv4,
     Hostname,
@@ -61,6 +65,7 @@ from lbagent.desired.fields import (
     Name,
     Namespace,
     PemCertificate,
+    PemCrlOrEmpty,
     PemPrivateKey,
     Port,
     PortName,
@@ -191,6 +196,7 @@ class BackendGroup(_Model):
     pod_selector: PodSelector | None = None
     slow_start: SlowStartSeconds = 0
     health_check_port: Port | None = None  # None: each member's own port
+    drain_timeout: DrainTimeoutSeconds = DEFAULT_DRAIN_TIMEOUT
 
 
 # --- listeners -------------------------------------------------------------------
@@ -278,6 +284,14 @@ def _utc_text(moment: datetime) -> str:
     return moment.astimezone(UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
 
 
+class ClientCertificate(_Model):
+    """Mutual TLS: clients present a certificate issued by `ca`, checked against `crl`."""
+
+    ca: PemCertificate
+    verify: Literal["required", "optional"] = "required"
+    crl: PemCrlOrEmpty = ""  # empty: no revocation list
+
+
 class Rule(_Model):
     id: Id
     domain: DomainPatternOrEmpty = ""
@@ -311,6 +325,9 @@ class Listener(_Model):
     redirect: Redirect | None = None
     certificates: list[Certificate] = many(MAX_CERTIFICATES_PER_LISTENER)
     tls_cipher_policy: TlsCipherPolicy = "tls_cipher_policy_1_2"
+    client_certificate: ClientCertificate | None = None
+    access_log: bool = False
+    access_log_rate: AccessLogRate = DEFAULT_ACCESS_LOG_RATE
     rules: list[Rule] = many(MAX_RULES_PER_LISTENER)
 
     @property

@@ -35,6 +35,9 @@ SAMPLE_VALUES = {
     "redirect": {"code": 301, "scheme": "https", "host": "www.example.com"},
     "certificates": [{"id": "c1", **certificate("www.example.com")}],
     "tls_cipher_policy": "tls_cipher_policy_1_2_strict",
+    "client_certificate": {"ca": certificate("clients.example.com")["certificate"], "verify": "optional"},
+    "access_log": True,
+    "access_log_rate": 10,
     "rules": [{"id": "r1", "path": "/a", "backend_group_id": "bg-1"}],
 }
 
