@@ -14,7 +14,7 @@ from typing import TYPE_CHECKING, Protocol
 
 from lbagent import __version__
 from lbagent.desired.memberoptions import options_of
-from lbagent.haproxy.health import ServerHealth, reason_of, since_of
+from lbagent.haproxy.health import ServerHealth, drain_remaining, reason_of, since_of
 from lbagent.haproxy.render import server_name
 from lbagent.metrics import write_counts
 
@@ -60,6 +60,17 @@ def _member_health(member, health: dict[str, str]) -> dict:
         "health_reason": reason_of(word),
         "health_since": since_of(word),
     }
+
+
+def _draining(health: dict[str, str]) -> list[dict]:
+    """The servers still draining (removed, or at weight 0) and the seconds until their sessions are shut."""
+    now = datetime.now(UTC)
+    found = []
+    for server, word in sorted(health.items()):
+        remaining = drain_remaining(word, now)
+        if remaining is not None:
+            found.append({"id": server, "remaining": remaining})
+    return found
 
 
 def _rule_status(rule) -> dict:
@@ -125,6 +136,7 @@ def loadbalancer_status(
         "ovn_installed": observation.ovn_installed if observation else False,
         "listeners": listeners,
         "backends": backends,
+        "draining": _draining(health),
         "last_error": task.last_error,
         "certificate_warnings": lb.certificate_warnings(datetime.now(UTC)) if lb is not None else [],
         "retries": task.retries,

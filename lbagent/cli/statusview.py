@@ -227,6 +227,14 @@ def _health_summary(backend: dict) -> str:
     return text + (" backup" if backend.get("backup") else "")
 
 
+def _draining_lines(draining: list[dict]) -> list[str]:
+    """Servers removed or at weight 0 whose sessions the drain timeout shuts, with the seconds left."""
+    if not draining:
+        return []
+    rows = [("SERVER", "SECONDS LEFT")] + [(d["id"], d["remaining"]) for d in draining]
+    return ["  draining (established connections kept until the drain timeout):"] + table(rows, indent="    ")
+
+
 def render_detail(lb: dict, color: bool = False) -> list[str]:
     present = lb.get("netns_present")
     lines = [
@@ -287,6 +295,7 @@ def render_detail(lb: dict, color: bool = False) -> list[str]:
         colored=(4,),
         indent="    ",
     )
+    lines += _draining_lines(lb.get("draining", []))
     lines.append(f"  NAT rules in {lb.get('netns')} (packets, bytes since the rule was added):")
     if lb.get("nat_rules_error"):
         lines.append(f"    unavailable: {lb['nat_rules_error']}")

@@ -2,8 +2,9 @@
 
 `ServerHealth` is the status word haproxy's `show stat` gives a server (or the
 word the UDP checker gives a member) and still compares and prints as that
-word; it also carries `reason`, the status document's `health_reason`, and
-`since`, when the server last changed between up and down.
+word; it also carries `reason`, the status document's `health_reason`,
+`since`, when the server last changed between up and down, and `drain_until`,
+when the sessions of a server draining (removed, or at weight 0) are shut.
 
 haproxy's reasons come from the check columns of `show stat`: `check_status`
 (L4CON, L7STS, ...; a leading "* " marks a check under way) and `check_code`.
@@ -11,6 +12,7 @@ haproxy's reasons come from the check columns of `show stat`: `check_status`
 
 from __future__ import annotations
 
+import math
 from datetime import UTC, datetime, timedelta
 
 # check_status -> health_reason; L7STS is "bad_status:<check_code>".
@@ -36,12 +38,39 @@ class ServerHealth(str):
 
     reason: str | None
     since: datetime | None
+    drain_until: datetime | None
 
-    def __new__(cls, word: str, reason: str | None = None, since: datetime | None = None) -> ServerHealth:
+    def __new__(
+        cls, word: str, reason: str | None = None, since: datetime | None = None, drain_until: datetime | None = None
+    ) -> ServerHealth:
         health = super().__new__(cls, word)
         health.reason = reason
         health.since = since
+        health.drain_until = drain_until
         return health
+
+
+def with_drain_deadlines(states: dict[tuple[str, str], str], deadlines: dict[str, float]) -> dict[tuple[str, str], str]:
+    """`states` with the deadline of each server draining ("backend/server" -> wall-clock seconds) attached."""
+    for target, shut_at in deadlines.items():
+        backend, _, server = target.partition("/")
+        state = states.get((backend, server))
+        if state is not None:
+            until = datetime.fromtimestamp(shut_at, UTC)
+            states[(backend, server)] = ServerHealth(str(state), reason_of(state), _since(state), until)
+    return states
+
+
+def _since(health: str) -> datetime | None:
+    return health.since if isinstance(health, ServerHealth) else None
+
+
+def drain_remaining(health: str, now: datetime) -> int | None:
+    """Whole seconds until a draining server's sessions are shut (0 once due); None when it is not draining."""
+    until = health.drain_until if isinstance(health, ServerHealth) else None
+    if until is None:
+        return None
+    return max(0, math.ceil((until - now).total_seconds()))
 
 
 def reason_of(health: str) -> str | None:
@@ -50,7 +79,7 @@ def reason_of(health: str) -> str | None:
 
 def since_of(health: str) -> str | None:
     """When the health last changed, ISO 8601 in UTC to the second; None when not known."""
-    since = health.since if isinstance(health, ServerHealth) else None
+    since = _since(health)
     return since.astimezone(UTC).replace(microsecond=0).isoformat() if since is not None else None
 
 

@@ -128,6 +128,7 @@ class Lifecycle(Part):
             self._paths.joined_cfg,
             self._paths.pidfile,
             self._worker.marker,
+            self._worker.drains_file,
             self._paths.master_sock,
             self._paths.stats_sock,
         ):

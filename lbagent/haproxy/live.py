@@ -11,10 +11,14 @@ sends them:
   and its health checks enabled when its line has `check`;
 - a removed server goes into maintenance, so it takes no new connection, and
   is deleted; haproxy refuses to delete one that still has connections, which
-  then drains (`LiveServers.retry` deletes it once idle) for at most as long
-  as an old worker may after a reload (`hard-stop-after`), after which its
-  sessions are shut and it goes; a reload drops it too;
-- a server whose line differs only in its weight gets the new weight.
+  then drains (`LiveServers.retry` deletes it once idle) for its group's drain
+  timeout, after which its sessions are shut and it goes; a reload drops it too;
+- a server whose line differs only in its weight gets the new weight; one set
+  to weight 0 keeps its sessions for the drain timeout, then they are shut.
+
+A backend's drain timeout is a comment of its section (`DRAIN_COMMENT`, absent
+at the default), so the file on disk says it to whichever agent edits the worker;
+the deadlines themselves are kept by `drains.DrainBook`.
 
 `LiveServers` sends the commands through the master CLI to the current
 worker by pid: right after a reload the stats socket could still reach the
@@ -36,6 +40,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
+from lbagent.haproxy.drains import DrainBook
 from lbagent.haproxy.errors import HaproxyError
 from lbagent.haproxy.sockets import ProcTable, send_command
 
@@ -48,6 +53,8 @@ STILL_CONNECTED = "still has connections"
 # servers it adds at run time, and whether `ssl` implies TLS health checks is
 # settled at configuration parsing; a reload keeps both exactly as written.
 _UNSAFE_LIVE = frozenset({"cookie", "ssl"})
+# "# drain-timeout <seconds>" in a backend section: haproxy ignores it, live edits read it.
+DRAIN_COMMENT = "# drain-timeout "
 
 
 @dataclass(frozen=True)
@@ -56,6 +63,12 @@ class ServerEdit:
     server: str
     line: str | None  # the new `server` line (its words after the name); None: remove the server
     weight_only: bool = False
+    drain_timeout: float | None = None  # seconds its sessions may stay once removed or at weight 0; None: the default
+
+    @property
+    def quiesces(self) -> bool:
+        """A weight edit to 0: the server stays but takes no new connection."""
+        return self.weight_only and self.line is not None and _weight(self.line) == "0"
 
     @property
     def target(self) -> str:
@@ -67,12 +80,16 @@ class _Section:
     header: str
     lines: list[str]
     servers: dict[str, str]  # server name -> the words after it
+    drain_timeout: float | None = None
 
 
 def _sections(text: str) -> list[_Section]:
     sections: list[_Section] = []
     for raw in text.splitlines():
         line = raw.strip()
+        if line.startswith(DRAIN_COMMENT) and sections:
+            sections[-1].drain_timeout = float(line.removeprefix(DRAIN_COMMENT))
+            continue
         if not line or line.startswith("#"):
             continue
         if raw[:1].strip():  # a section starts at column 0
@@ -106,6 +123,7 @@ def plan_server_edits(old_text: str, new_text: str) -> list[ServerEdit] | None:
     for before, after in zip(old, new):
         if before.servers == after.servers:
             continue
+        drain = after.drain_timeout
         kind, _, backend = before.header.partition(" ")
         balance = next((line.split()[1] for line in before.lines if line.startswith("balance ")), "roundrobin")
         if kind != "backend" or balance not in DYNAMIC_BALANCE:
@@ -115,12 +133,13 @@ def plan_server_edits(old_text: str, new_text: str) -> list[ServerEdit] | None:
                 return None
             previous = before.servers.get(name)
             if previous is None:
-                edits.append(ServerEdit(backend, name, words))
+                edits.append(ServerEdit(backend, name, words, drain_timeout=drain))
             elif previous != words:
                 if _without_weight(previous) != _without_weight(words) or _weight(words) is None:
                     return None
-                edits.append(ServerEdit(backend, name, words, weight_only=True))
-        edits += [ServerEdit(backend, name, None) for name in before.servers if name not in after.servers]
+                edits.append(ServerEdit(backend, name, words, weight_only=True, drain_timeout=drain))
+        gone = [name for name in before.servers if name not in after.servers]
+        edits += [ServerEdit(backend, name, None, drain_timeout=drain) for name in gone]
     return edits
 
 
@@ -156,7 +175,7 @@ def apply_edits(edits: list[ServerEdit], send: Callable[[str], str]) -> set[str]
 
 class LiveServers:
     """Edits of the current haproxy worker, and the servers still draining in it.
-    Blocking (sockets): called on the manager's process thread, under its lock."""
+    Blocking (sockets, the drain book): called on the manager's process thread, under its lock."""
 
     def __init__(
         self,
@@ -164,18 +183,28 @@ class LiveServers:
         show_proc: Callable[[], ProcTable | None],
         drain_limit: float,
         readd_patience: float = 0.5,
-        clock: Callable[[], float] = time.monotonic,
+        clock: Callable[[], float] = time.time,
+        book: DrainBook | None = None,
+        transport: Callable[[Path, str], str] = send_command,
     ):
         self._master_sock = master_sock
+        self._transport = transport  # one command to the master CLI, its answer
         self._show_proc = show_proc
-        self._drain_limit = drain_limit  # seconds a removed server may keep its sessions
+        self._drain_limit = drain_limit  # seconds a removed server keeps its sessions when its file says nothing
         self._readd_patience = readd_patience
-        self._clock = clock
-        self._draining: dict[str, float] = {}  # "backend/server" -> when its sessions are shut
+        self._clock = clock  # wall clock: deadlines outlive the agent
+        self._book = book or DrainBook(None)
+        self._drains = self._book.load()
+        self._draining = self._drains.removed  # "backend/server" -> when its sessions are shut
+        self._quiesced = self._drains.quiesced  # the same for servers at weight 0, which stay
 
     @property
     def draining(self) -> int:
-        return len(self._draining)
+        return len(self._draining) + len(self._quiesced)
+
+    def deadlines(self) -> dict[str, float]:
+        """ "backend/server" -> when the sessions of each server draining are shut (wall-clock seconds)."""
+        return self._drains.deadlines()
 
     def apply(self, edits: list[ServerEdit]) -> None:
         """Send the edits to the current worker; LiveEditError if it refuses one."""
@@ -193,27 +222,52 @@ class LiveServers:
         except (LiveEditError, OSError) as exc:
             # The command that failed changed nothing; those before it did.
             raise LiveEditError(str(exc), edited=sent > 1) from exc
-        shut_at = self._clock() + self._drain_limit
-        self._draining.update(dict.fromkeys(lingering, shut_at))
+        self._start_drains(edits, lingering)
+        self._retry(send)  # a drain timeout of 0 shuts at once
+        self._book.save(self._drains)
 
     def retry(self) -> None:
-        """Delete the draining servers that are idle, or past their limit."""
-        if self._draining:
+        """Delete the draining servers that are idle, shut those past their deadline."""
+        if self.draining:
             self._retry(self._sender())
+            self._book.save(self._drains)
 
     def forget(self) -> None:
         """A new worker (reload, restart) never had the draining servers."""
         self._draining.clear()
+        self._quiesced.clear()
+        self._book.save(self._drains)
+
+    def _start_drains(self, edits: list[ServerEdit], lingering: set[str]) -> None:
+        now = self._clock()
+        for edit in edits:
+            limit = self._drain_limit if edit.drain_timeout is None else edit.drain_timeout
+            # A server at weight 0 that is then removed keeps the deadline it had.
+            started = self._quiesced.pop(edit.target, now + limit)
+            if edit.target in lingering:
+                self._draining[edit.target] = started
+            elif edit.quiesces:
+                self._quiesced[edit.target] = started
 
     def _sender(self) -> Callable[[str], str]:
         table = self._show_proc()
         if table is None or len(table.workers) != 1:
             raise LiveEditError("no single current haproxy worker to edit")
-        prefix = f"@!{next(iter(table.workers))} "
-        return lambda command: send_command(self._master_sock, prefix + command)
+        worker = next(iter(table.workers))
+        if self._drains.worker != worker:
+            # Deadlines recorded for another worker: its servers went with it.
+            self._draining.clear()
+            self._quiesced.clear()
+            self._drains.worker = worker
+        prefix = f"@!{worker} "
+        return lambda command: self._transport(self._master_sock, prefix + command)
 
     def _retry(self, send: Callable[[str], str]) -> None:
         now = self._clock()
+        for target, shut_at in sorted(self._quiesced.items()):
+            if now >= shut_at:
+                send(f"shutdown sessions server {target}")
+                del self._quiesced[target]
         for target, shut_at in sorted(self._draining.items()):
             if now >= shut_at:
                 send(f"shutdown sessions server {target}")
@@ -231,6 +285,10 @@ class LiveServers:
         gets `readd_patience` for its last connections (short requests end in
         milliseconds) before haproxy is asked, and refuses, to add it twice."""
         adding = {edit.target for edit in edits if edit.line is not None and not edit.weight_only}
+        # A weight above 0 again ends the drain of a server that stayed.
+        for edit in edits:
+            if edit.weight_only and not edit.quiesces:
+                self._quiesced.pop(edit.target, None)
         deadline = self._clock() + self._readd_patience
         self._retry(send)
         while adding & self._draining.keys() and self._clock() < deadline:

@@ -48,6 +48,7 @@ from lbagent.haproxy.capacity import DEFAULT_LISTENER_MAXCONN
 from lbagent.haproxy.changes import Changes, PreparedChange
 from lbagent.haproxy.errors import HaproxyError
 from lbagent.haproxy.files import HaproxyPaths
+from lbagent.haproxy.health import with_drain_deadlines
 from lbagent.haproxy.lifecycle import Lifecycle
 from lbagent.haproxy.liveapply import LiveApplier
 from lbagent.haproxy.locks import LockMap
@@ -194,4 +195,4 @@ class HaproxyManager:
             text = await self._work.stats_work.run(send_command, self.paths.stats_sock, "show stat")
         except OSError as exc:
             raise HaproxyError(f"haproxy stats socket unavailable: {exc}") from exc
-        return parse_show_stat(text)
+        return with_drain_deadlines(parse_show_stat(text), self._worker.live.deadlines())

@@ -18,6 +18,7 @@ import hashlib
 import re
 from pathlib import Path
 
+from lbagent.desired.fields import DEFAULT_DRAIN_TIMEOUT
 from lbagent.desired.memberoptions import options_of
 from lbagent.desired.members import Member
 from lbagent.desired.model import Listener
@@ -143,7 +144,8 @@ def render_config(lb, outer: str, members: dict[str, list[Member]], *, inner: st
     listeners = []
     if lb.enabled:
         listeners = [listener for listener in lb.listeners if listener.enabled and listener.kind.through_haproxy]
-    views = [_listener_view(lb.id, listener, outer, inner, members) for listener in listeners]
+    drains = {group.id: _drain_timeout(group) for group in lb.backend_groups}
+    views = [_listener_view(lb.id, listener, outer, inner, members, drains) for listener in listeners]
     files: dict[str, bytes] = {}
     for listener in listeners:
         if listener.kind.terminates_tls:
@@ -170,7 +172,19 @@ def _lookup(table: dict, key: str, what: str):
         raise RenderError(f"unsupported {what}: {key!r}") from None
 
 
-def _listener_view(lb_id: str, listener, outer: str, inner: str, members: dict[str, list[Member]]) -> ListenerView:
+def _drain_timeout(group) -> int | None:
+    """The group's drain timeout for live edits to read (see live.DRAIN_COMMENT); None at the default."""
+    return None if group.drain_timeout == DEFAULT_DRAIN_TIMEOUT else group.drain_timeout
+
+
+def _listener_view(
+    lb_id: str,
+    listener,
+    outer: str,
+    inner: str,
+    members: dict[str, list[Member]],
+    drains: dict[str, int | None],
+) -> ListenerView:
     kind = listener.kind
     mode = kind.haproxy_mode
     http = kind.is_http
@@ -195,6 +209,7 @@ def _listener_view(lb_id: str, listener, outer: str, inner: str, members: dict[s
             health=health,
             cookie=cookie,
             servers=_servers(members.get(group_id, []), inner, listener, cookies=cookie is not None),
+            drain_timeout=drains.get(group_id),
         )
 
     default = backend(backend_name(lb_id, listener.id), listener.backend_group_id)

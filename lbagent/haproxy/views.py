@@ -75,6 +75,7 @@ class BackendView:
     health: HealthView | None
     cookie: CookieView | None
     servers: tuple[ServerView, ...]
+    drain_timeout: int | None = None  # seconds a removed or weight-0 server keeps its sessions; None: the default
 
 
 @dataclass(frozen=True)

@@ -6,7 +6,7 @@
   worker differs from the disk; the manager's supervision retries that reload every
   `RELOAD_RETRY` seconds.
 - `live`: the current worker's servers as live edits left them, with those
-  still draining.
+  still draining and until when (kept in `drains_file` across restarts).
 
 Whoever replaces the worker (a reload, a start) calls `replaced`: the new
 worker runs the files on disk, so nothing drains in it and nothing is due.
@@ -14,10 +14,11 @@ worker runs the files on disk, so nothing drains in it and nothing is due.
 
 from __future__ import annotations
 
+from lbagent.desired.fields import DEFAULT_DRAIN_TIMEOUT
+from lbagent.haproxy.drains import DRAINS_FILE, DrainBook
 from lbagent.haproxy.files import HaproxyPaths
 from lbagent.haproxy.live import LiveServers
 from lbagent.haproxy.process import HaproxyProcess
-from lbagent.haproxy.render import HARD_STOP_AFTER
 
 PENDING_MARKER = "reload-pending"
 READD_PATIENCE = 0.5  # seconds a server added back waits for its draining namesake (then: a reload)
@@ -27,8 +28,10 @@ RELOAD_RETRY = 5.0  # seconds between reloads supervision retries after a live e
 class WorkerState:
     def __init__(self, paths: HaproxyPaths, process: HaproxyProcess):
         self.marker = paths.root / PENDING_MARKER
-        # Servers removed live that still had connections drain at most as long as an old worker may.
-        self.live = LiveServers(paths.master_sock, process.show_proc, HARD_STOP_AFTER, READD_PATIENCE)
+        # Servers removed live that still have connections drain for their group's drain timeout.
+        self.drains_file = paths.root / DRAINS_FILE
+        book = DrainBook(self.drains_file)
+        self.live = LiveServers(paths.master_sock, process.show_proc, DEFAULT_DRAIN_TIMEOUT, READD_PATIENCE, book=book)
         # A live edit went half-way and its reload failed: the worker differs from the disk.
         self.reload_due = False
         self._reload_retry_at = 0.0

@@ -194,3 +194,11 @@ def test_detail_shows_reason_since_and_backup_per_backend():
         ["down", "bad_status:503", "2026-01-01T00:00:00+00:00", "no"],
         ["up", "ok", "2026-01-01T00:00:05+00:00", "yes"],
     ]
+
+
+def test_detail_shows_the_servers_draining_and_their_seconds_left():
+    lb = {**LB, "draining": [{"id": "be-old", "remaining": 42}], "nat_rules": [], "nat_rules_error": None}
+    lines = render_detail(lb)
+    at = lines.index("  draining (established connections kept until the drain timeout):")
+    assert lines[at + 2].split() == ["be-old", "42"]
+    assert not any(line.startswith("  draining") for line in render_detail({**lb, "draining": []}))
