@@ -44,6 +44,7 @@ import subprocess
 import sys
 import tempfile
 import time
+from collections import Counter
 from collections.abc import Callable
 from dataclasses import asdict, dataclass
 from pathlib import Path
@@ -76,6 +77,7 @@ class HaConfig:
     crashes: int = 10
     restarts: int = 10
     handovers: int = 3
+    cuts: int = 1  # H4 is one cut (0: skipped)
     h6_n: int = 1000
     h6_n_wanted: int = 1000
     h6_window: float = 30.0
@@ -86,7 +88,7 @@ class HaConfig:
     sample_interval: float = 0.05
 
     def __post_init__(self) -> None:
-        if min(self.crashes, self.restarts, self.handovers, self.h6_n) < 0:
+        if min(self.crashes, self.restarts, self.handovers, self.cuts, self.h6_n) < 0:
             raise ValueError("counts must not be negative")
 
 
@@ -107,9 +109,43 @@ def h6_address(index: int) -> tuple[str, str]:
     return str(vip), "0a:5c:" + ":".join(f"{b:02x}" for b in vip.packed)
 
 
+def ha_of(agent: HostAgent, lb_id: str) -> dict[str, Any] | None:
+    """The `ha` of the agent's load balancer `lb_id` (None: the agent does not answer)."""
+    try:
+        code, body = agent.request("GET", f"/v1/loadbalancers/{lb_id}", timeout=5)
+    except OSError:
+        return None
+    return (body.get("ha") or {}) if code == 200 and isinstance(body, dict) else {}
+
+
+def role_of(agent: HostAgent, lb_id: str) -> str | None:
+    ha = ha_of(agent, lb_id)
+    return "down" if ha is None else ha.get("role")
+
+
+def wait_roles(agents: dict[str, HostAgent], lb_id: str, active: str, among: list[str] | None = None) -> None:
+    """Until `active` says active for `lb_id` and the others (or only those `among`) standby."""
+    names = among or list(agents)
+
+    def settled() -> bool:
+        return all(role_of(agents[name], lb_id) == ("active" if name == active else "standby") for name in names)
+
+    wait_for(settled, WAIT, f"{active} active for {lb_id}" + ("" if among else ", the others standby"))
+
+
+def wait_bound(mh: MultiHost, lsp: str, name: str) -> None:
+    chassis = mh.host(name).chassis
+    wait_for(lambda: mh.central.port_binding_chassis(lsp) == chassis, WAIT, f"{lsp} bound on {name}")
+
+
+def linger(until: float) -> None:
+    """Let the watchers (the client, the sampler: threads and processes of their own) run until `until`."""
+    time.sleep(max(0.0, until - time.monotonic()))
+
+
 class HaBench:
-    def __init__(self, mh: MultiHost, prefix: str, config: HaConfig):
-        self.mh, self.prefix, self.config = mh, prefix, config
+    def __init__(self, mh: MultiHost, prefix: str, config: HaConfig, log_dir: Path):
+        self.mh, self.prefix, self.config, self.log_dir = mh, prefix, config, log_dir
         self.lb_id = f"{prefix}-ha"
         self.generation = 0
         self.lbs: list[dict] = [ha_lb(self.lb_id, VIP, VIP_MAC)]
@@ -128,7 +164,7 @@ class HaBench:
             self._setup()
             self._phase("H1/H2", self.config.crashes, self._h1)
             self._phase("H3", self.config.restarts, self._h3)
-            self._phase("H4", 1, self._h4)
+            self._phase("H4", self.config.cuts, self._h4)
             self._phase("H5", self.config.handovers, self._h5)
             self._stop_watching()
             self._phase("H6", self.config.h6_n, self._h6)
@@ -274,8 +310,8 @@ class HaBench:
         active, standby = self._active_and_standby()
         self._wait_answering()
         host = self.mh.host(active)
-        cut = time.monotonic()
         host.cut_underlay()
+        cut = time.monotonic()  # connections started before this may still have gone through the host
         h4: dict[str, Any] = {"cut_host": active, "answer_seconds": None}
         self.results["h4"] = h4
         try:
@@ -375,16 +411,51 @@ class HaBench:
             say(f"    {h6['error']}")
             return
         h6["build_seconds"] = round(time.monotonic() - began, 1)
-        holds = self._holds()
-        active = max(holds, key=lambda name: holds[name])
-        standby = next(name for name in GATEWAYS if name != active)
-        h6.update(active_host=active, standby_host=standby, active_holds=holds[active], standby_holds=holds[standby])
-        say(f"    built in {h6['build_seconds']:.0f} s; {holds}; now {self.config.h6_window:g} s idle")
-        h6.update(self._h6_window(active, standby))
+        try:
+            wait_for(self._one_active_each, WAIT, "one active host for every load balancer", interval=2)
+        except TimeoutError:
+            pass  # said below, from the roles and the contact as they are
+        h6["settled_seconds"] = round(time.monotonic() - began, 1)
+        h6.update(self._h6_roles())
+        say(f"    built in {h6['build_seconds']:.0f} s; roles {h6['roles']}; now {self.config.h6_window:g} s idle")
+        h6.update(self._h6_window(h6["active_host"], h6["standby_host"]))
+        after = self._h6_roles()
+        h6["after_window"] = {"roles": after["roles"], "agents_ha": after["agents_ha"]}
+        unsettled = [
+            f"{name}: {when}"
+            for when, seen in (("before the window", h6), ("after it", after))
+            for name, ha in seen["agents_ha"].items()
+            if not ha["in_contact"]
+        ]
+        if sum(counts.get("active", 0) for counts in h6["roles"].values()) != len(self.lbs):
+            unsettled.append("not every load balancer had an active host")
+        if unsettled:
+            h6["out_of_contact"] = unsettled
         say(
             f"    NB {h6['nb_txn_per_second']:.1f} txn/s; agents {h6['active_cpu_percent']:.1f} % (active) "
-            f"{h6['standby_cpu_percent']:.1f} % (standby)"
+            f"{h6['standby_cpu_percent']:.1f} % (standby)" + (f"; NOT SETTLED: {unsettled}" if unsettled else "")
         )
+
+    def _h6_roles(self) -> dict[str, Any]:
+        roles = self._roles_by_host()
+        active = max(roles, key=lambda name: roles[name].get("active", 0))
+        standby = next(name for name in GATEWAYS if name != active)
+        agents_ha = {name: agent.status()["agent"]["ha"] for name, agent in self.agents.items()}
+        for ha in agents_ha.values():
+            ha["last_error"] = (ha.get("last_error") or "")[:300] or None
+        return {
+            "active_host": active,
+            "standby_host": standby,
+            "active_holds": roles[active].get("active", 0),
+            "standby_holds": roles[standby].get("active", 0),
+            "roles": roles,
+            "agents_ha": agents_ha,
+            "nb_memory": self.mh.central.appctl("ovnnb_db", "memory/show").strip(),
+        }
+
+    def _one_active_each(self) -> bool:
+        roles = self._roles_by_host()
+        return sum(counts.get("active", 0) for counts in roles.values()) == len(self.lbs)
 
     def _add_h6_ports(self, n: int) -> None:
         args: list[str] = []
@@ -406,12 +477,13 @@ class HaBench:
     def _all_ready(self) -> bool:
         return all(count == len(self.lbs) for count in self._ready_counts().values())
 
-    def _holds(self) -> dict[str, int]:
-        holds = {}
+    def _roles_by_host(self) -> dict[str, dict[str, int]]:
+        """How many load balancers each agent holds as active, standby, unknown, ..."""
+        counts: dict[str, dict[str, int]] = {}
         for name, agent in self.agents.items():
             lbs = agent.request("GET", "/v1/status", timeout=60)[1]["loadbalancers"]
-            holds[name] = sum((lb.get("ha") or {}).get("role") == "active" for lb in lbs)
-        return holds
+            counts[name] = dict(Counter(str((lb.get("ha") or {}).get("role")) for lb in lbs))
+        return counts
 
     def _h6_window(self, active: str, standby: str) -> dict[str, Any]:
         window = self.config.h6_window
@@ -475,11 +547,7 @@ class HaBench:
                 raise RuntimeError(f"{name} answered {code} to the refresh: {str(answer)[:300]}")
 
     def _role(self, name: str) -> str | None:
-        try:
-            code, body = self.agents[name].request("GET", f"/v1/loadbalancers/{self.lb_id}", timeout=5)
-        except OSError:
-            return "down"
-        return (body.get("ha") or {}).get("role") if code == 200 else None
+        return role_of(self.agents[name], self.lb_id)
 
     def _term(self, name: str) -> int | None:
         return self.agents[name].ha(self.lb_id).get("term")
@@ -494,16 +562,10 @@ class HaBench:
         return wait_for(settled, WAIT, f"one active and one standby host for {self.lb_id}")
 
     def _wait_roles(self, active: str, among: list[str] | None = None) -> None:
-        names = among or list(GATEWAYS)
-
-        def settled() -> bool:
-            return all(self._role(name) == ("active" if name == active else "standby") for name in names)
-
-        wait_for(settled, WAIT, f"{active} active for {self.lb_id}" + ("" if among else ", the other standby"))
+        wait_roles(self.agents, self.lb_id, active, among)
 
     def _wait_bound(self, name: str) -> None:
-        chassis = self.mh.host(name).chassis
-        wait_for(lambda: self.mh.central.port_binding_chassis(self.lsp) == chassis, WAIT, f"the port bound on {name}")
+        wait_bound(self.mh, self.lsp, name)
 
     def _wait_built(self, name: str) -> None:
         wait_for(lambda: self.agents[name].lb(self.lb_id)["state"] == "ready", WAIT, f"the copy on {name} built")
@@ -532,8 +594,7 @@ class HaBench:
 
     @staticmethod
     def _linger(until: float) -> None:
-        """Keep watching (the client and the sampler run on) until `until`."""
-        time.sleep(max(0.0, until - time.monotonic()))
+        linger(until)
 
     def _rel(self, moment: float) -> float:
         return round(moment - self._t0, 3)
@@ -555,9 +616,14 @@ class HaBench:
             self.probe = None
 
     def _stop_agents(self) -> None:
-        # The sandbox's stop removes what they made on their hosts (namespaces, haproxy, OVS).
-        for agent in self.agents.values():
+        # The sandbox's stop removes what they made on their hosts (namespaces, haproxy, OVS),
+        # and their logs: those are kept with the benchmark's directory.
+        for name, agent in self.agents.items():
             agent.stop()
+            if agent.log_path.exists():
+                shutil.copy(agent.log_path, self.log_dir / f"agent-{name}.log")
+        for log in self.mh.central.dirs["log"].glob("*.log"):
+            shutil.copy(log, self.log_dir / f"central-{log.name}")
 
 
 def _cpu_seconds(process: psutil.Process) -> float:
@@ -589,13 +655,14 @@ def run_ha_benchmark(config: HaConfig, output: Path | None, workdir: Path | None
         say(f"==> multi-host sandbox {prefix} in {workdir}: central, {', '.join(GATEWAYS)}, {CLIENT_HOST}")
         with MultiHost(workdir / "mh", prefix, [*GATEWAYS, CLIENT_HOST]) as mh:
             try:
-                results = HaBench(mh, prefix, config).run()
+                results = HaBench(mh, prefix, config, workdir).run()
             finally:
                 say("==> removing the sandbox")
     finally:
         if own_dir and os.environ.get("LBAGENT_KEEP_BENCH_DIR") is None:
             shutil.rmtree(workdir, ignore_errors=True)
     results.update(
+        prefix=prefix,
         machine=report.machine(),
         git=commit_id(),
         load_average={"before": load_before, "after": load_average()},
@@ -613,6 +680,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--crashes", type=int, default=defaults.crashes, help="H1 crashes of the active host")
     parser.add_argument("--restarts", type=int, default=defaults.restarts, help="H3 restarts of the active agent")
     parser.add_argument("--handovers", type=int, default=defaults.handovers, help="H5 planned handovers")
+    parser.add_argument("--no-cut", action="store_true", help="skip H4")
     parser.add_argument(
         "--h6-n", type=int, default=defaults.h6_n, help="H6 load balancers per host (the table scales to 1,000)"
     )
@@ -628,6 +696,7 @@ def main(argv: list[str] | None = None) -> int:
         crashes=args.crashes,
         restarts=args.restarts,
         handovers=args.handovers,
+        cuts=0 if args.no_cut else 1,
         h6_n=args.h6_n,
         h6_window=args.h6_window,
         h6_timeout=args.h6_timeout,

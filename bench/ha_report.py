@@ -288,6 +288,10 @@ def _h6_rows(results: dict[str, Any]) -> list[dict[str, Any]]:
     if "error" in h6:
         figure = f"H6 cost of {h6.get('n')} HA load balancers per host"
         return [_row(figure, "not measured", "< 5 %", False, h6["error"])]
+    if h6.get("out_of_contact"):
+        figure = f"H6 cost of {h6['n']} HA load balancers per host"
+        why = f"not settled: {'; '.join(h6['out_of_contact'])} (roles {h6['roles']})"
+        return [_row(figure, "not measured", "< 5 %", False, why)]
     n, wanted = h6["n"], h6["n_wanted"]
     label = f"N={n}" if n == wanted else f"N={wanted} EXTRAPOLATED from N={n}"
     note = f"built on both hosts in {h6['build_seconds']:.0f} s; {h6['window_seconds']:.0f} s idle window"

@@ -216,3 +216,11 @@ async def test_the_probe_tells_answered_from_refused_from_broken():
             assert await ha_probe.attempt("127.0.0.1", good_port) == "ok"
             assert await ha_probe.attempt("127.0.0.1", bad_port) == "broken"
             assert await ha_probe.attempt("127.0.0.1", closed_port) == "refused"
+
+
+def test_h6_with_an_agent_out_of_contact_is_not_taken_for_a_cost():
+    out = results()
+    out["h6"].update(out_of_contact=["gw-1: after the window"], roles={"gw-1": {"unknown": 201}})
+    [row] = [row for row in evaluate(out) if row["figure"].startswith("H6")]
+    assert row["result"] == "MISSED" and row["measured"] == "not measured"
+    assert "not settled: gw-1: after the window" in row["note"]
