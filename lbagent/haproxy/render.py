@@ -28,7 +28,7 @@ from lbagent.haproxy.files import HaproxyPaths
 from lbagent.haproxy.routing import RULE_VARIABLE, redirect_view, rule_views
 from lbagent.haproxy.settings import Privileges
 from lbagent.haproxy.templating import environment
-from lbagent.haproxy.tls import certificate_files, tls_bind
+from lbagent.haproxy.tls import certificate_files, client_cert_files, tls_bind
 from lbagent.haproxy.views import (
     AclView,
     BackendView,
@@ -150,6 +150,7 @@ def render_config(lb, outer: str, members: dict[str, list[Member]], *, inner: st
     for listener in listeners:
         if listener.kind.terminates_tls:
             files.update(certificate_files(listener))
+            files.update(client_cert_files(listener))
     return HaproxyConfig(_render("loadbalancer.cfg.j2", lb_id=lb.id, listeners=views), files)
 
 
@@ -231,6 +232,7 @@ def _listener_view(
         source_table=(SOURCE_TABLE_SIZE, SOURCE_TABLE_EXPIRE) if per_src else None,
         forwardfor=http and bool(listener.x_forwarded_for),
         forwarded_proto=(kind.scheme, listener.listener_port) if http and listener.x_forwarded_proto else None,
+        client_cert_headers=kind.terminates_tls and listener.client_certificate is not None,
         compression=COMPRESSIBLE_TYPES if http and listener.gzip else (),
         rules=rules,
         rule_variable=RULE_VARIABLE,

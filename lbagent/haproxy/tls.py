@@ -8,9 +8,15 @@ loads every file in it in name order, picks a certificate by SNI among their
 names, and falls back to the first file. A zero-padded index leads every file
 name so that the first certificate of the listener is that first file.
 
+Mutual TLS adds two files beside that directory, `<listener id>.ca.pem` and,
+with a revocation list, `<listener id>.crl.pem` (ids hold no '.', so neither
+can be a listener's directory), named by the bind line's `ca-file` and
+`crl-file` relative to the base file's `ca-base`. haproxy verifies the client
+certificate; the frontend passes its subject and the result to the backend.
+
 The files are handed to the manager next to the config text (`HaproxyConfig`),
-which writes them mode 0600; nothing here logs or returns their content other
-than through that mapping.
+which writes them mode 0600 and removes them with the listener; nothing here
+logs or returns their content other than through that mapping.
 """
 
 from __future__ import annotations
@@ -73,11 +79,19 @@ ALPN_H2 = "h2,http/1.1"
 
 
 @dataclass(frozen=True)
+class ClientCertView:
+    ca_file: str  # relative to ca-base
+    verify: str  # haproxy's: "required" or "optional"
+    crl_file: str | None
+
+
+@dataclass(frozen=True)
 class TlsBindView:
     crt: str  # certificate directory, relative to crt-base
     alpn: str | None
     min_version: str
     ciphers: str
+    client: ClientCertView | None = None
 
 
 def certificates_of(listener) -> list:
@@ -97,7 +111,48 @@ def tls_bind(lb_id: str, listener) -> TlsBindView:
         alpn=ALPN_H2 if listener.http2 else None,
         min_version=policy.min_version,
         ciphers=policy.ciphers,
+        client=_client_cert_view(lb_id, listener),
     )
+
+
+def _client_cert_view(lb_id: str, listener) -> ClientCertView | None:
+    client = listener.client_certificate
+    if client is None:
+        return None
+    names = client_cert_file_names(listener)
+    return ClientCertView(
+        ca_file=f"{lb_id}/{names[0]}",
+        verify=client.verify,
+        crl_file=f"{lb_id}/{names[1]}" if len(names) > 1 else None,
+    )
+
+
+def client_cert_file_names(listener) -> list[str]:
+    """The CA file, then the CRL file if there is one, relative to the load balancer's directory."""
+    client = listener.client_certificate
+    if client is None:
+        return []
+    return [f"{listener.id}.ca.pem"] + ([f"{listener.id}.crl.pem"] if client.crl else [])
+
+
+def client_cert_files(listener) -> dict[str, bytes]:
+    """Relative path -> PEM of the CA and the revocation list of a listener with mutual TLS."""
+    client = listener.client_certificate
+    if client is None:
+        return {}
+    contents = [client.ca, client.crl]
+    files = {}
+    for name, content in zip(client_cert_file_names(listener), contents):
+        _check_name(name)
+        files[name] = (content.strip() + "\n").encode("ascii")
+    return files
+
+
+def _check_name(name: str) -> None:
+    try:
+        check_file_name(name)  # ids become file names: defence in depth, as token() is for config words
+    except HaproxyError as exc:
+        raise RenderError(str(exc)) from None
 
 
 def certificate_files(listener) -> dict[str, bytes]:
@@ -107,10 +162,7 @@ def certificate_files(listener) -> dict[str, bytes]:
     files = {}
     for index, cert in enumerate(certificates):
         name = f"{listener.id}/{index:0{width}d}-{cert.id}.pem"
-        try:
-            check_file_name(name)  # ids become file names: defence in depth, as token() is for config words
-        except HaproxyError as exc:
-            raise RenderError(str(exc)) from None
+        _check_name(name)
         files[name] = _pem(cert.certificate, cert.private_key)
     return files
 

@@ -99,6 +99,7 @@ class ListenerView:
     source_table: tuple[str, int] | None  # (size, expire seconds) when per-source rates are kept
     forwardfor: bool
     forwarded_proto: tuple[str, int] | None  # (scheme, port) set in X-Forwarded-Proto and -Port; None: not set
+    client_cert_headers: bool  # X-SSL-Client-DN and -Verify set from the client certificate
     compression: tuple[str, ...]  # content types gzip compresses; () for none
     rules: tuple[RuleView, ...]
     rule_variable: str  # names the matching rule, set by the first rule that matches
