@@ -29,7 +29,7 @@ define apt_install
 	fi
 endef
 
-.PHONY: deps venv lint golden test unit functional test-scale demo demo-down bench bench-smoke clean
+.PHONY: deps venv lint golden test unit functional test-scale demo demo-down demo-ha bench bench-smoke bench-ha clean
 
 # haproxy's workers run as this system user (lbagent.toml [haproxy] user); its master stays root.
 HAPROXY_USER := lbagent-haproxy
@@ -72,6 +72,11 @@ demo: deps venv
 demo-down: venv
 	$(PY) -m devtools.demo down
 
+# Two gateway agents on a multi-host sandbox: one load balancer with `ha`, its active host killed,
+# the failover the client saw. Runs to completion and removes everything.
+demo-ha: deps venv
+	$(PY) -m devtools.demo_ha
+
 # 2,500 load balancers through one agent: serving, a reload, lbagent cleanup (about ten minutes).
 test-scale: deps venv
 	LBAGENT_SCALE=1 $(PY) -m pytest -p no:cacheprovider --timeout=1800 tests/functional/test_scale_ceiling.py $(PYTEST_ARGS)
@@ -82,6 +87,13 @@ bench: deps venv
 	$(if $(BENCH_PROFILE),$(PY) -m pip install -q py-spy)
 	LBAGENT_SANDBOX_WAIT=$${LBAGENT_SANDBOX_WAIT:-1200} $(PY) -m bench.run --n $(BENCH_N) \
 	  $(if $(BENCH_PROFILE),--profile) $(BENCH_ARGS)
+
+# High availability on a multi-host sandbox (H1-H6, about ten minutes): one table,
+# bench/results-ha.json. BENCH_HA_ARGS adds flags of `python -m bench.ha --help`
+# (e.g. --crashes 3 --h6-n 200 for a quick run).
+BENCH_HA_ARGS ?=
+bench-ha: deps venv
+	$(PY) -m bench.ha $(BENCH_HA_ARGS)
 
 # The benchmark's code path at N=3 with short durations (also part of `make test`).
 bench-smoke: deps venv
