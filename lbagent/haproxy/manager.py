@@ -42,6 +42,7 @@ import asyncio
 from collections.abc import Callable, Mapping
 from pathlib import Path
 
+from lbagent.haproxy.accesslog import AccessLogReader, log_address
 from lbagent.haproxy.batching import RELOAD_PACE, ReloadBatcher
 from lbagent.haproxy.candidate import StagedChange, discard
 from lbagent.haproxy.capacity import DEFAULT_LISTENER_MAXCONN
@@ -94,6 +95,7 @@ class HaproxyManager:
         )
         self._changes = Changes(shared, self._lb_locks, self._batches, LiveApplier(shared), self._reloader.check_base)
         self._lifecycle = Lifecycle(shared, self._reloader)
+        self.access_log = AccessLogReader(log_address(self.paths))
 
     def expect_changes_while(self, coming: Callable[[], bool]) -> None:
         """`coming()`: whether changes are on their way (see `ReloadBatcher`)."""
@@ -111,7 +113,8 @@ class HaproxyManager:
     # --- lifecycle -----------------------------------------------------------------
 
     async def start(self) -> None:
-        """Write the base file if it changed and adopt the running master, or start one."""
+        """Read access lines, write the base file if it changed and adopt the running master, or start one."""
+        await self.access_log.start()
         await self._lifecycle.start()
 
     async def stop(self) -> bool:
@@ -124,6 +127,7 @@ class HaproxyManager:
         for staged in await self._batches.close():
             await self._work.lb_work.run(discard, staged)
         await self.tidied()
+        self.access_log.close()
 
     async def tidied(self) -> None:
         """Returns once the staging directories of installed changes are gone (see `HaproxyWork.tidied`)."""

@@ -20,6 +20,7 @@ from __future__ import annotations
 import asyncio
 from pathlib import Path
 
+from lbagent.haproxy.accesslog import wants_access_log
 from lbagent.haproxy.candidate import StagedChange, discard, install_change, roll_back
 from lbagent.haproxy.capacity import frontend_limits, inherited_fd_limit, size
 from lbagent.haproxy.errors import HaproxyCheckError
@@ -105,7 +106,8 @@ class Reloader(Part):
         privileges = self._settings.privileges
         if privileges is not None and privileges.chroot is not None:
             make_jail(privileges.chroot)
-        limits = frontend_limits(read_lb_files(self._paths) if joined is None else joined)
+        files_text = read_lb_files(self._paths) if joined is None else joined
+        limits = frontend_limits(files_text)
         capacity = size(limits, self._settings.default_listener_maxconn, inherited_fd_limit(self._process.pid))
         text = render_base(
             self._paths.run_dir,
@@ -113,6 +115,7 @@ class Reloader(Part):
             listener_maxconn=self._settings.default_listener_maxconn,
             capacity=capacity,
             privileges=privileges,
+            access_log=wants_access_log(files_text),
         )
         if read_or_none(self._paths.base_cfg) == text:
             return False

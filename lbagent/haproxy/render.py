@@ -22,6 +22,7 @@ from lbagent.desired.fields import DEFAULT_DRAIN_TIMEOUT
 from lbagent.desired.memberoptions import options_of
 from lbagent.desired.members import Member
 from lbagent.desired.model import Listener
+from lbagent.haproxy.accesslog import log_format, log_target
 from lbagent.haproxy.capacity import DEFAULT_LISTENER_MAXCONN, PROMETHEUS_MAXCONN, Capacity
 from lbagent.haproxy.errors import RenderError
 from lbagent.haproxy.files import HaproxyPaths
@@ -114,6 +115,7 @@ def render_base(
     listener_maxconn: int = DEFAULT_LISTENER_MAXCONN,
     capacity: Capacity | None = None,
     privileges: Privileges | None = None,
+    access_log: bool = False,
 ) -> str:
     """The global/defaults file; `crt_base` (default: the live certificates directory) for checks.
 
@@ -132,6 +134,7 @@ def render_base(
         listener_maxconn=listener_maxconn,
         capacity=capacity,
         privileges=privileges,
+        access_log_target=log_target(paths) if access_log else None,
     )
 
 
@@ -233,6 +236,7 @@ def _listener_view(
         forwardfor=http and bool(listener.x_forwarded_for),
         forwarded_proto=(kind.scheme, listener.listener_port) if http and listener.x_forwarded_proto else None,
         client_cert_headers=kind.terminates_tls and listener.client_certificate is not None,
+        access_log_format=log_format(mode, listener.access_log_rate) if listener.access_log else None,
         compression=COMPRESSIBLE_TYPES if http and listener.gzip else (),
         rules=rules,
         rule_variable=RULE_VARIABLE,

@@ -100,6 +100,7 @@ class ListenerView:
     forwardfor: bool
     forwarded_proto: tuple[str, int] | None  # (scheme, port) set in X-Forwarded-Proto and -Port; None: not set
     client_cert_headers: bool  # X-SSL-Client-DN and -Verify set from the client certificate
+    access_log_format: str | None  # haproxy's log-format of its access lines (accesslog.log_format); None: no log
     compression: tuple[str, ...]  # content types gzip compresses; () for none
     rules: tuple[RuleView, ...]
     rule_variable: str  # names the matching rule, set by the first rule that matches
