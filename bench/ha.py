@@ -681,24 +681,21 @@ def run_ha_benchmark(config: HaConfig, output: Path | None, workdir: Path | None
     return results
 
 
-def main(argv: list[str] | None = None) -> int:
+def parse_args(argv: list[str] | None) -> tuple[HaConfig, argparse.Namespace]:
     parser = argparse.ArgumentParser(prog="python -m bench.ha", description=__doc__.splitlines()[0])
     defaults = HaConfig()
+    parser.add_argument("--output", type=Path, default=REPO / "bench" / "results-ha.json")
+    parser.add_argument("--strict", action="store_true", help="exit 1 when a target is missed or a phase failed")
     parser.add_argument("--crashes", type=int, default=defaults.crashes, help="H1 crashes of the active host")
     parser.add_argument("--restarts", type=int, default=defaults.restarts, help="H3 restarts of the active agent")
     parser.add_argument("--handovers", type=int, default=defaults.handovers, help="H5 planned handovers")
     parser.add_argument("--no-cut", action="store_true", help="skip H4")
     parser.add_argument(
-        "--h6-n", type=int, default=defaults.h6_n, help="H6 load balancers per host (the table scales to 1,000)"
+        "--h6-n", type=int, default=defaults.h6_n, help="H6 load balancers per host (the table extrapolates to 1,000)"
     )
     parser.add_argument("--h6-window", type=float, default=defaults.h6_window, help="H6 idle window, seconds")
     parser.add_argument("--h6-timeout", type=float, default=defaults.h6_timeout, help="H6 gives up building after")
-    parser.add_argument("--output", type=Path, default=REPO / "bench" / "results-ha.json")
-    parser.add_argument("--strict", action="store_true", help="exit 1 when a target is missed")
     args = parser.parse_args(argv)
-    if os.geteuid() != 0:
-        say("the benchmark needs root (network namespaces, OVS); run it as root")
-        return 2
     config = HaConfig(
         crashes=args.crashes,
         restarts=args.restarts,
@@ -708,16 +705,27 @@ def main(argv: list[str] | None = None) -> int:
         h6_window=args.h6_window,
         h6_timeout=args.h6_timeout,
     )
-    results = run_ha_benchmark(config, args.output)
-    m = results["machine"]
-    load = results["load_average"]
-    say(
-        f"\nlbagent high-availability benchmark, {time.strftime('%Y-%m-%d')}: {m['cpus']} CPUs ({m['cpu_model']}), "
+    return config, args
+
+
+def headline(results: dict[str, Any]) -> str:
+    m, load = results["machine"], results["load_average"]
+    return (
+        f"lbagent high-availability benchmark, {time.strftime('%Y-%m-%d')}: {m['cpus']} CPUs ({m['cpu_model']}), "
         f"Linux {m['kernel']}; {m['ovs']}; {m['ovn']}; {m['haproxy']}; commit {results['git']['commit'][:12]}"
         f"{' (lbagent/ modified)' if results['git']['dirty'] else ''}\n"
         f"load average {' '.join(map(str, load['before']))} before, {' '.join(map(str, load['after']))} after "
-        f"(a shared machine: figures under load are noisy)\n"
+        f"(a shared machine: figures under load are noisy)"
     )
+
+
+def main(argv: list[str] | None = None) -> int:
+    config, args = parse_args(argv)
+    if os.geteuid() != 0:
+        say("the high-availability benchmark needs root (namespaces, OVS, OVN); run it as root")
+        return 2
+    results = run_ha_benchmark(config, args.output)
+    say(f"\n{headline(results)}\n")
     say(report.table(results["rows"]))
     if results.get("errors"):
         say("\nphases that failed: " + "; ".join(f"{k}: {v}" for k, v in results["errors"].items()))

@@ -22,6 +22,7 @@ import shutil
 import signal
 import sys
 import time
+from collections.abc import Callable
 from pathlib import Path
 from types import FrameType
 
@@ -182,6 +183,19 @@ def _show_roles(mh: MultiHost, agents: dict[str, HostAgent], lsp: str) -> None:
     say(f"    SB binds {lsp} to chassis {bound}")
 
 
+def exit_status(demo: Callable[[], None]) -> int:
+    """Run the demo; its exit status, with what stopped it said."""
+    try:
+        demo()
+    except KeyboardInterrupt:
+        say("interrupted; the sandbox was removed")
+        return 130
+    except (WaitAborted, MultiHostError, CommandError, TimeoutError) as exc:
+        say(f"the demo failed: {exc}")
+        return 1
+    return 0
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m devtools.demo_ha", description=__doc__.splitlines()[0])
     parser.parse_args(argv)
@@ -189,15 +203,7 @@ def main(argv: list[str] | None = None) -> int:
         say("the demo needs root (network namespaces, OVS); run it as root")
         return 2
     signal.signal(signal.SIGTERM, _interrupt)
-    try:
-        run_demo()
-    except KeyboardInterrupt:
-        say("interrupted; the sandbox was removed")
-        return 130
-    except (WaitAborted, MultiHostError, CommandError, TimeoutError) as exc:
-        say(f"error: {exc}")
-        return 1
-    return 0
+    return exit_status(run_demo)
 
 
 if __name__ == "__main__":
