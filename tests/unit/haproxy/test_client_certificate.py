@@ -4,7 +4,6 @@ files, and the real haproxy asking for, verifying and passing on client certific
 from __future__ import annotations
 
 import contextlib
-import datetime
 import json
 import ssl
 import threading
@@ -14,74 +13,15 @@ from pathlib import Path
 
 import pytest
 from cryptography import x509
-from cryptography.hazmat.primitives import hashes, serialization
-from cryptography.hazmat.primitives.asymmetric import ec
-from cryptography.x509.oid import NameOID
 
 from lbagent.desired.members import Member
 from lbagent.desired.model import parse_desired_state
 from lbagent.errors import InvalidDesiredState
 from lbagent.haproxy.render import render_config
 from lbagent.haproxy.tls import client_cert_file_names
+from tests.unit.haproxy.clientca import Authority, pem_of
 from tests.unit.haproxy.test_render_http import running_haproxy
 from tests.unit.samples import WAIT, certificate, free_port, only_loadbalancer, state, write_checkable
-
-NOW = datetime.datetime.now(datetime.UTC)
-
-
-def _name(common_name: str) -> x509.Name:
-    return x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, common_name)])
-
-
-def _pem(cert: x509.Certificate) -> str:
-    return cert.public_bytes(serialization.Encoding.PEM).decode()
-
-
-def _key_pem(key) -> str:
-    return key.private_bytes(
-        serialization.Encoding.PEM, serialization.PrivateFormat.PKCS8, serialization.NoEncryption()
-    ).decode()
-
-
-class Authority:
-    """A CA that issues client certificates and revokes them."""
-
-    def __init__(self, common_name: str = "Test Clients CA"):
-        self.key = ec.generate_private_key(ec.SECP256R1())
-        self.name = _name(common_name)
-        self.cert = (
-            self._builder(self.name, self.key.public_key())
-            .add_extension(x509.BasicConstraints(ca=True, path_length=None), critical=True)
-            .sign(self.key, hashes.SHA256())
-        )
-        self.revoked: list[int] = []
-
-    def _builder(self, subject: x509.Name, public_key) -> x509.CertificateBuilder:
-        return (
-            x509.CertificateBuilder()
-            .subject_name(subject)
-            .issuer_name(self.name)
-            .public_key(public_key)
-            .serial_number(x509.random_serial_number())
-            .not_valid_before(NOW - datetime.timedelta(minutes=5))
-            .not_valid_after(NOW + datetime.timedelta(days=2))
-        )
-
-    def issue(self, common_name: str) -> tuple[x509.Certificate, str]:
-        key = ec.generate_private_key(ec.SECP256R1())
-        return self._builder(_name(common_name), key.public_key()).sign(self.key, hashes.SHA256()), _key_pem(key)
-
-    def crl(self, revoked: list[x509.Certificate] = ()) -> str:
-        builder = (
-            x509.CertificateRevocationListBuilder()
-            .issuer_name(self.name)
-            .last_update(NOW - datetime.timedelta(minutes=5))
-            .next_update(NOW + datetime.timedelta(days=2))
-        )
-        for cert in revoked:
-            entry = x509.RevokedCertificateBuilder().serial_number(cert.serial_number).revocation_date(NOW).build()
-            builder = builder.add_revoked_certificate(entry)
-        return builder.sign(self.key, hashes.SHA256()).public_bytes(serialization.Encoding.PEM).decode()
 
 
 @pytest.fixture(scope="module")
@@ -111,7 +51,7 @@ def mtls_config(port: int, backend_port: int, **client):
 
 
 def test_a_crl_that_is_no_crl_is_refused_at_its_path(authority):
-    listener = mtls_listener(8443, _pem(authority.cert), crl=_pem(authority.cert))
+    listener = mtls_listener(8443, pem_of(authority.cert), crl=pem_of(authority.cert))
     lb = {
         "id": "lb-m",
         "network": {"subnet_id": "net-1", "ip": "198.18.0.12", "mac": "00:22:0a:00:00:12"},
@@ -129,19 +69,19 @@ def test_a_crl_that_is_no_crl_is_refused_at_its_path(authority):
 
 
 def test_the_bind_line_asks_for_a_client_certificate_and_names_the_ca_and_crl_files(authority):
-    config = mtls_config(8443, 1025, ca=_pem(authority.cert), verify="optional", crl=authority.crl())
+    config = mtls_config(8443, 1025, ca=pem_of(authority.cert), verify="optional", crl=authority.crl())
     assert " ca-file lb-m/tls.ca.pem verify optional crl-file lb-m/tls.crl.pem" in config.text
     assert "http-request set-header X-SSL-Client-Verify none if !{ ssl_c_used }" in config.text
     assert set(config.files) == {"tls/0-srv.pem", "tls.ca.pem", "tls.crl.pem"}
-    assert config.files["tls.ca.pem"].decode().strip() == _pem(authority.cert).strip()
+    assert config.files["tls.ca.pem"].decode().strip() == pem_of(authority.cert).strip()
 
-    without_crl = mtls_config(8443, 1025, ca=_pem(authority.cert))
+    without_crl = mtls_config(8443, 1025, ca=pem_of(authority.cert))
     assert "crl-file" not in without_crl.text and "tls.crl.pem" not in without_crl.files
     assert client_cert_file_names(parse_state_listener(authority)) == ["tls.ca.pem"]
 
 
 def parse_state_listener(authority):
-    lb = only_loadbalancer("lb-m", [mtls_listener(8443, _pem(authority.cert))], [{"id": "g"}])
+    lb = only_loadbalancer("lb-m", [mtls_listener(8443, pem_of(authority.cert))], [{"id": "g"}])
     return lb.listeners[0]
 
 
@@ -182,7 +122,7 @@ def client_headers(port: int, tmp_path: Path, client: tuple[x509.Certificate, st
     context.verify_mode = ssl.CERT_NONE
     if client is not None:
         cert_file, key_file = tmp_path / "client.pem", tmp_path / "client.key"
-        cert_file.write_text(_pem(client[0]))
+        cert_file.write_text(pem_of(client[0]))
         key_file.write_text(client[1])
         context.load_cert_chain(cert_file, key_file)
     conn = HTTPSConnection("127.0.0.1", port, timeout=WAIT, context=context)
@@ -210,7 +150,7 @@ def serve(tmp_path: Path, backend_port: int, **client) -> tuple[int, contextlib.
 
 def test_required_refuses_a_client_without_a_certificate_and_passes_a_verified_subject(tmp_path, authority):
     with header_backend() as backend:
-        port, running = serve(tmp_path, backend, ca=_pem(authority.cert))
+        port, running = serve(tmp_path, backend, ca=pem_of(authority.cert))
         with running:
             assert refused(port, tmp_path)
             headers = client_headers(port, tmp_path, authority.issue("alice"))
@@ -220,7 +160,7 @@ def test_required_refuses_a_client_without_a_certificate_and_passes_a_verified_s
 
 def test_optional_admits_a_client_without_a_certificate_and_says_so(tmp_path, authority):
     with header_backend() as backend:
-        port, running = serve(tmp_path, backend, ca=_pem(authority.cert), verify="optional")
+        port, running = serve(tmp_path, backend, ca=pem_of(authority.cert), verify="optional")
         with running:
             assert client_headers(port, tmp_path) == {"x-ssl-client-dn": "", "x-ssl-client-verify": "none"}
             assert client_headers(port, tmp_path, authority.issue("bob"))["x-ssl-client-verify"] == "0"
@@ -229,7 +169,7 @@ def test_optional_admits_a_client_without_a_certificate_and_says_so(tmp_path, au
 def test_a_revoked_client_certificate_is_refused(tmp_path, authority):
     carol, dave = authority.issue("carol"), authority.issue("dave")
     with header_backend() as backend:
-        port, running = serve(tmp_path, backend, ca=_pem(authority.cert), crl=authority.crl([carol[0]]))
+        port, running = serve(tmp_path, backend, ca=pem_of(authority.cert), crl=authority.crl([carol[0]]))
         with running:
             assert refused(port, tmp_path, carol)
             assert client_headers(port, tmp_path, dave)["x-ssl-client-dn"] == "/CN=dave"
@@ -237,13 +177,13 @@ def test_a_revoked_client_certificate_is_refused(tmp_path, authority):
 
 async def test_the_ca_and_crl_are_written_0600_and_go_with_the_listener(manager, authority):
     port = free_port()
-    config = mtls_config(port, 1025, ca=_pem(authority.cert), crl=authority.crl())
+    config = mtls_config(port, 1025, ca=pem_of(authority.cert), crl=authority.crl())
     await manager.apply("lb-m", config.text, config.files)
     directory = manager.paths.lb_files_dir("lb-m")
     for name in ("tls.ca.pem", "tls.crl.pem"):
         assert (directory / name).stat().st_mode & 0o777 == 0o600
     groups = [{"id": "g", "backends": [{"id": "be-1", "address": "198.18.0.21", "port": 80}]}]
-    plain = {**mtls_listener(port, _pem(authority.cert)), "client_certificate": None}
+    plain = {**mtls_listener(port, pem_of(authority.cert)), "client_certificate": None}
     members = {"g": [Member("be-1", "198.18.0.21", 80, 1, "off", False, 1025)]}
     without = render_config(only_loadbalancer("lb-m", [plain], groups), "127.0.0.1", members, inner="127.0.0.1")
     await manager.apply("lb-m", without.text, without.files)
