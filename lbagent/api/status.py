@@ -47,8 +47,13 @@ def health_by_loadbalancer(server_states: dict[tuple[str, str], str]) -> dict[st
         merged = health.setdefault(lb_id, {})
         if merged.get(server) != "up":
             word = next((w for key, w in HEALTH_WORDS if raw.startswith(key)), "unknown")
-            merged[server] = ServerHealth(word, reason_of(raw), raw.since if isinstance(raw, ServerHealth) else None)
+            merged[server] = ServerHealth(word, reason_of(raw), *_moments(raw))
     return health
+
+
+def _moments(raw: str) -> tuple[datetime | None, datetime | None]:
+    """(since when, until when it drains) of haproxy's state of a server."""
+    return (raw.since, raw.drain_until) if isinstance(raw, ServerHealth) else (None, None)
 
 
 def _member_health(member, health: dict[str, str]) -> dict:

@@ -10,11 +10,13 @@ import subprocess
 import sys
 import time
 
+from test_traffic_options import start_agent
+
 from devtools.topology import self_signed_certificate
 from tests.unit.haproxy.clientca import Authority, pem_of
 
 from agentproc import wait_until
-from helpers import MAC, VIP, wait_bound
+from helpers import MAC, VIP
 from lbstate import backend, desired, loadbalancer, tcp_listener
 
 PRIMARY, SPARE = "198.18.0.21", "198.18.0.22"
@@ -42,15 +44,6 @@ DOWNLOAD = (
     "    total += len(data)\n"
     "print('closed', time.monotonic(), total, flush=True)\n"
 )
-
-
-def start_agent(agent_factory, vpc, lb_id: str, lb: dict):
-    vpc.add_lb_port(lb_id, MAC, VIP)
-    agent = agent_factory()
-    code, body = agent.refresh(desired(1, lb))
-    assert code == 200, body
-    wait_bound(agent, lb_id)
-    return agent
 
 
 def in_netns(host, code: str, *args: str, **popen) -> subprocess.Popen:

@@ -6,21 +6,23 @@ from __future__ import annotations
 import contextlib
 import json
 import ssl
-import threading
+import subprocess
+import sys
+import time
 from http.client import HTTPSConnection
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 
 import pytest
 from cryptography import x509
 
+from devtools.programs import HTTPD_CODE
 from lbagent.desired.members import Member
 from lbagent.desired.model import parse_desired_state
 from lbagent.errors import InvalidDesiredState
 from lbagent.haproxy.render import render_config
 from lbagent.haproxy.tls import client_cert_file_names
 from tests.unit.haproxy.clientca import Authority, pem_of
-from tests.unit.haproxy.test_render_http import running_haproxy
+from tests.unit.haproxy.test_render_http import port_accepts, running_haproxy
 from tests.unit.samples import WAIT, certificate, free_port, only_loadbalancer, state, write_checkable
 
 
@@ -88,35 +90,25 @@ def parse_state_listener(authority):
 # --- the real haproxy ----------------------------------------------------------------------------
 
 
-class HeaderBackend(BaseHTTPRequestHandler):
-    """Answers with the X-SSL-Client-* headers it got, as JSON (names in lowercase, as HTTP/2 and haproxy send them)."""
-
-    def do_GET(self):  # noqa: N802 - http.server's name
-        body = json.dumps(
-            {k.lower(): v for k, v in self.headers.items() if k.lower().startswith("x-ssl-client")}
-        ).encode()
-        self.send_response(200)
-        self.send_header("Content-Length", str(len(body)))
-        self.end_headers()
-        self.wfile.write(body)
-
-    def log_message(self, *args):
-        pass
-
-
 @contextlib.contextmanager
 def header_backend():
-    server = ThreadingHTTPServer(("127.0.0.1", 0), HeaderBackend)
-    threading.Thread(target=server.serve_forever, daemon=True).start()
+    """devtools' HTTP server on 127.0.0.1, answering with the request's headers (echo); its port."""
+    port = free_port()
+    server = subprocess.Popen([sys.executable, "-c", HTTPD_CODE, "mtls", str(port), json.dumps({"echo": True})])
     try:
-        yield server.server_address[1]
+        deadline = time.monotonic() + WAIT
+        while not port_accepts(port):
+            assert server.poll() is None and time.monotonic() < deadline, "the echo backend did not start"
+            time.sleep(0.02)
+        yield port
     finally:
-        server.shutdown()
-        server.server_close()
+        server.terminate()
+        server.wait(WAIT)
 
 
 def client_headers(port: int, tmp_path: Path, client: tuple[x509.Certificate, str] | None = None) -> dict:
-    """The X-SSL-Client-* headers the backend saw for one request; ssl.SSLError if the handshake fails."""
+    """The X-SSL-Client-* headers the backend saw for one request (names in lowercase);
+    ssl.SSLError if the handshake fails."""
     context = ssl.create_default_context()
     context.check_hostname = False
     context.verify_mode = ssl.CERT_NONE
@@ -128,7 +120,8 @@ def client_headers(port: int, tmp_path: Path, client: tuple[x509.Certificate, st
     conn = HTTPSConnection("127.0.0.1", port, timeout=WAIT, context=context)
     try:
         conn.request("GET", "/", headers={"X-SSL-Client-Verify": "forged"})
-        return json.loads(conn.getresponse().read())
+        seen = json.loads(conn.getresponse().read().decode().split("\n")[1])["headers"]
+        return {k.lower(): v for k, v in seen.items() if k.lower().startswith("x-ssl-client")}
     finally:
         conn.close()
 

@@ -13,7 +13,7 @@ from pathlib import Path
 
 import pytest
 
-from lbagent.api.status import loadbalancer_status
+from lbagent.api.status import health_by_loadbalancer, loadbalancer_status
 from lbagent.desired.members import Member
 from lbagent.haproxy.drains import DrainBook
 from lbagent.haproxy.health import ServerHealth, drain_remaining, with_drain_deadlines
@@ -170,7 +170,8 @@ def test_status_lists_the_servers_draining_with_the_seconds_left():
             None,
         ) * 6
 
-    document = loadbalancer_status(Task(), None, None, None, "lb-x", None, {"a": states[("be:lb-1:l", "a")]}, {})
+    health = health_by_loadbalancer(states)["lb-1"]
+    document = loadbalancer_status(Task(), None, None, None, "lb-x", None, health, {})
     assert document["draining"] == [{"id": "a", "remaining": 42}]
 
 
