@@ -119,8 +119,9 @@ class Agent:
             Timing(ovn.lease_seconds),
             ovn.restart_grace,
             self.worker.ha_loadbalancers,
-            lambda lb_id: copy_state(self.worker.tasks.get(lb_id)),
-            self.worker.ha_role_changed,
+            lambda lb_id: copy_state(self.worker.tasks.get(lb_id), self.worker.runtime.get(lb_id)),
+            present=lambda lb_id: self.worker.desired_loadbalancer(lb_id) is not None,
+            on_role=self.worker.ha_role_changed,
         )
         self.worker.ha_role = keeper.role
         return keeper

@@ -168,8 +168,9 @@ class LoadBalancerStatus(_Answer):
 class HandoverResult(_Answer):
     id: str
     # handed_over: another host took it; not_taken: no standby took it in time;
-    # not_active: this host does not hold it; not_ha: it has no `ha` here.
-    result: Literal["handed_over", "not_taken", "not_active", "not_ha"]
+    # not_active: this host does not hold it; not_ha: it has no `ha` here;
+    # unknown: contact with the Northbound database was lost meanwhile.
+    result: Literal["handed_over", "not_taken", "not_active", "not_ha", "unknown"]
     active_host: str | None = None
 
 

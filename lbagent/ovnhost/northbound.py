@@ -19,7 +19,7 @@ where the stale write finds its expectation broken and drops out: of two
 agents taking the same lease, one wins and the other learns it lost. All
 the writes of one tick go in one transaction.
 
-The IDL watches only `Logical_Switch_Port`'s name, options and external_ids.
+The IDL watches only `Logical_Switch_Port`'s name, options, external_ids and up.
 Every call blocks; the caller runs it on its own thread (`BlockingPool`).
 """
 
@@ -42,7 +42,8 @@ from lbagent.ovnhost.errors import OvsdbError, OvsdbUnavailable
 log = logging.getLogger(__name__)
 
 PORT_TABLE = "Logical_Switch_Port"
-WATCHED_COLUMNS = ["name", "options", "external_ids"]
+# `up`: northd's word that a chassis has the port bound and installed.
+WATCHED_COLUMNS = ["name", "options", "external_ids", "up"]
 KEY_PREFIX = "lbagent:"
 REQUESTED_CHASSIS = "requested-chassis"
 # Debian ships the schema with ovn-common's tools; without it the client asks the server.
@@ -56,6 +57,7 @@ class PortLease:
     name: str
     keys: dict[str, str] = field(default_factory=dict)
     requested_chassis: str = ""
+    up: bool | None = None  # None: northd has not said
 
 
 @dataclass(frozen=True)
@@ -84,7 +86,8 @@ class _ReadPorts(command.ReadOnlyCommand):
         for name in self.names:
             row = idlutils.row_by_value(self.api.idl, PORT_TABLE, "name", name, None)
             if row is not None:
-                found[name] = PortLease(name, _own_keys(row), row.options.get(REQUESTED_CHASSIS, ""))
+                up = row.up[0] if row.up else None  # an optional boolean: a list of none or one
+                found[name] = PortLease(name, _own_keys(row), row.options.get(REQUESTED_CHASSIS, ""), up)
         self.result = found
 
 

@@ -36,7 +36,7 @@ from lbagent.desired.ha import HighAvailability
 from lbagent.errors import LbAgentError
 from lbagent.metrics import HA_FAILOVERS, HA_RENEW_SECONDS
 from lbagent.naming import iface_id
-from lbagent.ovnhost.northbound import NorthboundClient, PortLease
+from lbagent.ovnhost.northbound import LeaseWrite, NorthboundClient, PortLease
 from lbagent.support.blocking import BlockingPool
 from lbagent.workers.lease import Copy, Decision, Lease, Timing, Watch, decide, write_for
 
@@ -57,7 +57,9 @@ class _Role:
     """What this host knows of one load balancer's lease."""
 
     watch: Watch
-    role: str = UNKNOWN
+    role: str | None = None  # None until the first tick that concerns it
+    ha: HighAvailability | None = None  # as last wanted
+    gave_away: bool = False  # handed over on request: no preempting it back
     active_host: str = ""
     term: int = 0
     since: str = field(default_factory=_now_iso)
@@ -85,6 +87,7 @@ class HaKeeper:
         restart_grace: float,
         loadbalancers: Callable[[], dict[str, HighAvailability]],
         copy_of: Callable[[str], Copy],
+        present: Callable[[str], bool] = lambda lb_id: False,
         on_role: Callable[[str], None] = lambda lb_id: None,
         clock: Callable[[], float] = time.monotonic,
     ):
@@ -96,6 +99,7 @@ class HaKeeper:
         self._restart_grace = restart_grace
         self._loadbalancers = loadbalancers
         self._copy_of = copy_of
+        self._present = present  # the load balancer is still wanted here (without `ha`)
         self._on_role = on_role
         self._clock = clock
         self._roles: dict[str, _Role] = {}
@@ -122,7 +126,8 @@ class HaKeeper:
     def role_counts(self) -> dict[str, int]:
         counts = dict.fromkeys(ROLES, 0)
         for found in self._roles.values():
-            counts[found.role] += 1
+            if found.role is not None:
+                counts[found.role] += 1
         return counts
 
     def in_contact(self) -> bool:
@@ -149,33 +154,68 @@ class HaKeeper:
 
     async def _tick(self) -> None:
         wanted = self._loadbalancers()
-        for lb_id in set(self._roles) - set(wanted):
+        gone = {lb_id: state for lb_id, state in self._roles.items() if lb_id not in wanted}
+        for lb_id in gone:
             del self._roles[lb_id]
-        if not wanted:
-            return
-        now = self._clock()
-        if not await self._contact(now):
+        if not await self._contact(self._clock()):
+            now = self._clock()
             for lb_id in wanted:
                 self._set_role(lb_id, self._role_of(lb_id, now), UNKNOWN, None, "out of contact with the Northbound")
             return
-        ports = await self._pool.run(self._nb.ports, [iface_id(lb_id) for lb_id in wanted])
+        leaving = {lb_id: state for lb_id, state in gone.items() if state.role == ACTIVE}
+        if not wanted and not leaving:
+            return
+        ports = await self._pool.run(self._nb.ports, [iface_id(lb_id) for lb_id in [*wanted, *leaving]])
+        now = self._clock()  # after the read: what it saw is at least this recent
         chassis = self._chassis()
         decided: list[tuple[str, PortLease, Decision]] = []
         for lb_id, ha in wanted.items():
             state = self._role_of(lb_id, now)
+            state.ha = ha
             port = ports.get(iface_id(lb_id))
             if port is None:
                 self._set_role(lb_id, state, STANDBY, Lease(), "no logical switch port")
                 continue
             self._expire_offer(lb_id, state, ha, now)
             decision = decide(
-                self.host, chassis, ha, port, state.watch, self._copy_of(lb_id), now, self.timing, self._offer(state)
+                self.host,
+                chassis,
+                ha,
+                port,
+                state.watch,
+                self._copy_of(lb_id),
+                now,
+                self.timing,
+                self._offer(state),
+                preempt=ha.preempt and not state.gave_away,
             )
             if decision.write is not None:
-                decided.append((lb_id, port, decision))
-            self._set_role(lb_id, state, None, Lease.of(port), "")
+                decided.append((lb_id, port, decision))  # its role follows from what commits
+            else:
+                self._set_role(lb_id, state, None, Lease.of(port), "")
+        for lb_id, state in leaving.items():
+            port = ports.get(iface_id(lb_id))
+            write = self._leaving(lb_id, state, port) if port is not None else None
+            if write is not None:
+                decided.append((lb_id, port, write))  # type: ignore[arg-type]
         if decided:
             await self._commit(decided, now)
+
+    def _leaving(self, lb_id: str, state: _Role, port: PortLease) -> Decision | None:
+        """A load balancer this host held is no longer one of its `ha` ones: gone from
+        here, it is offered to the next host at once (not after a lease time); still
+        here without `ha`, the lease keys go and requested-chassis keeps naming us."""
+        lease = Lease.of(port)
+        if lease.holder != self.host:
+            return None
+        if self._present(lb_id):
+            release = LeaseWrite(port.name, dict(port.keys), delete_keys=tuple(sorted(port.keys)))
+            return Decision(release, "release", "ha removed")
+        hosts = state.ha.hosts if state.ha is not None else []
+        after = [h for h in hosts[hosts.index(self.host) + 1 :] + hosts if h != self.host] if self.host in hosts else []
+        if not after:
+            return None
+        return Decision(write_for(port, lease.renewed(handover=after[0])), "offer", f"to {after[0]}: removed here")
 
     async def _contact(self, now: float) -> bool:
         """Whether the Northbound replica is live; connects when it is time to try."""
@@ -206,17 +246,22 @@ class HaKeeper:
 
     async def _commit(self, decided: list[tuple[str, PortLease, Decision]], now: float) -> None:
         started = time.monotonic()
-        applied = await self._pool.run(self._nb.commit, [decision.write for _, _, decision in decided])
-        HA_RENEW_SECONDS.observe(time.monotonic() - started)
+        try:
+            applied = await self._pool.run(self._nb.commit, [decision.write for _, _, decision in decided])
+        finally:  # a renewal that failed slowly is what a failover follows: it counts
+            HA_RENEW_SECONDS.observe(time.monotonic() - started)
         for (lb_id, port, decision), done in zip(decided, applied):
             state = self._roles.get(lb_id)
-            if state is None or not done or decision.write is None:
+            if state is None or decision.write is None:
+                continue
+            if not done:  # someone else's write came first: the next tick reads it
+                self._set_role(lb_id, state, None, Lease.of(port), "")
                 continue
             state.watch.renewed_at = now
             new = Lease.of(PortLease(port.name, {**port.keys, **decision.write.set_keys}))
             if decision.kind == "take":
-                state.last_failover_s = round(now - max(state.watch.changed_at, state.watch.first_seen), 3)
                 if decision.why.startswith("no renewal"):
+                    state.last_failover_s = round(now - max(state.watch.changed_at, state.watch.first_seen), 3)
                     HA_FAILOVERS.inc()
                 state.watch.observe(new, now)
                 state.offers = []
@@ -226,9 +271,10 @@ class HaKeeper:
         if lease is not None:
             role = role or (ACTIVE if lease.holder == self.host else STANDBY)
             state.active_host, state.term = lease.holder, lease.term
+        role = role or UNKNOWN
         if role == state.role:
             return
-        state.role, state.since = role or UNKNOWN, _now_iso()
+        state.role, state.since = role, _now_iso()
         log.info(
             "lb=%s object=ha action=role role=%s term=%d active_host=%s why=%r",
             lb_id,
@@ -270,6 +316,7 @@ class HaKeeper:
                 at = ha.hosts.index(self.host)
                 state.offers = [h for h in ha.hosts[at + 1 :] + ha.hosts[:at] if h != self.host]
                 state.offer_deadline = now + 2 * self.timing.lease
+                state.gave_away = True  # from the offer on: preempting would take it straight back
         deadline = time.monotonic() + timeout  # the caller's seconds, not the lease clock
         pending = [i for i in ids if i not in results]
         while pending and time.monotonic() < deadline:
@@ -292,9 +339,12 @@ class HaKeeper:
         state = self._roles.get(lb_id)
         if state is None:
             return {"id": lb_id, "result": "not_ha"}
-        if state.role != ACTIVE:
-            return {"id": lb_id, "result": "handed_over", "active_host": state.active_host or None}
         state.offers = []
+        if state.role == STANDBY and state.active_host not in ("", self.host):
+            return {"id": lb_id, "result": "handed_over", "active_host": state.active_host}
+        state.gave_away = False
+        if state.role == UNKNOWN:  # out of contact meanwhile: whether it moved is not known here
+            return {"id": lb_id, "result": "unknown", "active_host": None}
         return {"id": lb_id, "result": "not_taken", "active_host": self.host}
 
     # --- stopping -----------------------------------------------------------
@@ -325,9 +375,12 @@ class HaKeeper:
         log.info("object=ha action=grace leases=%d seconds=%g", sum(applied), self._restart_grace)
 
 
-def copy_state(task) -> Copy:
-    """The lease rules' view of a load balancer's task (None: no task yet)."""
+def copy_state(task, runtime=None) -> Copy:
+    """The lease rules' view of a load balancer's task (None: no task yet) and of
+    what its last pass observed."""
     if task is None:
         return Copy(built=False, failing=False)
     failing = task.state == "error"
-    return Copy(built=task.passed and not failing, failing=failing)
+    observation = getattr(runtime, "observation", None)
+    bound = observation.ovn_installed if observation is not None else None
+    return Copy(built=task.passed and not failing, failing=failing, bound=bound)

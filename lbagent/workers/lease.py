@@ -11,17 +11,21 @@ skew between hosts cannot cause a takeover), the single write it wants, if any.
 
 The rules, for host H and one load balancer:
 - H holds the lease: it renews it every `renew_interval`, unless its copy of
-  the load balancer is failing (then a standby takes over), and puts
-  `requested-chassis` back on its own chassis if anyone moved it.
+  the load balancer is failing or its port has not been bound within
+  `BIND_WITHIN` lease times (its ovn-controller is not there: then a standby
+  takes over), and puts `requested-chassis` back on its own chassis if
+  anyone moved it.
 - Nobody ever held it: the preferred host takes it at once; the host at rank
   r waits r lease times from when it first saw the port, so the preferred one
   wins when it is there.
 - Another host holds it: H takes it when it was offered to H, when H is
   preferred to the holder and `preempt` is on, or when H has seen no renewal
-  for the lease time (or the grace the holder asked for), plus a short step
-  per rank so the standbys do not all try at once; always only with a copy
-  that is built and not failing, and only while H is in contact with the
-  Northbound database for the whole time it measured.
+  for the lease time (or the grace the holder asked for, unless northd says
+  the port is down: a host shutting down stops its ovn-controller after its
+  agent), plus a short step per rank so the standbys do not all try at once;
+  always only with a copy that is built and not failing, a chassis name to
+  bind to, and only while H is in contact with the Northbound database for
+  the whole time it measured.
 Taking raises the term and moves `requested-chassis` in the same write;
 every write is a compare-and-swap on the keys it was decided on.
 """
@@ -40,6 +44,7 @@ GRACE = "lbagent:grace"
 HANDOVER = "lbagent:handover"
 RANK_STEP = 0.25  # of a lease time, between the tries of two standbys of different rank
 RENEWALS_PER_LEASE = 3
+BIND_WITHIN = 4  # lease times a new holder's port may take to be bound before it gives the lease up
 
 
 def _int(value: str | None) -> int:
@@ -116,6 +121,7 @@ class Watch:
     mark: tuple[int, int] | None = None
     changed_at: float = 0.0  # when `mark` last changed
     renewed_at: float | None = None  # when this host last wrote the lease
+    unbound_since: float | None = None  # holding, built, and the port not bound yet: since when
 
     def observe(self, lease: Lease, now: float) -> None:
         if lease.mark != self.mark:
@@ -128,6 +134,7 @@ class Copy:
 
     built: bool  # its pass succeeded at least once and it is not failing now
     failing: bool
+    bound: bool | None = None  # its OVS port is ovn-installed (None: not known yet)
 
 
 @dataclass(frozen=True)
@@ -159,13 +166,18 @@ def decide(
     now: float,
     timing: Timing,
     offer_to: str = "",
+    preempt: bool | None = None,
 ) -> Decision:
     """The one write host `me` wants for this lease now (see the module's docstring);
-    `offer_to`: the host this holder offers the lease to ("" for none)."""
+    `offer_to`: the host this holder offers the lease to ("" for none); `preempt`:
+    `ha.preempt` unless this host gave the lease away on purpose."""
     lease = Lease.of(port)
     watch.observe(lease, now)
+    if not chassis:
+        return NOTHING  # nothing to bind to: taking would let every chassis claim the port
     if lease.holder == me:
         return _as_holder(port, lease, watch, copy, now, timing, chassis, offer_to)
+    watch.unbound_since = None
     if not copy.built or copy.failing:
         return NOTHING
     take = Decision(write_for(port, lease.taken_by(me), chassis), "take")
@@ -174,11 +186,12 @@ def decide(
         return replace(take, why="unheld") if waited >= ha.rank(me) * timing.lease else NOTHING
     if lease.handover == me:
         return replace(take, why=f"offered by {lease.holder}")
-    if ha.preempt and ha.rank(me) < ha.rank(lease.holder):
+    if (ha.preempt if preempt is None else preempt) and ha.rank(me) < ha.rank(lease.holder):
         return replace(take, why=f"preempting {lease.holder}")
     silent = now - max(watch.changed_at, watch.first_seen)
     standbys = [host for host in ha.hosts if host != lease.holder]
-    wait = max(timing.lease, lease.grace) + RANK_STEP * timing.lease * standbys.index(me)
+    grace = lease.grace if port.up is not False else 0.0
+    wait = max(timing.lease, grace) + RANK_STEP * timing.lease * standbys.index(me)
     if silent >= wait:
         return replace(take, why=f"no renewal from {lease.holder} for {silent:.2f}s")
     return NOTHING
@@ -195,8 +208,13 @@ def _as_holder(
     offer_to: str,
 ) -> Decision:
     rebind = chassis if port.requested_chassis != chassis else None
-    if copy.failing and rebind is None:
-        return NOTHING  # let a standby with a working copy take over
+    if copy.built and copy.bound is False:
+        watch.unbound_since = watch.unbound_since if watch.unbound_since is not None else now
+    else:
+        watch.unbound_since = None
+    unbindable = watch.unbound_since is not None and now - watch.unbound_since >= BIND_WITHIN * timing.lease
+    if (copy.failing or unbindable) and rebind is None:
+        return NOTHING  # let a standby with a working copy, and an ovn-controller, take over
     renewed = lease.renewed(handover=offer_to)
     if lease.handover != offer_to:
         kind, why = ("offer", f"to {offer_to}") if offer_to else ("renew", "offer withdrawn")

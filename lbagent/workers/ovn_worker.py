@@ -378,6 +378,8 @@ class OvnWorker(ReadinessWatch):
         except KeyError:
             return None
 
+    desired_loadbalancer = _lb  # the accepted model of one load balancer, None if it is not wanted
+
     # --- one pass ------------------------------------------------------------
 
     async def reconcile(self, lb_id: str) -> int:

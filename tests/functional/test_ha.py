@@ -352,3 +352,35 @@ def test_a_partitioned_active_host_loses_its_load_balancer_and_steps_down_when_h
         wait_roles(lb, agents, active="gw-2", timeout=60)
     assert watcher.bindings == [chassis(multihost, "gw-1"), chassis(multihost, "gw-2")]  # one move, no flapping
     assert lb.lease()["lbagent:holder"] == "gw-2"
+
+
+def test_the_active_host_taken_out_offers_its_load_balancer_on_at_once(multihost, make):
+    lb, agents = make()
+    lb.push(agents)
+    wait_roles(lb, agents, active="gw-1")
+    started = time.monotonic()
+    code, answer = agents["gw-1"].refresh(lb.body(present=False), wait=WAIT)
+    assert code == 200, answer
+    wait_until(lambda: role_of(agents["gw-2"], lb) == "active", 15, "gw-2 to take the offered lease")
+    taken = time.monotonic() - started
+    wait_until(lb.serves, 15, "the VIP through gw-2")
+    # Offered as gw-1 went, not waited out: the handover is on record, not a silent holder.
+    assert agents["gw-2"].ha(lb.id)["last_failover_s"] is None
+    assert "lbagent_ha_failovers_total 0.0" in agents["gw-2"].request("GET", "/metrics")[1]
+    print(f"taken out: gw-2 active {taken:.2f}s after the refresh that removed it from gw-1")
+
+
+def test_a_host_shutting_down_is_taken_over_without_waiting_for_the_grace(multihost, make):
+    lb, agents = make()
+    lb.push(agents)
+    wait_roles(lb, agents, active="gw-1")
+    wait_until(lb.serves, 15, "the VIP to answer through gw-1")
+    agents["gw-1"].stop()  # the agent goes first and asks for its 30 s of grace
+    assert lb.lease().get("lbagent:grace") == "30"
+    stopped = time.monotonic()
+    multihost.host("gw-1").appctl("ovn-controller", "exit")  # then ovn-controller, as a shutdown does
+    wait_until(lambda: role_of(agents["gw-2"], lb) == "active", 15, "gw-2 to take over before the grace ends")
+    assert time.monotonic() - stopped < 15
+    wait_until(lb.serves, 15, "the VIP through gw-2")
+    multihost.host("gw-1").crash()  # the rest of the shutdown; then the host boots again
+    multihost.host("gw-1").revive()

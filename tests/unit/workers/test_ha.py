@@ -87,19 +87,22 @@ class Clock:
 class Host:
     def __init__(self, db: FakeNorthbound, clock: Clock, name: str, ha=HA, grace: float = 30.0):
         self.nb = db.view(name)
-        self.copy = Copy(built=True, failing=False)
+        self.copy = Copy(built=True, failing=False, bound=True)
         self.roles: list[str] = []
         self.ha = ha
+        self.present = False  # the load balancer stays here once its `ha` is gone
+        self.chassis = f"ch-{name}"
         self.keeper = HaKeeper(
             self.nb,
             name,
-            lambda: f"ch-{name}",
+            lambda: self.chassis,
             Timing(LEASE),
             grace,
             lambda: {"lb-1": self.ha} if self.ha is not None else {},
             lambda lb_id: self.copy,
-            lambda lb_id: self.roles.append(self.keeper.role(lb_id)),
-            clock,
+            present=lambda lb_id: self.present,
+            on_role=lambda lb_id: self.roles.append(self.keeper.role(lb_id)),
+            clock=clock,
         )
 
 
@@ -131,7 +134,8 @@ async def test_the_preferred_host_takes_a_new_lease_and_the_other_stands_by(worl
     assert holder(db) == ("gw-1", "ch-gw-1")
     assert (gw1.keeper.role("lb-1"), gw2.keeper.role("lb-1")) == (ACTIVE, STANDBY)
     assert gw2.keeper.status("lb-1")["active_host"] == "gw-1"
-    assert gw1.roles == [STANDBY, ACTIVE] or gw1.roles == [ACTIVE]
+    assert gw1.roles == [ACTIVE]  # took it in its first tick
+    assert gw2.roles == [STANDBY]
 
 
 async def test_renewals_keep_the_lease_and_all_of_a_tick_go_in_one_transaction(world):
@@ -289,11 +293,94 @@ async def test_a_missing_port_leaves_the_host_standing_by_and_an_unreachable_nb_
     assert gw1.keeper.role("lb-1") is None
 
 
-def test_copy_state_reads_a_task():
+def test_copy_state_reads_a_task_and_its_observation():
     class Task:
         passed, state = True, "pending"
 
+    class Runtime:
+        class observation:  # noqa: N801 - stands for a HostObservation
+            ovn_installed = False
+
     assert copy_state(None) == Copy(built=False, failing=False)
-    assert copy_state(Task()) == Copy(built=True, failing=False)
+    assert copy_state(Task()) == Copy(built=True, failing=False, bound=None)
+    assert copy_state(Task(), Runtime()) == Copy(built=True, failing=False, bound=False)
     Task.state = "error"
     assert copy_state(Task()) == Copy(built=False, failing=True)
+
+
+async def test_a_grace_is_cut_short_when_northd_says_the_port_is_down(world):
+    db, clock, gw1, gw2 = world
+    await tick_all(clock, gw1, gw2, seconds=1)
+    await gw1.keeper.stop()  # a host shutting down: its agent first, then its ovn-controller
+    port = db.ports_by_name[PORT]
+    db.ports_by_name[PORT] = PortLease(PORT, port.keys, port.requested_chassis, up=False)
+    await tick_all(clock, gw2, seconds=LEASE + 0.5)
+    assert holder(db)[0] == "gw-2"
+
+
+async def test_a_holder_whose_port_never_binds_gives_the_lease_up(world):
+    db, clock, gw1, gw2 = world
+    await tick_all(clock, gw1, gw2, seconds=1)
+    gw1.copy = Copy(built=True, failing=False, bound=False)  # its ovn-controller is gone
+    await tick_all(clock, gw1, gw2, seconds=4 * LEASE - 0.5)
+    assert holder(db)[0] == "gw-1"
+    await tick_all(clock, gw1, gw2, seconds=LEASE + 1)
+    assert holder(db)[0] == "gw-2"
+
+
+async def test_no_chassis_name_no_take(world):
+    db, clock, gw1, _ = world
+    gw1.chassis = ""
+    await tick_all(clock, gw1, seconds=3)
+    assert holder(db) == ("", "")
+
+
+async def test_a_handed_over_load_balancer_is_not_preempted_back():
+    db, clock = FakeNorthbound(), Clock()
+    preempting = HighAvailability(hosts=["gw-1", "gw-2"], preempt=True)
+    gw1, gw2 = Host(db, clock, "gw-1", preempting), Host(db, clock, "gw-2", preempting)
+    await tick_all(clock, gw1, gw2, seconds=1)
+    asked = asyncio.ensure_future(gw1.keeper.handover(["lb-1"], timeout=10))
+    await asyncio.sleep(0)
+    await tick_all(clock, gw1, gw2, seconds=0.5)
+    assert (await asked)[0]["result"] == "handed_over"
+    await tick_all(clock, gw1, gw2, seconds=5)
+    assert holder(db)[0] == "gw-2"
+
+
+async def test_a_held_load_balancer_removed_here_is_offered_on_at_once(world):
+    db, clock, gw1, gw2 = world
+    await tick_all(clock, gw1, gw2, seconds=1)
+    gw1.ha = None  # the region controller took gw-1 out: the load balancer is gone from it
+    await tick_all(clock, gw1, gw2, seconds=0.3)
+    assert holder(db)[0] == "gw-2"  # well before a lease time
+
+
+async def test_a_held_load_balancer_that_loses_ha_releases_the_lease_and_keeps_its_binding(world):
+    db, clock, gw1, gw2 = world
+    await tick_all(clock, gw1, seconds=1)
+    gw1.ha, gw1.present = None, True
+    await tick_all(clock, gw1, seconds=0.3)
+    assert db.ports_by_name[PORT].keys == {}
+    assert db.ports_by_name[PORT].requested_chassis == "ch-gw-1"
+
+
+async def test_out_of_contact_from_the_start_is_unknown_and_said_so():
+    db, clock = FakeNorthbound(), Clock()
+    gw1 = Host(db, clock, "gw-1")
+    gw1.nb.reachable = False
+    await gw1.keeper.tick()
+    assert gw1.keeper.role("lb-1") == UNKNOWN
+    assert gw1.roles == [UNKNOWN]  # readiness hears of it: the host serves as it was
+
+
+async def test_a_handover_whose_outcome_is_not_known_says_so(world):
+    db, clock, gw1, gw2 = world
+    await tick_all(clock, gw1, gw2, seconds=1)
+    gw2.copy = Copy(built=False, failing=False)
+    asked = asyncio.ensure_future(gw1.keeper.handover(["lb-1"], timeout=10))
+    await asyncio.sleep(0)
+    await tick_all(clock, gw1, seconds=0.3)
+    gw1.nb.reachable = False
+    await tick_all(clock, gw1, seconds=4)
+    assert (await asked)[0]["result"] == "unknown"
