@@ -88,7 +88,7 @@ bench: deps venv
 	LBAGENT_SANDBOX_WAIT=$${LBAGENT_SANDBOX_WAIT:-1200} $(PY) -m bench.run --n $(BENCH_N) \
 	  $(if $(BENCH_PROFILE),--profile) $(BENCH_ARGS)
 
-# High availability on a multi-host sandbox (H1-H6, about ten minutes): one table,
+# High availability on a multi-host sandbox (H1-H6, about four minutes): one table,
 # bench/results-ha.json. BENCH_HA_ARGS adds flags of `python -m bench.ha --help`
 # (e.g. --crashes 3 --h6-n 200 for a quick run).
 BENCH_HA_ARGS ?=
