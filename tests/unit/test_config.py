@@ -57,6 +57,7 @@ def test_defaults(tmp_path: Path, token_file: Path) -> None:
     assert config.agent.resync_interval == 30
     assert config.agent.gc_max_deletions_per_pass == 50
     assert (config.agent.log_format, config.agent.log_level) == ("text", "info")
+    assert config.agent.inner_prefix6 == "fd4c:4241::/48"
     assert config.api.listen == "127.0.0.1:9680"
     assert (config.api.address.host, config.api.address.port) == ("127.0.0.1", 9680)
     assert config.api.max_body_bytes == DEFAULT_MAX_BODY_BYTES == 16 * 1024 * 1024
@@ -155,6 +156,29 @@ def test_a_missing_haproxy_group_is_named_at_load(tmp_path: Path) -> None:
 )
 def test_bad_haproxy_keys(tmp_path: Path, line: str, message: str) -> None:
     path = write_config(tmp_path, f'[api]\nlisten = "unix:{tmp_path}/api.sock"\n[haproxy]\n{line}\n')
+    with pytest.raises(ConfigError, match=message):
+        load_config(path)
+
+
+def test_inner_prefix6_is_kept_in_its_canonical_spelling(tmp_path: Path) -> None:
+    text = f'[api]\nlisten = "unix:{tmp_path}/api.sock"\n[agent]\ninner_prefix6 = "FD00:0:0:7::/64"\n'
+    path = write_config(tmp_path, text)
+    assert load_config(path).agent.inner_prefix6 == "fd00:0:0:7::/64"
+
+
+@pytest.mark.parametrize(
+    ("value", "message"),
+    [
+        ("169.254.0.0/16", r"invalid agent\.inner_prefix6 .*IPv6 prefix"),
+        ("fd4c:4241::1/48", r"invalid agent\.inner_prefix6 .*host bits"),
+        ("2001:db8::/48", r"invalid agent\.inner_prefix6 .*unique local"),
+        ("fd00::/40", r"invalid agent\.inner_prefix6 .*/48 to /112"),
+        ("fd00::/120", r"invalid agent\.inner_prefix6 .*/48 to /112"),
+    ],
+)
+def test_bad_inner_prefix6(tmp_path: Path, value: str, message: str) -> None:
+    text = f'[api]\nlisten = "unix:{tmp_path}/api.sock"\n[agent]\ninner_prefix6 = "{value}"\n'
+    path = write_config(tmp_path, text)
     with pytest.raises(ConfigError, match=message):
         load_config(path)
 
