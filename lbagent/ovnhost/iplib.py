@@ -154,7 +154,7 @@ class Netlink:
 
     def all_addresses(self) -> set[str]:
         """Every address of either family in this namespace (what an allocation must avoid)."""
-        found = set()
+        found: set[str] = set()
         for family in (socket.AF_INET, socket.AF_INET6):
             found.update(m.get("address") for m in self._call("dump addresses", "", self._ipr.get_addr, family=family))
         return found
