@@ -68,6 +68,9 @@ def inner_prefix6_space(prefix: str) -> PairSpace:
 class PairAllocator:
     def __init__(self, allocated: dict[str, AddressPair] | None = None, space: PairSpace | None = None):
         self._pairs: dict[str, AddressPair] = dict(allocated or {})
+        # Kept as pairs come and go: a refresh of a thousand new load balancers
+        # would otherwise gather every address again for each of them.
+        self._used = {address for pair in self._pairs.values() for address in (pair.inner, pair.outer)}
         self._space = space or link_local_space()
         self._cursor = self._space.first
 
@@ -83,9 +86,6 @@ class PairAllocator:
         existing = self._pairs.get(key)
         if existing is not None:
             return existing
-        taken = set(host_addresses)
-        for pair in self._pairs.values():
-            taken.update((pair.inner, pair.outer))
         space = self._space
         slots = (space.last - space.first + 1) // 2
         start = (self._cursor - space.first) // 2
@@ -95,14 +95,17 @@ class PairAllocator:
             if inner in space.reserved or inner + 1 in space.reserved:
                 continue
             candidate = AddressPair(space.text(inner), space.text(inner + 1))
-            if candidate.inner not in taken and candidate.outer not in taken:
+            if not any(a in self._used or a in host_addresses for a in (candidate.inner, candidate.outer)):
                 self._pairs[key] = candidate
+                self._used.update((candidate.inner, candidate.outer))
                 self._cursor = inner + 2
                 return candidate
         raise ExhaustedError(f"no free {space.name} address pair left for a load balancer")
 
     def release(self, key: str) -> None:
-        self._pairs.pop(key, None)
+        pair = self._pairs.pop(key, None)
+        if pair is not None:
+            self._used.difference_update((pair.inner, pair.outer))
 
 
 def assign_ports(current: dict[str, int], keys: list[str]) -> dict[str, int]:
