@@ -13,6 +13,7 @@ and run directories): `private_dir` makes them, or tightens them to 0700.
 
 from __future__ import annotations
 
+import ipaddress
 import json
 import logging
 import os
@@ -67,9 +68,19 @@ class Allocation:
         if not isinstance(ports, dict) or not all(isinstance(p, int) for p in ports.values()):
             raise StateFileError("allocation ports must map keys to integers")
         inner6, outer6 = data.get("inner6"), data.get("outer6")
-        if (inner6 is None) != (outer6 is None) or not all(isinstance(a, str | None) for a in (inner6, outer6)):
-            raise StateFileError("an allocation's inner6 and outer6 must be two addresses or both absent")
+        if (inner6 is None) != (outer6 is None) or not all(_ipv6_or_none(a) for a in (inner6, outer6)):
+            raise StateFileError("an allocation's inner6 and outer6 must be two IPv6 addresses or both absent")
         return cls(str(data["inner"]), str(data["outer"]), int(data.get("salt", 0)), dict(ports), inner6, outer6)
+
+
+def _ipv6_or_none(value: object) -> bool:
+    if value is None:
+        return True
+    try:
+        ipaddress.IPv6Address(value if isinstance(value, str) else "")
+    except ValueError:
+        return False
+    return True
 
 
 @dataclass

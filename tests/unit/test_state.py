@@ -57,11 +57,14 @@ def test_the_ipv6_pair_reads_back_and_a_file_without_one_still_loads(tmp_path):
     assert "inner6" not in written["lb-2"]  # as files without IPv6 pairs have it
 
 
-def test_half_an_ipv6_pair_is_a_corrupt_file(tmp_path):
+@pytest.mark.parametrize(
+    "pair", [{"inner6": "fd4c:4241::2"}, {"inner6": "fd4c:4241::2", "outer6": "169.254.0.101"}, {"outer6": 7}]
+)
+def test_a_broken_ipv6_pair_is_a_corrupt_file(tmp_path, pair):
     store = StateStore(tmp_path)
     store.save(PersistedState(DESIRED, {"lb-1": Allocation("169.254.0.100", "169.254.0.101")}))
     data = json.loads(store.path.read_bytes())
-    data["allocations"]["lb-1"]["inner6"] = "fd4c:4241::2"
+    data["allocations"]["lb-1"].update(pair)
     store.path.write_text(json.dumps(data))
     with pytest.raises(StateFileError, match="inner6 and outer6"):
         store.load()
