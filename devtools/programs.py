@@ -22,7 +22,7 @@ HTTPD_MARKER = "lbagent-devtools-httpd"
 HTTPD_CODE = (
     f"# {HTTPD_MARKER}\n"
     + """
-import http.server, json, ssl, sys
+import http.server, json, socket, ssl, sys
 TEXT = sys.argv[1]
 OPTIONS = json.loads(sys.argv[3]) if len(sys.argv) > 3 else {}
 
@@ -39,7 +39,9 @@ class Handler(http.server.BaseHTTPRequestHandler):
         if not OPTIONS.get("echo"):
             return (TEXT + "\\n").encode()
         headers = {name: ", ".join(self.headers.get_all(name)) for name in self.headers.keys()}
-        seen = {"peer": self.client_address[0], "path": self.path, "headers": headers, "proxy": self.proxy_line}
+        # An IPv4 peer of the dual-stack socket is shown as IPv4, not as ::ffff:a.b.c.d.
+        peer = self.client_address[0].removeprefix("::ffff:")
+        seen = {"peer": peer, "path": self.path, "headers": headers, "proxy": self.proxy_line}
         return (TEXT + "\\n" + json.dumps(seen) + "\\n").encode()
 
     def _answer(self, with_body=True):
@@ -64,8 +66,17 @@ class Handler(http.server.BaseHTTPRequestHandler):
 
 if OPTIONS.get("http11"):
     Handler.protocol_version = "HTTP/1.1"
-http.server.ThreadingHTTPServer.allow_reuse_address = True
-server = http.server.ThreadingHTTPServer(("0.0.0.0", int(sys.argv[2])), Handler)
+
+# One socket for IPv4 and IPv6 clients.
+class DualStackServer(http.server.ThreadingHTTPServer):
+    address_family = socket.AF_INET6
+    allow_reuse_address = True
+
+    def server_bind(self):
+        self.socket.setsockopt(socket.IPPROTO_IPV6, socket.IPV6_V6ONLY, 0)
+        super().server_bind()
+
+server = DualStackServer(("::", int(sys.argv[2])), Handler)
 if OPTIONS.get("tls"):
     context = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)
     context.load_cert_chain(*OPTIONS["tls"])

@@ -19,8 +19,10 @@ any `Hypervisor`: by default the sandbox's own OVS in the host namespace; a
 simulated host of `devtools.multihost` runs the same commands through its
 `launcher` (a command prefix that enters its namespaces).
 
-Addresses must lie in 198.18.0.0/15: the benchmarking range, routed nowhere
-on the test machines.
+Addresses must lie in 198.18.0.0/15, the benchmarking range, and IPv6 ones
+in 2001:db8::/32, the documentation prefix: both routed nowhere on the test
+machines. A subnet may have an IPv6 prefix as well (`cidr6`, `gateway6`): its
+hosts and load balancer ports then carry both addresses.
 """
 
 from __future__ import annotations
@@ -52,6 +54,7 @@ from devtools.sandbox import (
 # which the tests import from here.
 __all__ = [
     "ALLOWED_RANGE",
+    "ALLOWED_RANGE6",
     "CommandError",
     "Hypervisor",
     "OvnNorthbound",
@@ -63,6 +66,7 @@ __all__ = [
 ]
 
 ALLOWED_RANGE = ipaddress.IPv4Network("198.18.0.0/15")
+ALLOWED_RANGE6 = ipaddress.IPv6Network("2001:db8::/32")
 PREFIX_RE = re.compile(r"^[a-z][a-z0-9]{0,7}$")
 ROUTER_MAC = "00:00:5e:00:53:01"  # RFC 7042 documentation MAC range
 NS_IFNAME = "eth0"
@@ -114,13 +118,16 @@ def lb_port_name(lb_id: str) -> str:
     return f"iface/lb/{lb_id}"
 
 
-def _check_in_range(value: ipaddress.IPv4Address | ipaddress.IPv4Network, what: str) -> None:
-    if isinstance(value, ipaddress.IPv4Network):
-        inside = value.subnet_of(ALLOWED_RANGE)
+def _check_in_range(
+    value: ipaddress.IPv4Address | ipaddress.IPv4Network | ipaddress.IPv6Address | ipaddress.IPv6Network, what: str
+) -> None:
+    allowed = ALLOWED_RANGE if value.version == 4 else ALLOWED_RANGE6
+    if isinstance(value, ipaddress.IPv4Network | ipaddress.IPv6Network):
+        inside = value.subnet_of(allowed)  # type: ignore[arg-type]  # same family, checked above
     else:
-        inside = value in ALLOWED_RANGE
+        inside = value in allowed
     if not inside:
-        raise ValueError(f"{what} {value} is outside {ALLOWED_RANGE}: test addresses must stay in it")
+        raise ValueError(f"{what} {value} is outside {allowed}: test addresses must stay in it")
 
 
 def _parse_subnet(cidr: str, gateway: str) -> tuple[ipaddress.IPv4Network, ipaddress.IPv4Address]:
@@ -131,6 +138,28 @@ def _parse_subnet(cidr: str, gateway: str) -> tuple[ipaddress.IPv4Network, ipadd
     return net, gw
 
 
+def _parse_subnet6(cidr6: str, gateway6: str) -> tuple[ipaddress.IPv6Network, ipaddress.IPv6Address] | None:
+    """The subnet's IPv6 prefix and gateway; None for a subnet without (both empty)."""
+    if not cidr6 and not gateway6:
+        return None
+    if not cidr6 or not gateway6:
+        raise ValueError("an IPv6 subnet needs both cidr6 and gateway6")
+    net, gw = ipaddress.IPv6Network(cidr6), ipaddress.IPv6Address(gateway6)
+    _check_in_range(net, "subnet")
+    if gw not in net:
+        raise ValueError(f"gateway {gw} is not in {net}")
+    return net, gw
+
+
+def _address_in(ip: str, cidr: str, what: str) -> str:
+    """`ip` in canonical form, refused unless inside the test ranges and `cidr`."""
+    addr = ipaddress.ip_address(ip)
+    _check_in_range(addr, what)
+    if not cidr or addr not in ipaddress.ip_network(cidr):
+        raise ValueError(f"{what} {addr} is not in subnet {cidr or '(the subnet has no IPv6 prefix)'}")
+    return str(addr)
+
+
 @dataclass
 class _Subnet:
     cidr: str
@@ -138,10 +167,16 @@ class _Subnet:
     switch: str
     router_port: str
     switch_router_port: str
+    cidr6: str = ""
+    gateway6: str = ""
 
     @property
     def prefixlen(self) -> int:
         return ipaddress.ip_network(self.cidr).prefixlen
+
+    @property
+    def prefixlen6(self) -> int:
+        return ipaddress.ip_network(self.cidr6).prefixlen
 
 
 @dataclass
@@ -155,6 +190,7 @@ class VpcHost:
     lsp: str
     host_if: str
     subnet: int = 0
+    ip6: str = ""  # "": IPv4 only
     http_port: int | None = None
     http_pid: int | None = None
     hypervisor: str = ""  # key of the Vpc's hypervisor it lives on ("": the sandbox)
@@ -167,8 +203,11 @@ class VpcHost:
 
     def curl(self, url: str, timeout: float = 5) -> str:
         """GET `url` from inside the namespace; return the body (CommandError on failure)."""
-        # --noproxy: an http_proxy in the environment must not divert VPC traffic.
-        return self.run("curl", "-sS", "--fail", "--noproxy", "*", "--max-time", str(timeout), url, timeout=timeout + 5)
+        # --noproxy: an http_proxy in the environment must not divert VPC traffic;
+        # --globoff: the brackets of an IPv6 URL are the address, not a pattern.
+        return self.run(
+            "curl", "-sS", "--fail", "--globoff", "--noproxy", "*", "--max-time", str(timeout), url, timeout=timeout + 5
+        )
 
     def ping(self, ip: str, timeout: float = 5) -> str:
         """Ping until one reply arrives (the first may wait for ARP) or `timeout` passes."""
@@ -256,6 +295,8 @@ class Vpc:
         cidr: str = "198.18.0.0/24",
         gateway: str = "198.18.0.1",
         *,
+        cidr6: str = "",
+        gateway6: str = "",
         state_file: Path | None = None,
         hypervisors: Mapping[str, Hypervisor] | None = None,
         _record: dict[str, Any] | None = None,
@@ -277,10 +318,11 @@ class Vpc:
             self._load(_record)
             return
         _parse_subnet(cidr, gateway)  # refuse bad addresses before creating anything
+        _parse_subnet6(cidr6, gateway6)
         try:
             self._save()
             self.sandbox.nbctl("lr-add", self.router)
-            self.add_subnet(cidr, gateway)
+            self.add_subnet(cidr, gateway, cidr6, gateway6)
         except BaseException:
             self.cleanup()
             raise
@@ -328,9 +370,11 @@ class Vpc:
     def gateway(self) -> str:
         return self.subnets[0].gateway
 
-    def add_subnet(self, cidr: str, gateway: str) -> int:
-        """Add a switch for `cidr` attached to the router; return the subnet's index."""
+    def add_subnet(self, cidr: str, gateway: str, cidr6: str = "", gateway6: str = "") -> int:
+        """Add a switch for `cidr` (and `cidr6`) attached to the router; return the subnet's index."""
         net, gw = _parse_subnet(cidr, gateway)
+        v6 = _parse_subnet6(cidr6, gateway6)
+        networks = [f"{gw}/{net.prefixlen}"] + ([f"{v6[1]}/{v6[0].prefixlen}"] if v6 else [])
         index = len(self.subnets)
         suffix = "" if index == 0 else str(index)
         subnet = _Subnet(
@@ -339,6 +383,8 @@ class Vpc:
             switch=f"{self.prefix}-ls{suffix}",
             router_port=f"{self.prefix}-lrp{index}",
             switch_router_port=f"{self.prefix}-ls{suffix}-rp",
+            cidr6=str(v6[0]) if v6 else "",
+            gateway6=str(v6[1]) if v6 else "",
         )
         self.subnets.append(subnet)
         self._save()
@@ -351,7 +397,7 @@ class Vpc:
             self.router,
             subnet.router_port,
             mac,
-            f"{gw}/{net.prefixlen}",
+            *networks,
             "--",
             "lsp-add",
             subnet.switch,
@@ -371,13 +417,17 @@ class Vpc:
         )
         return index
 
-    def add_lb_port(self, lb_id: str, mac: str, ip: str, subnet: int = 0) -> str:
-        """Create the LSP `iface/lb/<lb_id>` the agent's load balancer binds to; return its name."""
+    def add_lb_port(self, lb_id: str, mac: str, ip: str, subnet: int = 0, ip6: str = "") -> str:
+        """Create the LSP `iface/lb/<lb_id>` the agent's load balancer binds to; return its name.
+        With `ip6` the port carries both addresses."""
         _check_in_range(ipaddress.IPv4Address(ip), "load balancer address")
+        addresses = f"{mac} {ip}"
+        if ip6:
+            addresses += " " + _address_in(ip6, self.subnets[subnet].cidr6, "load balancer address")
         name = lb_port_name(lb_id)
         self.lb_ports[lb_id] = self.subnets[subnet].switch
         self._save()
-        self.sandbox.nbctl("lsp-add", self.subnets[subnet].switch, name, "--", "lsp-set-addresses", name, f"{mac} {ip}")
+        self.sandbox.nbctl("lsp-add", self.subnets[subnet].switch, name, "--", "lsp-set-addresses", name, addresses)
         return name
 
     def del_lb_port(self, lb_id: str) -> None:
@@ -397,10 +447,12 @@ class Vpc:
         subnet: int = 0,
         timeout: float = 30,
         on: str = "",
+        ip6: str = "",
     ) -> VpcHost:
         """A namespace `<prefix>-<name>` on the VPC, bound through OVN, optionally serving HTTP.
 
-        `on` names the hypervisor it lives on (one of `hypervisors`).
+        `on` names the hypervisor it lives on (one of `hypervisors`); `ip6`, an
+        address in the subnet's `cidr6`, makes it dual-stack.
         """
         if name in self.hosts:
             raise ValueError(f"host {name!r} already exists in VPC {self.prefix}")
@@ -411,6 +463,7 @@ class Vpc:
         _check_in_range(addr, "host address")
         if addr not in ipaddress.ip_network(net.cidr):
             raise ValueError(f"{addr} is not in subnet {net.cidr}")
+        ip6 = _address_in(ip6, net.cidr6, "host address") if ip6 else ""
         digest = hashlib.sha1(f"{self.prefix}-{name}".encode()).hexdigest()[:6]
         host = VpcHost(
             name=name,
@@ -420,6 +473,7 @@ class Vpc:
             lsp=f"{self.prefix}-{name}",
             host_if=f"{self.prefix}{digest}h",
             subnet=subnet,
+            ip6=ip6,
             hypervisor=on,
             launcher=list(self.hypervisors[on].launcher),
         )
@@ -443,6 +497,10 @@ class Vpc:
         run(*ns, "link", "set", "lo", "up")
         run(*ns, "link", "set", NS_IFNAME, "up")
         run(*ns, "route", "add", "default", "via", net.gateway)
+        if host.ip6:
+            # nodad: the address is usable at once, not after duplicate address detection.
+            run(*ns, "addr", "add", f"{host.ip6}/{net.prefixlen6}", "dev", NS_IFNAME, "nodad")
+            run(*ns, "-6", "route", "add", "default", "via", net.gateway6, "dev", NS_IFNAME)
         # The userspace datapath delivers frames as the sender left them: with
         # TX checksum offload on, TCP segments arrive with bad checksums and are
         # dropped (ping still works). Checksums must be computed in software.
@@ -451,9 +509,8 @@ class Vpc:
 
     def _bind(self, host: VpcHost, net: _Subnet, timeout: float) -> None:
         """LSP with the host's addresses, OVS port with its iface-id; wait for ovn-installed."""
-        self.sandbox.nbctl(
-            "lsp-add", net.switch, host.lsp, "--", "lsp-set-addresses", host.lsp, f"{host.mac} {host.ip}"
-        )
+        addresses = " ".join(a for a in (host.mac, host.ip, host.ip6) if a)
+        self.sandbox.nbctl("lsp-add", net.switch, host.lsp, "--", "lsp-set-addresses", host.lsp, addresses)
         ovs = self.hypervisors[host.hypervisor]
         ovs.vsctl(
             "add-port",

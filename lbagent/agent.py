@@ -85,6 +85,7 @@ class Agent:
             config.agent.resync_interval,
             config.agent.resync_rate,
             requeue=requeue_loadbalancers(self.queue),
+            inner_prefix6=config.agent.inner_prefix6,
         )
         self.worker.udp_health = UdpHealthChecker(self.namespaces, self.worker.kick)
         self.worker.installed_ports = self.installed_ports

@@ -126,6 +126,25 @@ def _plain_remotes_or_empty(value: str) -> str:
     return value
 
 
+# The agent's own IPv6 prefix for the inner/outer pairs, the twin of 169.254/16:
+# unique local (never routed beyond a site), and room for every load balancer's pair.
+DEFAULT_INNER_PREFIX6 = "fd4c:4241::/48"
+_UNIQUE_LOCAL = ipaddress.IPv6Network("fc00::/7")
+MIN_INNER_PREFIX6_LEN, MAX_INNER_PREFIX6_LEN = 48, 112
+
+
+def _inner_prefix6(value: str) -> str:
+    try:
+        network = ipaddress.IPv6Network(value)
+    except ValueError:
+        raise ValueError("must be an IPv6 prefix without host bits, like fd4c:4241::/48") from None
+    if not network.subnet_of(_UNIQUE_LOCAL):
+        raise ValueError(f"must be a unique local prefix (inside {_UNIQUE_LOCAL}): it is never routed off the host")
+    if not MIN_INNER_PREFIX6_LEN <= network.prefixlen <= MAX_INNER_PREFIX6_LEN:
+        raise ValueError(f"must be a /{MIN_INNER_PREFIX6_LEN} to /{MAX_INNER_PREFIX6_LEN}")
+    return str(network)
+
+
 AbsolutePath = Annotated[Path, AfterValidator(_absolute)]
 NonEmptyStr = Annotated[str, Strict(), Field(min_length=1)]
 
@@ -149,6 +168,7 @@ class AgentSection(_Section):
     gc_max_deletions_per_pass: Annotated[int, Strict(), Field(ge=1)] = 50
     log_format: Literal["text", "json"] = "text"
     log_level: Literal["debug", "info", "warning", "error", "critical"] = "info"
+    inner_prefix6: Annotated[str, Strict(), AfterValidator(_inner_prefix6)] = DEFAULT_INNER_PREFIX6
 
 
 class ApiSection(_Section):

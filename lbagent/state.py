@@ -13,6 +13,7 @@ and run directories): `private_dir` makes them, or tightens them to 0700.
 
 from __future__ import annotations
 
+import ipaddress
 import json
 import logging
 import os
@@ -45,9 +46,16 @@ class Allocation:
     outer: str
     salt: int = 0
     ports: dict[str, int] = field(default_factory=dict)
+    # The IPv6 pair (from [agent] inner_prefix6); None in files written before
+    # there was one, until the next allocation gives it.
+    inner6: str | None = None
+    outer6: str | None = None
 
     def to_json(self) -> dict:
-        return {"inner": self.inner, "outer": self.outer, "salt": self.salt, "ports": dict(self.ports)}
+        data = {"inner": self.inner, "outer": self.outer, "salt": self.salt, "ports": dict(self.ports)}
+        if self.inner6 is not None:
+            data.update(inner6=self.inner6, outer6=self.outer6)
+        return data
 
     @cached_property
     def json_text(self) -> str:
@@ -59,7 +67,20 @@ class Allocation:
         ports = data.get("ports", {})
         if not isinstance(ports, dict) or not all(isinstance(p, int) for p in ports.values()):
             raise StateFileError("allocation ports must map keys to integers")
-        return cls(str(data["inner"]), str(data["outer"]), int(data.get("salt", 0)), dict(ports))
+        inner6, outer6 = data.get("inner6"), data.get("outer6")
+        if (inner6 is None) != (outer6 is None) or not all(_ipv6_or_none(a) for a in (inner6, outer6)):
+            raise StateFileError("an allocation's inner6 and outer6 must be two IPv6 addresses or both absent")
+        return cls(str(data["inner"]), str(data["outer"]), int(data.get("salt", 0)), dict(ports), inner6, outer6)
+
+
+def _ipv6_or_none(value: object) -> bool:
+    if value is None:
+        return True
+    try:
+        ipaddress.IPv6Address(value if isinstance(value, str) else "")
+    except ValueError:
+        return False
+    return True
 
 
 @dataclass

@@ -116,6 +116,9 @@ def _model_at(root: type[BaseModel], location: Location) -> type[BaseModel] | No
 
 def _unknown_field_message(root: type[BaseModel], location: Location) -> str:
     model = _model_at(root, location[:-1])
+    not_yet: dict[str, str] = getattr(model, "NOT_YET_ACCEPTED", {})
+    if str(location[-1]) in not_yet:
+        return f"unknown field: this version does not accept {not_yet[str(location[-1])]} yet"
     guesses = difflib.get_close_matches(str(location[-1]), list(model.model_fields), n=1) if model else []
     return f"unknown field; did you mean {guesses[0]!r}?" if guesses else "unknown field"
 

@@ -271,8 +271,18 @@ _PREFIX_LEN = r"(?:[0-9]|[12][0-9]|3[0-2])"
 _CIDR_RE = re.compile(rf"({_DOTTED_QUAD})/({_PREFIX_LEN})")
 
 
+# An IPv6 value where only IPv4 is accepted is said to be so, not called malformed.
+_NO_IPV6 = "this version does not accept IPv6 {} yet"
+
+
+def _looks_ipv6(value: str) -> bool:
+    return ":" in value
+
+
 def parse_ipv4(value: str) -> IPv4Address:
     if not _DOTTED_QUAD_RE.fullmatch(value):
+        if _looks_ipv6(value):
+            raise ValueError(f"must be an IPv4 address in dotted-quad form: {_NO_IPV6.format('addresses')}")
         raise ValueError("must be an IPv4 address in dotted-quad form, like 198.18.0.1")
     try:
         return IPv4Address(value)
@@ -295,6 +305,8 @@ def _check_host_ipv4(value: str) -> None:
 def _check_cidr(value: str) -> None:
     match = _CIDR_RE.fullmatch(value)
     if not match:
+        if _looks_ipv6(value):
+            raise ValueError(f"must be an IPv4 prefix like 198.18.0.0/24: {_NO_IPV6.format('prefixes')}")
         raise ValueError("must be an IPv4 prefix like 198.18.0.0/24")
     parse_ipv4(match.group(1))
     try:

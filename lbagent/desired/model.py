@@ -17,7 +17,7 @@ import json
 from datetime import UTC, datetime
 from functools import cached_property
 from ipaddress import IPv4Network
-from typing import Any, Literal
+from typing import Any, ClassVar, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, ValidationInfo, field_validator, model_validator
 
@@ -105,6 +105,9 @@ class _Model(BaseModel):
     # strict: "80" is not a port and 1 is not true; forbid: unknown fields are
     # usually typos; frozen: one state object is shared by every worker.
     model_config = ConfigDict(extra="forbid", frozen=True, strict=True)
+    # Fields of the API that this version refuses, and what they would bring:
+    # their refusal says so instead of guessing at a typo.
+    NOT_YET_ACCEPTED: ClassVar[dict[str, str]] = {}
 
 
 # --- network -------------------------------------------------------------------
@@ -122,6 +125,8 @@ class Route(_Model):
 
 
 class Subnet(_Model):
+    NOT_YET_ACCEPTED = {"cidr6": "IPv6 subnets", "gateway6": "IPv6 subnets"}
+
     id: Id
     cidr: Cidr
     gateway: HostIPv4
@@ -347,6 +352,8 @@ class Listener(_Model):
 
 
 class Network(_Model):
+    NOT_YET_ACCEPTED = {"ip6": "IPv6 addresses for load balancers"}
+
     subnet_id: Id
     ip: HostIPv4
     mac: Mac

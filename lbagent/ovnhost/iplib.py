@@ -153,8 +153,11 @@ class Netlink:
         return {_to_address(m) for m in self._address_dump(index)}
 
     def all_addresses(self) -> set[str]:
-        msgs = self._call("dump addresses", "", self._ipr.get_addr, family=socket.AF_INET)
-        return {m.get("address") for m in msgs}
+        """Every address of either family in this namespace (what an allocation must avoid)."""
+        found: set[str] = set()
+        for family in (socket.AF_INET, socket.AF_INET6):
+            found.update(m.get("address") for m in self._call("dump addresses", "", self._ipr.get_addr, family=family))
+        return found
 
     def _address_dump(self, index: int):
         msg = ifaddrmsg()

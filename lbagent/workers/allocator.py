@@ -1,8 +1,12 @@
-"""Allocation of the per-load-balancer 169.254 address pairs and backend ports.
+"""Allocation of the per-load-balancer address pairs and backend ports.
 
-Pairs are (INNER, OUTER) = (169.254.x.y, 169.254.x.y+1) with x.y stepping by
-two from 0.100. A candidate is skipped when either address is already on the
-host, is 169.254.169.254, is the /16's broadcast, or belongs to another load
+Every load balancer has two pairs (INNER, OUTER) = (N, N+1): one in
+169.254/16, with N stepping by two from 169.254.0.100, and one in the
+agent's IPv6 prefix (`[agent] inner_prefix6`), with N stepping by two from
+the prefix's third address (the first is the subnet-router anycast address)
+up to below its highest 128 (reserved anycast addresses, RFC 2526). A
+candidate is skipped when either address is already on the host, is
+169.254.169.254, is the /16's broadcast, or belongs to another load
 balancer. The search starts after the last allocation and wraps around once:
 it always ends, and says plainly when the range is exhausted.
 """
@@ -18,6 +22,8 @@ LINK_LOCAL = ipaddress.IPv4Network("169.254.0.0/16")
 FIRST = int(ipaddress.IPv4Address("169.254.0.100"))
 LAST = int(LINK_LOCAL.broadcast_address) - 1  # the highest usable OUTER
 METADATA = ipaddress.IPv4Address("169.254.169.254")
+# RFC 2526 reserves the highest 128 addresses of a prefix for anycast.
+_RESERVED_ANYCAST6 = 128
 # Every member (a backend, a selected pod) of a load balancer gets a port of
 # its own on INNER; lbagent.desired.fields.MAX_BACKENDS_PER_LB says the same.
 PORT_MIN, PORT_MAX = 1025, 65535
@@ -33,10 +39,40 @@ class AddressPair:
     outer: str
 
 
+@dataclass(frozen=True)
+class PairSpace:
+    """Where one family's pairs come from: INNER steps by two from `first`,
+    OUTER (INNER + 1) is at most `last`; `reserved` addresses are never used."""
+
+    first: int
+    last: int
+    version: int
+    name: str  # for the message when the space is exhausted
+    reserved: frozenset[int] = frozenset()
+
+    def text(self, value: int) -> str:
+        return str(ipaddress.IPv4Address(value) if self.version == 4 else ipaddress.IPv6Address(value))
+
+
+def link_local_space() -> PairSpace:
+    return PairSpace(FIRST, LAST, 4, "169.254", frozenset({int(METADATA)}))
+
+
+def inner_prefix6_space(prefix: str) -> PairSpace:
+    """The pairs of an IPv6 prefix (lbagent.config checks it leaves room for them)."""
+    network = ipaddress.IPv6Network(prefix)
+    first = int(network.network_address) + 2
+    return PairSpace(first, int(network.broadcast_address) - _RESERVED_ANYCAST6, 6, f"{network}")
+
+
 class PairAllocator:
-    def __init__(self, allocated: dict[str, AddressPair] | None = None):
+    def __init__(self, allocated: dict[str, AddressPair] | None = None, space: PairSpace | None = None):
         self._pairs: dict[str, AddressPair] = dict(allocated or {})
-        self._cursor = FIRST
+        # Kept as pairs come and go: a refresh of a thousand new load balancers
+        # would otherwise gather every address again for each of them.
+        self._used = {address for pair in self._pairs.values() for address in (pair.inner, pair.outer)}
+        self._space = space or link_local_space()
+        self._cursor = self._space.first
 
     @property
     def pairs(self) -> dict[str, AddressPair]:
@@ -50,29 +86,26 @@ class PairAllocator:
         existing = self._pairs.get(key)
         if existing is not None:
             return existing
-        taken = set(host_addresses)
-        for pair in self._pairs.values():
-            taken.update((pair.inner, pair.outer))
-        slots = (LAST - FIRST + 1) // 2
-        start = (self._cursor - FIRST) // 2
+        space = self._space
+        slots = (space.last - space.first + 1) // 2
+        start = (self._cursor - space.first) // 2
+        # Ends at the first free slot: taken addresses are few, even where slots are 2**79.
         for step in range(slots):
-            inner = FIRST + 2 * ((start + step) % slots)
-            candidate = AddressPair(str(ipaddress.IPv4Address(inner)), str(ipaddress.IPv4Address(inner + 1)))
-            if _usable(candidate, taken):
+            inner = space.first + 2 * ((start + step) % slots)
+            if inner in space.reserved or inner + 1 in space.reserved:
+                continue
+            candidate = AddressPair(space.text(inner), space.text(inner + 1))
+            if not any(a in self._used or a in host_addresses for a in (candidate.inner, candidate.outer)):
                 self._pairs[key] = candidate
+                self._used.update((candidate.inner, candidate.outer))
                 self._cursor = inner + 2
                 return candidate
-        raise ExhaustedError("no free 169.254 address pair left for a load balancer")
+        raise ExhaustedError(f"no free {space.name} address pair left for a load balancer")
 
     def release(self, key: str) -> None:
-        self._pairs.pop(key, None)
-
-
-def _usable(pair: AddressPair, taken: set[str]) -> bool:
-    for address in (pair.inner, pair.outer):
-        if address in taken or ipaddress.IPv4Address(address) == METADATA:
-            return False
-    return True
+        pair = self._pairs.pop(key, None)
+        if pair is not None:
+            self._used.difference_update((pair.inner, pair.outer))
 
 
 def assign_ports(current: dict[str, int], keys: list[str]) -> dict[str, int]:

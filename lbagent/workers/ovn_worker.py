@@ -28,12 +28,13 @@ from __future__ import annotations
 
 import asyncio
 import functools
+import ipaddress
 import json
 import logging
 from collections.abc import Awaitable, Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
-from lbagent.config import DEFAULT_RESYNC_RATE
+from lbagent.config import DEFAULT_INNER_PREFIX6, DEFAULT_RESYNC_RATE
 from lbagent.desired.budget import MAX_SERVERS_PER_LB, ServerBudgetExceeded, servers_in
 from lbagent.desired.ha import HighAvailability
 from lbagent.desired.model import DesiredState, LoadBalancer
@@ -47,7 +48,7 @@ from lbagent.state import Allocation, PersistedState, StateStore
 from lbagent.support.blocking import BlockingPool
 from lbagent.support.coalesce import Coalescer
 from lbagent.workers import plan
-from lbagent.workers.allocator import AddressPair, ExhaustedError, PairAllocator, assign_ports
+from lbagent.workers.allocator import AddressPair, ExhaustedError, PairAllocator, assign_ports, inner_prefix6_space
 from lbagent.workers.lb_task import DONE, LbTask
 from lbagent.workers.memo import IdentityMemo, same_models
 from lbagent.workers.readiness import ReadinessWatch
@@ -100,8 +101,10 @@ class OvnWorker(ReadinessWatch):
         resync_rate: float = DEFAULT_RESYNC_RATE,
         udp_health=None,
         requeue: Callable[[str], None] | None = None,
+        inner_prefix6: str = DEFAULT_INNER_PREFIX6,
     ):
         self._host = host
+        self._inner_prefix6 = inner_prefix6
         # How a load balancer whose own inputs changed gets its pass: the agent
         # queues its key (handled by `kick`); alone, the worker kicks it itself.
         self._requeue = requeue or self.kick
@@ -148,13 +151,24 @@ class OvnWorker(ReadinessWatch):
     async def resume(self, persisted: PersistedState, desired: DesiredState | None) -> None:
         """Start from what the state file and the host say, and converge to the
         persisted desired state (a complete one) if there is one."""
-        self.allocations = dict(persisted.allocations)
+        self.allocations = {k: self._inside_prefix6(k, a) for k, a in persisted.allocations.items()}
         await self.adopt_from_host()
         if desired is not None:
             async with self._lock:
                 self.allocations, self.port_shortages = await self._allocate(desired, frozenset())
                 self.desired, self._raw, self._raw_text = desired, persisted.desired, None
                 self._accept(desired, frozenset())
+
+    def _inside_prefix6(self, lb_id: str, allocation: Allocation) -> Allocation:
+        """The allocation, without its IPv6 pair if that lies outside inner_prefix6
+        (the prefix was changed): the next allocation gives it one inside."""
+        if allocation.inner6 is None:
+            return allocation
+        prefix = ipaddress.IPv6Network(self._inner_prefix6)
+        if ipaddress.IPv6Address(allocation.inner6) in prefix and ipaddress.IPv6Address(allocation.outer6) in prefix:
+            return allocation
+        log.info("lb=%s action=renumber inner6=%s prefix=%s", lb_id, allocation.inner6, prefix)
+        return replace(allocation, inner6=None, outer6=None)
 
     async def adopt_from_host(self, max_salt: int = 16) -> list[str]:
         """Allocations of load balancers whose namespaces exist but which the
@@ -214,15 +228,25 @@ class OvnWorker(ReadinessWatch):
         allocations = dict(self.allocations)
         shortages = {k: v for k, v in self.port_shortages.items() if k in unchanged}
         new = [lb for lb in desired.loadbalancers if lb.id not in allocations]
+        # Files written before there were IPv6 pairs, or with a pair outside the prefix now.
+        without6 = [lb for lb in desired.loadbalancers if lb.id in allocations and allocations[lb.id].inner6 is None]
+        if new or without6:
+            host_addresses = await self._host.host_addresses()
+            pairs6 = PairAllocator(
+                {k: AddressPair(a.inner6, a.outer6) for k, a in allocations.items() if a.inner6 and a.outer6},
+                inner_prefix6_space(self._inner_prefix6),
+            )
         if new:
             pairs = PairAllocator({k: AddressPair(a.inner, a.outer) for k, a in allocations.items()})
-            host_addresses = await self._host.host_addresses()
             used_tags = {interface_names(k, a.salt).tag for k, a in allocations.items()}
             for lb in new:
-                pair = pairs.allocate(lb.id, host_addresses)
+                pair, pair6 = pairs.allocate(lb.id, host_addresses), pairs6.allocate(lb.id, host_addresses)
                 salt = self._free_salt(lb.id, used_tags)
                 used_tags.add(interface_names(lb.id, salt).tag)
-                allocations[lb.id] = Allocation(pair.inner, pair.outer, salt)
+                allocations[lb.id] = Allocation(pair.inner, pair.outer, salt, inner6=pair6.inner, outer6=pair6.outer)
+        for lb in without6:
+            pair6 = pairs6.allocate(lb.id, host_addresses)
+            allocations[lb.id] = replace(allocations[lb.id], inner6=pair6.inner, outer6=pair6.outer)
         for lb in desired.loadbalancers:
             if lb.id in unchanged:
                 continue  # the same members as before, so the same ports
@@ -239,7 +263,7 @@ class OvnWorker(ReadinessWatch):
                 log.warning("lb=%s action=allocate_ports result=error error=%r", lb.id, str(exc))
                 continue
             if ports != old.ports:
-                allocations[lb.id] = Allocation(old.inner, old.outer, old.salt, ports)
+                allocations[lb.id] = replace(old, ports=ports)
         return allocations, shortages
 
     @staticmethod

@@ -34,6 +34,29 @@ def test_two_hosts_ping_and_http_through_ovn(vpc: Vpc) -> None:
     assert b.curl(f"http://{a.ip}:8000/") == "hello from a\n"
 
 
+def test_a_dual_stack_vpc_carries_http_over_both_families_and_through_its_router(
+    sandbox: OvnSandbox, prefix: str
+) -> None:
+    vpc = Vpc(sandbox, prefix, cidr6="2001:db8:0:1::/64", gateway6="2001:db8:0:1::1")
+    try:
+        vpc.add_subnet("198.18.1.0/24", "198.18.1.1", "2001:db8:0:2::/64", "2001:db8:0:2::1")
+        a = vpc.add_host("a", "198.18.0.21", ip6="2001:db8:0:1::21")
+        b = vpc.add_host("b", "198.18.0.22", ip6="2001:db8:0:1::22")
+        c = vpc.add_host("c", "198.18.1.23", subnet=1, ip6="2001:db8:0:2::23")
+        b.start_http("hello from b", echo=True)
+        c.start_http("hello from c", echo=True)
+
+        def peer(host, url: str) -> str:
+            return json.loads(host.curl(url).splitlines()[1])["peer"]
+
+        # The server shows each client in its own family, an IPv4 one not as ::ffff:a.b.c.d.
+        assert peer(a, "http://[2001:db8:0:1::22]:8000/") == a.ip6
+        assert peer(a, f"http://{b.ip}:8000/") == a.ip
+        assert peer(a, "http://[2001:db8:0:2::23]:8000/") == a.ip6  # routed by the router's IPv6 port
+    finally:
+        vpc.cleanup()
+
+
 def test_cleanup_leaves_nothing_with_the_prefix(sandbox: OvnSandbox, vpc: Vpc, prefix: str) -> None:
     host = vpc.add_host("a", "198.18.0.21", http_text="bye")
     vpc.add_lb_port("lb-" + prefix, "00:22:0a:00:00:12", "198.18.0.12")

@@ -57,6 +57,7 @@ def test_defaults(tmp_path: Path, token_file: Path) -> None:
     assert config.agent.resync_interval == 30
     assert config.agent.gc_max_deletions_per_pass == 50
     assert (config.agent.log_format, config.agent.log_level) == ("text", "info")
+    assert config.agent.inner_prefix6 == "fd4c:4241::/48"
     assert config.api.listen == "127.0.0.1:9680"
     assert (config.api.address.host, config.api.address.port) == ("127.0.0.1", 9680)
     assert config.api.max_body_bytes == DEFAULT_MAX_BODY_BYTES == 16 * 1024 * 1024
@@ -157,6 +158,28 @@ def test_bad_haproxy_keys(tmp_path: Path, line: str, message: str) -> None:
     path = write_config(tmp_path, f'[api]\nlisten = "unix:{tmp_path}/api.sock"\n[haproxy]\n{line}\n')
     with pytest.raises(ConfigError, match=message):
         load_config(path)
+
+
+def agent_config(tmp_path: Path, line: str) -> Path:
+    return write_config(tmp_path, f'[api]\nlisten = "unix:{tmp_path}/api.sock"\n[agent]\n{line}\n')
+
+
+def test_inner_prefix6_is_kept_in_its_canonical_spelling(tmp_path: Path) -> None:
+    config = load_config(agent_config(tmp_path, 'inner_prefix6 = "FD00:0:0:7::/64"'))
+    assert config.agent.inner_prefix6 == "fd00:0:0:7::/64"
+
+
+def test_inner_prefix6_must_be_a_unique_local_prefix_with_room_for_the_pairs(tmp_path: Path) -> None:
+    reasons = {
+        "169.254.0.0/16": "IPv6 prefix",
+        "fd4c:4241::1/48": "host bits",
+        "2001:db8::/48": "unique local",
+        "fd00::/40": "/48 to /112",
+        "fd00::/120": "/48 to /112",
+    }
+    for value, reason in reasons.items():
+        with pytest.raises(ConfigError, match=rf"invalid agent\.inner_prefix6 .*{reason}"):
+            load_config(agent_config(tmp_path, f'inner_prefix6 = "{value}"'))
 
 
 def test_the_ovn_section_configures_high_availability(tmp_path: Path) -> None:

@@ -9,7 +9,9 @@ import logging
 import os
 import stat
 
-from lbagent.state import Allocation, PersistedState, StateStore, private_dir
+import pytest
+
+from lbagent.state import Allocation, PersistedState, StateFileError, StateStore, private_dir
 
 DESIRED = {"generation": 3, "loadbalancers": [{"id": "lb-1", "weight": 1.0, "name": "caf\u00e9"}]}
 
@@ -43,6 +45,29 @@ def test_kept_allocation_texts_write_what_a_fresh_store_writes(tmp_path):
     assert store.path.read_bytes() == fresh.path.read_bytes()
     assert store.load().allocations == second
     assert json.loads(store.path.read_bytes())["allocations"]["lb-1"]["ports"] == {"be": 1026, "be-2": 1027}
+
+
+def test_the_ipv6_pair_reads_back_and_a_file_without_one_still_loads(tmp_path):
+    store = StateStore(tmp_path)
+    dual = Allocation("169.254.0.100", "169.254.0.101", 0, {"be-1": 1025}, "fd4c:4241::2", "fd4c:4241::3")
+    store.save(PersistedState(DESIRED, {"lb-1": dual, "lb-2": Allocation("169.254.0.102", "169.254.0.103")}))
+    assert store.load().allocations == {"lb-1": dual, "lb-2": Allocation("169.254.0.102", "169.254.0.103")}
+    written = json.loads(store.path.read_bytes())["allocations"]
+    assert (written["lb-1"]["inner6"], written["lb-1"]["outer6"]) == ("fd4c:4241::2", "fd4c:4241::3")
+    assert "inner6" not in written["lb-2"]  # as files without IPv6 pairs have it
+
+
+@pytest.mark.parametrize(
+    "pair", [{"inner6": "fd4c:4241::2"}, {"inner6": "fd4c:4241::2", "outer6": "169.254.0.101"}, {"outer6": 7}]
+)
+def test_a_broken_ipv6_pair_is_a_corrupt_file(tmp_path, pair):
+    store = StateStore(tmp_path)
+    store.save(PersistedState(DESIRED, {"lb-1": Allocation("169.254.0.100", "169.254.0.101")}))
+    data = json.loads(store.path.read_bytes())
+    data["allocations"]["lb-1"].update(pair)
+    store.path.write_text(json.dumps(data))
+    with pytest.raises(StateFileError, match="inner6 and outer6"):
+        store.load()
 
 
 def test_a_symlink_at_the_old_temporary_name_is_not_followed(tmp_path):

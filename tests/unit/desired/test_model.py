@@ -314,6 +314,46 @@ def test_unknown_field_names_itself_and_suggests() -> None:
     assert problem_at(body(colour="blue"), "/colour") == "unknown field"
 
 
+@pytest.mark.parametrize(
+    ("where", "value", "message"),
+    [
+        ("subnets__0__cidr6", "2001:db8::/64", "unknown field: this version does not accept IPv6 subnets yet"),
+        ("subnets__0__gateway6", "2001:db8::1", "unknown field: this version does not accept IPv6 subnets yet"),
+        (
+            f"{LB}__network__ip6",
+            "2001:db8::5",
+            "unknown field: this version does not accept IPv6 addresses for load balancers yet",
+        ),
+        (
+            f"{LB}__network__ip",
+            "2001:db8::5",
+            "must be an IPv4 address in dotted-quad form: this version does not accept IPv6 addresses yet "
+            "(got '2001:db8::5')",
+        ),
+        (
+            f"{LB}__backend_groups__0__backends__0__address",
+            "2001:db8::9",
+            "this version does not accept IPv6 addresses yet",
+        ),
+        (
+            f"{LSN}__acl",
+            {"type": "white", "cidrs": ["2001:db8::/32"]},
+            "this version does not accept IPv6 prefixes yet",
+        ),
+        (
+            "subnets__0__routes__0",
+            {"cidr": "2001:db8:1::/64", "nexthop": "198.18.0.1"},
+            "this version does not accept IPv6 prefixes yet",
+        ),
+    ],
+)
+def test_ipv6_is_refused_at_its_path_saying_it_is_not_accepted_yet(where: str, value: Any, message: str) -> None:
+    path = "/" + where.replace("__", "/")
+    if isinstance(value, dict):  # an object: the problem is at its address field
+        path += "/cidrs/0" if "cidrs" in value else "/cidr"
+    assert message in problem_at(body(**{where: value}), path)
+
+
 def test_missing_required_fields() -> None:
     doc = body(**{f"{LSN}__listener_type": UNSET, f"{LB}__network__mac": UNSET, "generation": UNSET})
     paths = {d["path"] for d in problems(doc)}

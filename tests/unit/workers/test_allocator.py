@@ -4,7 +4,14 @@ import pytest
 
 import lbagent.workers.allocator as allocator
 from lbagent.desired.fields import MAX_BACKENDS_PER_LB
-from lbagent.workers.allocator import FIRST, AddressPair, ExhaustedError, PairAllocator, assign_ports
+from lbagent.workers.allocator import (
+    FIRST,
+    AddressPair,
+    ExhaustedError,
+    PairAllocator,
+    assign_ports,
+    inner_prefix6_space,
+)
 
 
 def test_first_pair_starts_at_0_100():
@@ -49,6 +56,28 @@ def test_exhaustion_when_host_holds_everything(monkeypatch):
     taken = {"169.254.0.100", "169.254.0.103"}
     with pytest.raises(ExhaustedError):
         PairAllocator().allocate("a", taken)
+
+
+def test_ipv6_pairs_start_after_the_subnet_router_anycast_address():
+    alloc = PairAllocator(space=inner_prefix6_space("fd4c:4241::/48"))
+    assert alloc.allocate("a", set()) == AddressPair("fd4c:4241::2", "fd4c:4241::3")
+    assert alloc.allocate("b", set()) == AddressPair("fd4c:4241::4", "fd4c:4241::5")
+    assert alloc.allocate("a", set()) == AddressPair("fd4c:4241::2", "fd4c:4241::3")
+
+
+def test_ipv6_pairs_skip_host_addresses_and_allocated_pairs():
+    taken = {"fd4c:4241::3", "fd4c:4241::4"}
+    alloc = PairAllocator({"old": AddressPair("fd4c:4241::6", "fd4c:4241::7")}, inner_prefix6_space("fd4c:4241::/48"))
+    assert alloc.allocate("a", taken) == AddressPair("fd4c:4241::8", "fd4c:4241::9")
+
+
+def test_ipv6_pairs_stay_below_the_reserved_anycast_addresses():
+    # A /120: 256 addresses, the lowest two and the highest 128 not handed out: 63 pairs.
+    alloc = PairAllocator(space=inner_prefix6_space("fd00:0:0:1::100/120"))
+    got = [alloc.allocate(f"lb-{i}", set()) for i in range(63)]
+    assert got[-1] == AddressPair("fd00:0:0:1::17e", "fd00:0:0:1::17f")
+    with pytest.raises(ExhaustedError, match="no free fd00:0:0:1::100/120 address pair"):
+        alloc.allocate("one-more", set())
 
 
 def test_ports_are_stable_and_lowest_free():

@@ -4,13 +4,15 @@ refresh queues itself and which it leaves to their dependencies' controllers."""
 
 import asyncio
 import threading
+from dataclasses import replace
 
 import pytest
 
 from lbagent.desired.model import parse_desired_state
 from lbagent.errors import StaleGeneration
 from lbagent.haproxy.render import HaproxyConfig
-from lbagent.state import StateStore
+from lbagent.ovnhost.inventory import Inventory
+from lbagent.state import Allocation, PersistedState, StateStore
 from lbagent.workers import allocator
 from lbagent.workers import ovn_worker as worker_mod
 from lbagent.workers.ovn_worker import OvnWorker
@@ -48,6 +50,55 @@ async def test_apply_allocates_persists_and_converges(worker, tmp_path):
     assert b.ports == {"x": 1025, "y": 1026}
     persisted = StateStore(tmp_path).load()
     assert persisted.desired["generation"] == 1 and set(persisted.allocations) == {"a", "b"}
+
+
+class DualStackHost(FakeHost):
+    """A host with an address inside the default inner_prefix6, and no namespaces to adopt."""
+
+    async def host_addresses(self):
+        return {"169.254.0.101", "fd4c:4241::3"}
+
+    async def inventory(self):
+        return Inventory()
+
+
+def dual_worker(tmp_path, **kwargs):
+    return OvnWorker(DualStackHost(), FakeHaproxy(), StateStore(tmp_path), resync_interval=3600, **kwargs)
+
+
+async def test_every_load_balancer_gets_an_ipv6_pair_that_avoids_host_addresses(tmp_path):
+    worker = dual_worker(tmp_path)
+    await apply(worker, state(1, [lb_body("a"), lb_body("b", ip="198.18.0.13")]))
+    a, b = worker.allocations["a"], worker.allocations["b"]
+    # fd4c:4241::3 is on the host: the first pair is skipped.
+    assert (a.inner6, a.outer6, b.inner6, b.outer6) == ("fd4c:4241::4", "fd4c:4241::5", "fd4c:4241::6", "fd4c:4241::7")
+    assert StateStore(tmp_path).load().allocations == worker.allocations
+    await apply(worker, state(2, [lb_body("a"), lb_body("b", ip="198.18.0.13", backends=("x",))]))
+    assert (worker.allocations["a"], worker.allocations["b"].inner6) == (a, b.inner6)  # stable
+    await worker.stop()
+
+
+async def test_a_state_file_without_ipv6_pairs_gets_them_and_keeps_the_rest(tmp_path):
+    body = state(1, [lb_body("a")])
+    old = Allocation("169.254.0.200", "169.254.0.201", 3, {"be-1": 1030})
+    StateStore(tmp_path).save(PersistedState(body, {"a": old}))
+    worker = dual_worker(tmp_path)
+    await worker.resume(StateStore(tmp_path).load(), parse_desired_state(body))
+    assert worker.allocations["a"] == replace(old, inner6="fd4c:4241::4", outer6="fd4c:4241::5")
+    await worker.stop()
+
+
+async def test_an_ipv6_pair_outside_a_changed_prefix_is_allocated_anew(tmp_path):
+    body = state(1, [lb_body("a"), lb_body("b", ip="198.18.0.13")])
+    kept = Allocation("169.254.0.100", "169.254.0.101", 0, {}, "fd00:1::2", "fd00:1::3")
+    moved = Allocation("169.254.0.102", "169.254.0.103", 0, {}, "fd4c:4241::8", "fd4c:4241::9")
+    StateStore(tmp_path).save(PersistedState(body, {"a": kept, "b": moved}))
+    worker = dual_worker(tmp_path, inner_prefix6="fd00:1::/64")
+    await worker.resume(StateStore(tmp_path).load(), parse_desired_state(body))
+    a, b = worker.allocations["a"], worker.allocations["b"]
+    assert (a.inner, a.inner6, a.outer6) == ("169.254.0.100", "fd00:1::2", "fd00:1::3")
+    assert (b.inner, b.inner6, b.outer6) == ("169.254.0.102", "fd00:1::4", "fd00:1::5")
+    await worker.stop()
 
 
 async def test_configurations_are_rendered_off_the_event_loop(worker, monkeypatch):
