@@ -1,5 +1,5 @@
 """drain_timeout, client_certificate and access_log with real traffic: a long download
-outlives its backend's removal until the drain timeout, then is cut; mutual TLS refuses or
+outlives its backend's removal (and a restart of the agent) until the drain timeout, then is cut; mutual TLS refuses or
 admits a client without a certificate and tells the backend; each request is a line of the
 agent's log with its load balancer and listener ids."""
 
@@ -20,7 +20,7 @@ from helpers import MAC, VIP
 from lbstate import backend, desired, loadbalancer, tcp_listener
 
 PRIMARY, SPARE = "198.18.0.21", "198.18.0.22"
-DRAIN = 5  # seconds
+DRAIN = 12  # seconds: room for an agent restart within the drain
 # argv: port. Sends one byte every 50 ms to each client for two minutes.
 TRICKLE_SERVER = (
     "import socket, sys, threading, time\n"
@@ -50,7 +50,9 @@ def in_netns(host, code: str, *args: str, **popen) -> subprocess.Popen:
     return subprocess.Popen(["ip", "netns", "exec", host.netns, sys.executable, "-c", code, *args], **popen)
 
 
-def test_a_long_download_outlives_its_backends_removal_until_the_drain_timeout(agent_factory, vpc, prefix):
+def test_a_long_download_outlives_its_backends_removal_and_an_agent_restart_until_the_drain_timeout(
+    agent_factory, vpc, prefix
+):
     old = vpc.add_host("a", PRIMARY)
     vpc.add_host("b", SPARE)
     client = vpc.add_host("client", "198.18.0.31")
@@ -75,7 +77,12 @@ def test_a_long_download_outlives_its_backends_removal_until_the_drain_timeout(a
         removed_at = time.monotonic()
         draining = wait_until(lambda: agent.lb(lb_id)["draining"], 10, "old shown draining")
         assert [d["id"] for d in draining] == ["old"] and 0 < draining[0]["remaining"] <= DRAIN
-        assert "old" in agent.cli("status", lb_id).stdout
+        shown = agent.cli("status", lb_id).stdout
+        assert "draining (established connections kept until the drain timeout)" in shown, shown
+
+        agent.stop()  # the deadline is kept on disk: a restarted agent still cuts on time
+        agent.start()
+        assert [d["id"] for d in agent.lb(lb_id)["draining"]] == ["old"]
         assert download.poll() is None  # still flowing after its backend went
 
         words = download.stdout.readline().split()  # blocks until the connection is cut
