@@ -237,8 +237,7 @@ def _check_kernel_balanced_groups(
         if group.slow_start and group.id in udp_users:
             problems.add(
                 ("backend_groups", g, "slow_start"),
-                "cannot apply to udp flows, which the kernel balances at full weight: "
-                "this group is already used at",
+                "cannot apply to udp flows, which the kernel balances at full weight: this group is already used at",
                 ("listeners", udp_users[group.id], "backend_group_id"),
             )
 
