@@ -140,6 +140,11 @@ class HaStatus(_Answer):
     last_failover_s: float | None = None
 
 
+class DrainingServer(_Answer):
+    id: str
+    remaining: int  # seconds until its sessions are shut
+
+
 class LoadBalancerStatus(_Answer):
     id: str
     # ready: it carries traffic (its pass succeeded, ovn-controller installed
@@ -163,6 +168,7 @@ class LoadBalancerStatus(_Answer):
     retries: int
     last_reconciled_at: str | None
     ha: HaStatus | None = None  # None without `ha`, or before this host has read its lease
+    draining: list[DrainingServer] = []  # backends removed or at weight 0 whose connections are kept
 
 
 class HandoverResult(_Answer):
