@@ -46,6 +46,12 @@ ACTIVE, STANDBY, UNKNOWN = "active", "standby", "unknown"
 ROLES = (ACTIVE, STANDBY, UNKNOWN)
 TICKS_PER_LEASE = 10
 RECONNECT_INTERVAL = 2.0  # seconds between two tries to reach an unreachable Northbound database
+MAX_ERROR_CHARS = 500  # an OVSDB error names every write of its transaction: thousands of them
+
+
+def _short(exc: BaseException) -> str:
+    text = str(exc)
+    return text if len(text) <= MAX_ERROR_CHARS else text[:MAX_ERROR_CHARS] + f"... ({len(text)} characters)"
 
 
 def _now_iso() -> str:
@@ -104,6 +110,9 @@ class HaKeeper:
         self._clock = clock
         self._roles: dict[str, _Role] = {}
         self._in_contact = False
+        # Since when this host's lease transactions go unanswered (a partition the
+        # session has not noticed yet: its probes take seconds): None while they commit.
+        self._unanswered_since: float | None = None
         self._next_connect = 0.0
         self._ticked = asyncio.Condition()
         self.last_error: str | None = None
@@ -131,7 +140,7 @@ class HaKeeper:
         return counts
 
     def in_contact(self) -> bool:
-        return self._in_contact
+        return self._in_contact and self._unanswered_since is None
 
     # --- the loop -----------------------------------------------------------
 
@@ -140,8 +149,8 @@ class HaKeeper:
             try:
                 await self.tick()
             except Exception as exc:  # noqa: BLE001 - the next tick tries again
-                self.last_error = str(exc)
-                log.warning("object=ha action=tick result=error error=%r", str(exc))
+                self.last_error = _short(exc)
+                log.warning("object=ha action=tick result=error error=%r", _short(exc))
             await asyncio.sleep(self.tick_interval)
 
     async def tick(self) -> None:
@@ -198,8 +207,28 @@ class HaKeeper:
             write = self._leaving(lb_id, state, port) if port is not None else None
             if write is not None:
                 decided.append((lb_id, port, write))  # type: ignore[arg-type]
-        if decided:
-            await self._commit(decided, now)
+        try:
+            if decided:
+                await self._commit(decided, now)
+        finally:
+            self._unknown_while_unanswered(wanted, self._clock())
+
+    def _unknown_while_unanswered(self, wanted: dict[str, HighAvailability], now: float) -> None:
+        """Transactions unanswered for a lease time: a standby may hold the lease by
+        now, so this host no longer claims to know its role."""
+        if not self._unanswered_for_a_lease(now):
+            return
+        for lb_id in wanted:
+            self._set_role(lb_id, self._role_of(lb_id, now), UNKNOWN, None, "lease transactions unanswered")
+
+    def _unanswered_for_a_lease(self, now: float) -> bool:
+        return self._unanswered_since is not None and now - self._unanswered_since >= self.timing.lease
+
+    def _answered_again(self, now: float) -> None:
+        """As after a reconnection: what was seen while unanswered does not count."""
+        self._unanswered_since = None
+        for state in self._roles.values():
+            state.watch = Watch(first_seen=now, renewed_at=state.watch.renewed_at)
 
     def _leaving(self, lb_id: str, state: _Role, port: PortLease) -> Decision | None:
         """A load balancer this host held is no longer one of its `ha` ones: gone from
@@ -225,8 +254,8 @@ class HaKeeper:
                 self.last_error = None
             except LbAgentError as exc:
                 self._next_connect = now + RECONNECT_INTERVAL
-                self.last_error = str(exc)
-                log.warning("object=ha action=connect result=error error=%r", str(exc))
+                self.last_error = _short(exc)
+                log.warning("object=ha action=connect result=error error=%r", _short(exc))
         connected = self._nb.connected()
         if connected and not self._in_contact:
             # Nothing seen while out of contact counts: every lease is watched anew.
@@ -248,8 +277,14 @@ class HaKeeper:
         started = time.monotonic()
         try:
             applied = await self._pool.run(self._nb.commit, [decision.write for _, _, decision in decided])
+        except LbAgentError:
+            if self._unanswered_since is None:
+                self._unanswered_since = now
+            raise
         finally:  # a renewal that failed slowly is what a failover follows: it counts
             HA_RENEW_SECONDS.observe(time.monotonic() - started)
+        if self._unanswered_since is not None:
+            self._answered_again(now)
         for (lb_id, port, decision), done in zip(decided, applied):
             state = self._roles.get(lb_id)
             if state is None or decision.write is None:
@@ -269,8 +304,10 @@ class HaKeeper:
 
     def _set_role(self, lb_id: str, state: _Role, role: str | None, lease: Lease | None, why: str) -> None:
         if lease is not None:
-            role = role or (ACTIVE if lease.holder == self.host else STANDBY)
             state.active_host, state.term = lease.holder, lease.term
+            if role is None and self._unanswered_for_a_lease(self._clock()):
+                role = UNKNOWN  # what the replica says may be old news by now
+            role = role or (ACTIVE if lease.holder == self.host else STANDBY)
         role = role or UNKNOWN
         if role == state.role:
             return

@@ -384,3 +384,43 @@ async def test_a_handover_whose_outcome_is_not_known_says_so(world):
     gw1.nb.reachable = False
     await tick_all(clock, gw1, seconds=4)
     assert (await asked)[0]["result"] == "unknown"
+
+
+class SilentNorthbound(NorthboundView):
+    """Connected as far as the session knows, but no transaction is answered (a partition
+    the probes have not noticed yet)."""
+
+    silent = False
+
+    def commit(self, writes):
+        if self.silent:
+            raise OvsdbUnavailable("no answer within 1.5s")
+        return super().commit(writes)
+
+
+async def test_a_holder_whose_renewals_go_unanswered_says_unknown_within_a_lease(world):
+    db, clock, gw1, gw2 = world
+    gw1.nb.__class__ = SilentNorthbound
+    await tick_all(clock, gw1, gw2, seconds=1)
+    gw1.nb.silent = True
+    failed, started = 0, clock.now
+    while gw1.keeper.role("lb-1") != UNKNOWN and clock.now - started < 3:
+        clock.now += 0.15
+        try:
+            await gw1.keeper.tick()  # as the loop does: a failed renewal is logged, the next tick comes
+        except OvsdbUnavailable:
+            failed += 1
+    assert gw1.keeper.role("lb-1") == UNKNOWN and failed >= 1
+    assert clock.now - started <= LEASE + 0.6  # a lease after the first unanswered renewal
+    assert not gw1.keeper.in_contact()
+    assert gw1.roles.count(UNKNOWN) == 1  # said once, not flapping each tick
+    gw1.nb.silent = False
+    await tick_all(clock, gw1, gw2, seconds=1)
+    assert gw1.keeper.role("lb-1") in (ACTIVE, STANDBY) and gw1.keeper.in_contact()
+
+
+def test_an_error_naming_thousands_of_writes_is_cut_short():
+    from lbagent.workers.ha import MAX_ERROR_CHARS, _short
+
+    text = _short(RuntimeError("x" * 50_000))
+    assert len(text) < MAX_ERROR_CHARS + 40 and text.endswith("(50000 characters)")
