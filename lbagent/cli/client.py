@@ -19,7 +19,7 @@ class AgentUnreachable(LbAgentError):
     """The agent's API did not answer (not running, or listening elsewhere)."""
 
 
-class _UnixConnection(http.client.HTTPConnection):
+class UnixHTTPConnection(http.client.HTTPConnection):
     def __init__(self, path: str, timeout: float):
         super().__init__("localhost", timeout=timeout)
         self._path = path
@@ -38,7 +38,7 @@ class _UnixConnection(http.client.HTTPConnection):
 def connection(config: Config, timeout: float) -> http.client.HTTPConnection:
     address = config.api.address
     if address.host is None:  # unix:/PATH: exactly one of path and host is set
-        return _UnixConnection(str(address.path), timeout)
+        return UnixHTTPConnection(str(address.path), timeout)
     if config.api.tls_cert_file is not None:
         # Our own agent on this host: its certificate is the one in our config.
         context = ssl.create_default_context(cafile=str(config.api.tls_cert_file))

@@ -4,29 +4,16 @@ region controller would: `lbagent run` inside the host's namespaces, HTTP over a
 
 from __future__ import annotations
 
-import http.client
 import json
 import os
 import shutil
 import signal
-import socket
 import subprocess
 
 from devtools.multihost import MultiHost, SimHost
+from lbagent.cli.client import UnixHTTPConnection
 
 from agentproc import LBAGENT, AgentProcess, _decode, wait_until
-
-
-class _UnixHTTP(http.client.HTTPConnection):
-    def __init__(self, path: str, timeout: float):
-        super().__init__("localhost", timeout=timeout)
-        self._path = path
-
-    def connect(self) -> None:
-        sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
-        sock.settimeout(self.timeout)
-        sock.connect(self._path)
-        self.sock = sock
 
 
 class HostAgent(AgentProcess):
@@ -54,7 +41,7 @@ class HostAgent(AgentProcess):
         token = self.token if token == "default" else token
         if token:
             headers["Authorization"] = f"Bearer {token}"
-        conn = _UnixHTTP(str(self.socket), timeout)
+        conn = UnixHTTPConnection(str(self.socket), timeout)
         try:
             conn.request(method, path, body=data, headers=headers)
             response = conn.getresponse()

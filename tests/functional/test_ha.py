@@ -132,6 +132,14 @@ def wait_roles(lb: Lb, agents: dict[str, HostAgent], active: str, timeout: float
     wait_until(settled, timeout, f"{active} active and the others standing by for {lb.id}")
 
 
+def pushed(make, **kwargs) -> tuple[Lb, dict[str, HostAgent]]:
+    """A load balancer with `ha` pushed to both gateways, gw-1 active."""
+    lb, agents = make(**kwargs)
+    lb.push(agents)
+    wait_roles(lb, agents, active="gw-1")
+    return lb, agents
+
+
 class Watcher:
     """Samples the binding and makes one new connection every 50 ms, on a thread, for the verdict.
 
@@ -176,9 +184,7 @@ class Watcher:
 
 
 def test_warm_standby_serves_only_from_the_active_host(multihost, make):
-    lb, agents = make()
-    lb.push(agents)
-    wait_roles(lb, agents, active="gw-1")
+    lb, agents = pushed(make)
     wait_until(lambda: lb.bound_to() == chassis(multihost, "gw-1"), 15, "the port bound on gw-1")
     assert multihost.central.nbctl("get", "Logical_Switch_Port", lb.lsp, "options:requested-chassis").strip() == (
         chassis(multihost, "gw-1")
@@ -200,9 +206,7 @@ def test_warm_standby_serves_only_from_the_active_host(multihost, make):
 
 
 def test_a_crashed_active_host_fails_over_to_the_standby(multihost, make):
-    lb, agents = make()
-    lb.push(agents)
-    wait_roles(lb, agents, active="gw-1")
+    lb, agents = pushed(make)
     wait_until(lb.serves, 15, "the VIP to answer through gw-1")
     killed = time.monotonic()
     multihost.host("gw-1").crash()
@@ -222,9 +226,7 @@ def test_a_crashed_active_host_fails_over_to_the_standby(multihost, make):
 
 
 def test_a_restart_of_the_active_agent_moves_nothing(multihost, make):
-    lb, agents = make()
-    lb.push(agents)
-    wait_roles(lb, agents, active="gw-1")
+    lb, agents = pushed(make)
     wait_until(lb.serves, 15, "the VIP to answer")
     with Watcher(lb) as watcher:
         agents["gw-1"].stop()
@@ -238,9 +240,7 @@ def test_a_restart_of_the_active_agent_moves_nothing(multihost, make):
 
 
 def test_a_newer_term_makes_the_old_active_step_down(multihost, make):
-    lb, agents = make()
-    lb.push(agents)
-    wait_roles(lb, agents, active="gw-1")
+    lb, agents = pushed(make)
     lease = lb.lease()
     term = int(lease["lbagent:term"]) + 1
     multihost.central.nbctl(
@@ -260,9 +260,7 @@ def test_a_newer_term_makes_the_old_active_step_down(multihost, make):
 
 
 def test_a_planned_handover_moves_the_lease_without_a_failed_request(multihost, make):
-    lb, agents = make()
-    lb.push(agents)
-    wait_roles(lb, agents, active="gw-1")
+    lb, agents = pushed(make)
     wait_until(lb.serves, 15, "the VIP to answer")
     with Watcher(lb) as watcher:
         done = agents["gw-1"].cli("ha", "handover", lb.id)
@@ -279,9 +277,7 @@ def test_a_planned_handover_moves_the_lease_without_a_failed_request(multihost, 
 
 
 def test_removing_a_host_tears_its_copy_down_and_leaves_the_active_one_alone(multihost, make):
-    lb, agents = make()
-    lb.push(agents)
-    wait_roles(lb, agents, active="gw-1")
+    lb, agents = pushed(make)
     standby = agents["gw-2"].lb(lb.id)
     lease = lb.lease()
     with Watcher(lb) as watcher:
@@ -319,9 +315,7 @@ def test_ha_needs_the_northbound_database_and_this_host_in_its_list(agent_factor
 
 
 def test_preempt_brings_the_load_balancer_back_to_the_preferred_host(multihost, make):
-    lb, agents = make(preempt=True)
-    lb.push(agents)
-    wait_roles(lb, agents, active="gw-1")
+    lb, agents = pushed(make, preempt=True)
     multihost.host("gw-1").crash()
     wait_until(lambda: lb.bound_to() == chassis(multihost, "gw-2"), 15, "the binding to move to gw-2")
     multihost.host("gw-1").revive()
@@ -334,9 +328,7 @@ def test_preempt_brings_the_load_balancer_back_to_the_preferred_host(multihost, 
 
 
 def test_a_partitioned_active_host_loses_its_load_balancer_and_steps_down_when_healed(multihost, make):
-    lb, agents = make()
-    lb.push(agents)
-    wait_roles(lb, agents, active="gw-1")
+    lb, agents = pushed(make)
     wait_until(lb.serves, 15, "the VIP to answer through gw-1")
     with Watcher(lb) as watcher:
         multihost.host("gw-1").cut_underlay()  # off the central and the other hosts
@@ -355,9 +347,7 @@ def test_a_partitioned_active_host_loses_its_load_balancer_and_steps_down_when_h
 
 
 def test_the_active_host_taken_out_offers_its_load_balancer_on_at_once(multihost, make):
-    lb, agents = make()
-    lb.push(agents)
-    wait_roles(lb, agents, active="gw-1")
+    lb, agents = pushed(make)
     started = time.monotonic()
     code, answer = agents["gw-1"].refresh(lb.body(present=False), wait=WAIT)
     assert code == 200, answer
@@ -371,9 +361,7 @@ def test_the_active_host_taken_out_offers_its_load_balancer_on_at_once(multihost
 
 
 def test_a_host_shutting_down_is_taken_over_without_waiting_for_the_grace(multihost, make):
-    lb, agents = make()
-    lb.push(agents)
-    wait_roles(lb, agents, active="gw-1")
+    lb, agents = pushed(make)
     wait_until(lb.serves, 15, "the VIP to answer through gw-1")
     agents["gw-1"].stop()  # the agent goes first and asks for its 30 s of grace
     assert lb.lease().get("lbagent:grace") == "30"

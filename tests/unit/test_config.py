@@ -144,18 +144,22 @@ def test_a_missing_haproxy_group_is_named_at_load(tmp_path: Path) -> None:
 
 
 @pytest.mark.parametrize(
-    ("line", "message"),
+    ("section", "line", "message"),
     [
-        ('user = "Root Me"', r"invalid haproxy\.user .*user or group name"),
-        ('user = "-u"', r"invalid haproxy\.user"),
-        ('user = ""\ngroup = "nogroup"', r"group needs a user"),
-        ('chroot = "jail"', r"invalid haproxy\.chroot .*absolute"),
-        ("default_listener_maxconn = 0", r"invalid haproxy\.default_listener_maxconn"),
-        ("default_listener_maxconn = 1000001", r"invalid haproxy\.default_listener_maxconn"),
+        ("haproxy", 'user = "Root Me"', r"invalid haproxy\.user .*user or group name"),
+        ("haproxy", 'user = "-u"', r"invalid haproxy\.user"),
+        ("haproxy", 'user = ""\ngroup = "nogroup"', r"group needs a user"),
+        ("haproxy", 'chroot = "jail"', r"invalid haproxy\.chroot .*absolute"),
+        ("haproxy", "default_listener_maxconn = 0", r"invalid haproxy\.default_listener_maxconn"),
+        ("haproxy", "default_listener_maxconn = 1000001", r"invalid haproxy\.default_listener_maxconn"),
+        ("ovn", 'nb = "ssl:198.19.255.1:6641"', r"invalid ovn\.nb .*unix:/PATH"),
+        ("ovn", 'nb = "198.19.255.1"', r"invalid ovn\.nb"),
+        ("ovn", "lease_seconds = 0.1", r"invalid ovn\.lease_seconds"),
+        ("ovn", "restart_grace = -1", r"invalid ovn\.restart_grace"),
     ],
 )
-def test_bad_haproxy_keys(tmp_path: Path, line: str, message: str) -> None:
-    path = write_config(tmp_path, f'[api]\nlisten = "unix:{tmp_path}/api.sock"\n[haproxy]\n{line}\n')
+def test_bad_keys_of_a_section(tmp_path: Path, section: str, line: str, message: str) -> None:
+    path = write_config(tmp_path, f'[api]\nlisten = "unix:{tmp_path}/api.sock"\n[{section}]\n{line}\n')
     with pytest.raises(ConfigError, match=message):
         load_config(path)
 
@@ -195,21 +199,6 @@ def test_the_ovn_section_configures_high_availability(tmp_path: Path) -> None:
         2.0,
         60.0,
     )
-
-
-@pytest.mark.parametrize(
-    ("line", "message"),
-    [
-        ('nb = "ssl:198.19.255.1:6641"', r"invalid ovn\.nb .*unix:/PATH"),
-        ('nb = "198.19.255.1"', r"invalid ovn\.nb"),
-        ("lease_seconds = 0.1", r"invalid ovn\.lease_seconds"),
-        ("restart_grace = -1", r"invalid ovn\.restart_grace"),
-    ],
-)
-def test_bad_ovn_keys(tmp_path: Path, line: str, message: str) -> None:
-    path = write_config(tmp_path, f'[api]\nlisten = "unix:{tmp_path}/api.sock"\n[ovn]\n{line}\n')
-    with pytest.raises(ConfigError, match=message):
-        load_config(path)
 
 
 def test_unknown_key_is_named(tmp_path: Path, token_file: Path) -> None:
