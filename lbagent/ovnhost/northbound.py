@@ -222,6 +222,11 @@ class NorthboundClient:
         # python-ovs has no public accessor; the state says the monitor's reply is in.
         return idl._session.is_connected() and idl.state == idl.IDL_S_MONITORING
 
+    def generation(self) -> int:
+        """A number that changes whenever the replica does (-1 before a connection):
+        a read of the same ports at the same generation would find the same."""
+        return self._conn.idl.change_seqno if self._conn is not None else -1
+
     def close(self) -> None:
         if self._conn is not None:
             self._conn.stop(timeout=self._timeout)

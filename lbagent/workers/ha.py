@@ -113,6 +113,7 @@ class HaKeeper:
         # Since when this host's lease transactions go unanswered (a partition the
         # session has not noticed yet: its probes take seconds): None while they commit.
         self._unanswered_since: float | None = None
+        self._last_read: tuple[int, tuple[str, ...], dict[str, PortLease]] | None = None
         self._next_connect = 0.0
         self._ticked = asyncio.Condition()
         self.last_error: str | None = None
@@ -174,7 +175,7 @@ class HaKeeper:
         leaving = {lb_id: state for lb_id, state in gone.items() if state.role == ACTIVE}
         if not wanted and not leaving:
             return
-        ports = await self._pool.run(self._nb.ports, [iface_id(lb_id) for lb_id in [*wanted, *leaving]])
+        ports = await self._read([iface_id(lb_id) for lb_id in [*wanted, *leaving]])
         now = self._clock()  # after the read: what it saw is at least this recent
         chassis = self._chassis()
         decided: list[tuple[str, PortLease, Decision]] = []
@@ -212,6 +213,18 @@ class HaKeeper:
                 await self._commit(decided, now)
         finally:
             self._unknown_while_unanswered(wanted, self._clock())
+
+    async def _read(self, names: list[str]) -> dict[str, PortLease]:
+        """The ports, from the replica; the last read again while the replica has not
+        changed since (most ticks: a standby's replica changes at each renewal only,
+        and reading a thousand rows out of python-ovs is most of a tick's cost)."""
+        generation, key = self._nb.generation(), tuple(names)
+        last = self._last_read
+        if last is not None and last[0] == generation and last[1] == key:
+            return last[2]
+        ports = await self._pool.run(self._nb.ports, names)
+        self._last_read = (generation, key, ports)
+        return ports
 
     def _unknown_while_unanswered(self, wanted: dict[str, HighAvailability], now: float) -> None:
         """Transactions unanswered for a lease time: a standby may hold the lease by

@@ -90,10 +90,12 @@ def test_a_write_touches_only_its_keys_and_requested_chassis(northbound):
     client = northbound.client()
     assert client.connected()
     assert client.ports([PORT, "iface/lb/none"])[PORT].keys == {}
+    before = client.generation()
     assert client.commit([LeaseWrite(PORT, {}, {"lbagent:term": "1", "lbagent:holder": "gw-1"}, (), "ch-1")]) == [True]
     assert "owner=region" in external_ids(northbound)  # the region controller's key stays
     assert northbound.nbctl("get", "Logical_Switch_Port", PORT, "options:requested-chassis").strip() == "ch-1"
     wait_for(lambda: client.ports([PORT])[PORT].requested_chassis == "ch-1", 5, "the replica to catch up")
+    assert client.generation() > before  # the replica changed, and says so
     keys = client.ports([PORT])[PORT].keys
     assert client.commit([LeaseWrite(PORT, keys, {}, ("lbagent:holder",))]) == [True]
     assert "lbagent:holder" not in external_ids(northbound)

@@ -23,6 +23,7 @@ class FakeNorthbound:
     def __init__(self):
         self.ports_by_name = {PORT: PortLease(PORT)}
         self.transactions = 0
+        self.reads = 0
 
     def view(self, client) -> NorthboundView:
         return NorthboundView(self, client)
@@ -51,6 +52,10 @@ class NorthboundView:
         self.reachable = True
         self.is_connected = False
         self.closed = False
+
+    def generation(self):
+        self.db.reads += 1  # a new number each time: the keeper reads the ports again
+        return self.db.reads
 
     def connect(self):
         if not self.reachable:
@@ -424,3 +429,18 @@ def test_an_error_naming_thousands_of_writes_is_cut_short():
 
     text = _short(RuntimeError("x" * 50_000))
     assert len(text) < MAX_ERROR_CHARS + 40 and text.endswith("(50000 characters)")
+
+
+async def test_an_unchanged_replica_is_not_read_again(world):
+    db, clock, gw1, gw2 = world
+    await tick_all(clock, gw1, gw2, seconds=1)
+    read = []
+    real = gw2.nb.ports
+    gw2.nb.ports = lambda names: read.append(names) or real(names)
+    gw2.nb.generation = lambda: 42  # nothing arrives from the server
+    await gw2.keeper.tick()
+    await gw2.keeper.tick()
+    assert len(read) == 1
+    gw2.nb.generation = lambda: 43  # a renewal arrived
+    await gw2.keeper.tick()
+    assert len(read) == 2
