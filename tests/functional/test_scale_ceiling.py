@@ -113,7 +113,10 @@ def why_not(agent, client, prefix: str, index: int) -> dict:
 
     def counters() -> dict:
         return {
-            "ovs_port": run("ovs-ofctl", "dump-ports", "br-int", port, keep=400),
+            # What OVS itself sent into the port's veth and took from it.
+            "ovs_port": run(
+                "ovs-vsctl", f"--db={agent_db(agent)}", "--columns=statistics", "list", "Interface", port, keep=600
+            ),
             "netns_links": run("ip", "netns", "exec", netns, "ip", "-s", "-s", "link", keep=1500),
             "conntrack": run("ip", "netns", "exec", netns, "cat", "/proc/net/nf_conntrack", keep=800),
         }
