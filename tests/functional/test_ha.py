@@ -270,7 +270,9 @@ def test_a_planned_handover_moves_the_lease_without_a_failed_request(multihost, 
     print(f"handover: {watcher.answers} answers, {watcher.refused} refused, {watcher.broken} broken in flight")
     assert watcher.refused == 0  # no new connection fails
     assert watcher.broken <= 1  # at most the one in flight when the binding moved
-    assert watcher.bindings[-1] == chassis(multihost, "gw-2")
+    # One move at most as the watcher saw it (it may stop before its next sample).
+    assert watcher.bindings in ([chassis(multihost, "gw-1")], [chassis(multihost, "gw-1"), chassis(multihost, "gw-2")])
+    assert lb.bound_to() == chassis(multihost, "gw-2")
     assert agents["gw-2"].ha(lb.id)["term"] == 2
     again = agents["gw-1"].cli("ha", "handover", lb.id)
     assert again.stdout.strip() == f"{lb.id}: not_active (active: gw-2)"
