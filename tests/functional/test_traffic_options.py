@@ -111,6 +111,12 @@ def only(counts, name: str, total: int) -> bool:
     return counts.get(name, 0) == total
 
 
+def only_udp(counts, name: str, total: int) -> bool:
+    """Every datagram answered by `name`, but for one lost on a busy machine (UDP is
+    not retried): an answer from any other backend still fails."""
+    return set(counts) <= {name, "error"} and counts.get("error", 0) <= 1 and sum(counts.values()) == total
+
+
 def test_a_backup_serves_only_while_the_primary_is_down_and_its_reason_shows(agent_factory, vpc, prefix):
     primary = vpc.add_host("a", PRIMARY, http_text="primary")
     vpc.add_host("b", SPARE, http_text="spare")
@@ -159,18 +165,18 @@ def test_a_udp_backup_gets_new_flows_only_while_the_primary_is_down(agent_factor
         wait_health(agent, lb_id, "spare", "up", "ok")
         # The first flows may wait for the namespace's neighbours: until one is answered.
         wait_until(lambda: udp_backends_of(client, VIP, UDP_PORT, 1).get("primary"), WAIT, "a first answer")
-        assert only(udp_backends_of(client, VIP, UDP_PORT, 30), "primary", 30)
+        assert only_udp(udp_backends_of(client, VIP, UDP_PORT, 30), "primary", 30)
 
         servers.stop("primary")
         down = wait_health(agent, lb_id, "main", "down", "connect_refused")
         assert down["health_since"]
         wait_until(lambda: only(udp_backends_of(client, VIP, UDP_PORT, 5), "spare", 5), WAIT, "flows on the backup")
-        assert only(udp_backends_of(client, VIP, UDP_PORT, 30), "spare", 30)
+        assert only_udp(udp_backends_of(client, VIP, UDP_PORT, 30), "spare", 30)
 
         servers.start(primary, "primary")
         wait_health(agent, lb_id, "main", "up", "ok")
         wait_until(lambda: only(udp_backends_of(client, VIP, UDP_PORT, 5), "primary", 5), WAIT, "flows on the primary")
-        assert only(udp_backends_of(client, VIP, UDP_PORT, 30), "primary", 30)
+        assert only_udp(udp_backends_of(client, VIP, UDP_PORT, 30), "primary", 30)
 
 
 def test_health_reasons_name_a_bad_status_and_a_closed_health_check_port(agent_factory, vpc, prefix):
