@@ -205,9 +205,11 @@ class HaKeeper:
                 self._set_role(lb_id, state, None, Lease.of(port), "")
         for lb_id, state in leaving.items():
             port = ports.get(iface_id(lb_id))
-            write = self._leaving(lb_id, state, port) if port is not None else None
+            if port is None:
+                continue
+            write = self._leaving(lb_id, state, port)
             if write is not None:
-                decided.append((lb_id, port, write))  # type: ignore[arg-type]
+                decided.append((lb_id, port, write))
         try:
             if decided:
                 await self._commit(decided, now)

@@ -7,7 +7,6 @@ from __future__ import annotations
 import json
 import os
 import shutil
-import signal
 import subprocess
 
 from devtools.multihost import MultiHost, SimHost
@@ -55,9 +54,6 @@ class HostAgent(AgentProcess):
 
     def ha(self, lb_id: str) -> dict:
         return self.lb(lb_id).get("ha") or {}
-
-    def stop(self, sig: int = signal.SIGTERM, timeout: float = 30) -> int | None:
-        return super().stop(sig, timeout)
 
     def destroy(self) -> None:
         """Stop the agent and remove what it made on its host (a crashed host's too)."""
