@@ -158,18 +158,23 @@ def _cmdline(pid: int) -> str:
         return ""
 
 
+KILLED_EXIT_WAIT = 60.0  # seconds a SIGKILLed process may take to be gone
+
+
 def stop_pid(pid: int, *, expect: str, timeout: float = 10, what: str = "") -> bool:
     """Terminate `pid` if it is still the process we started; return whether one was stopped.
 
     `expect` must occur in the process's command line (a pidfile path, a
     config path, a marker): a pid recorded long ago may have been reused by
     an unrelated process, which we must never signal. SIGTERM first, SIGKILL
-    when it does not exit within `timeout`.
+    when it does not exit within `timeout`. A killed process may still take
+    long to go: ovs-vswitchd closing thousands of tap devices, each under the
+    kernel's one rtnl lock, took more than 5 s after 2,500 load balancers.
     """
     what = what or f"pid {pid}"
     if not pid_alive(pid) or expect not in _cmdline(pid):
         return False
-    for sig, grace in ((signal.SIGTERM, timeout), (signal.SIGKILL, 5.0)):
+    for sig, grace in ((signal.SIGTERM, timeout), (signal.SIGKILL, KILLED_EXIT_WAIT)):
         try:
             os.kill(pid, sig)
         except ProcessLookupError:
