@@ -6,7 +6,9 @@ section), so a listener whose clients hold their connections open fills its
 own slots and no other listener's. The process's `maxconn` is the sum over all
 frontends with room for the admin ones (stats socket, Prometheus), and its
 `ulimit-n` two descriptors per connection (client and server side), one per
-listening socket and room for checks and the CLI. The load balancer files
+listening socket, one per server with a health check (haproxy reserves one
+socket for each: past about a thousand checked servers a limit without them
+made every reload fail, which `haproxy -c` does not see) and room for the CLI. The load balancer files
 joined into one are the only place where every frontend is seen together, so
 the sum is read from them each time they are joined, before haproxy loads them.
 
@@ -20,7 +22,6 @@ from __future__ import annotations
 
 import re
 import resource
-from collections.abc import Iterable
 from dataclasses import dataclass
 
 import psutil
@@ -31,14 +32,16 @@ DEFAULT_LISTENER_MAXCONN = 10_000
 # it and for the stats socket (haproxy's default of 10 per socket) beyond the listeners.
 PROMETHEUS_MAXCONN = 50
 ADMIN_CONNECTIONS = 100
-# Descriptors beyond two per connection and one per listener: health checks
-# under way, the master's socket pair, the stats socket, files opened at start.
+# Descriptors beyond two per connection, one per listener and one per checked
+# server: the master's socket pair, the stats socket, files opened at start.
 FD_HEADROOM = 1_000
 
-# Section starts and maxconn lines: all frontend_limits needs to look at (a regex
-# skips the other lines in C, a few milliseconds for thousands of load balancers).
-_SECTION_OR_MAXCONN = re.compile(
-    r"^(?:(frontend|backend|listen|defaults|global)\b|    maxconn ([0-9]+)$)", re.MULTILINE
+# Section starts, maxconn lines and server lines with a check: all `demand` needs to
+# look at (a regex skips the other lines in C, a few milliseconds for thousands of
+# load balancers). A check's options follow the server's address (templates/macros.j2).
+_SECTION_MAXCONN_OR_CHECK = re.compile(
+    r"^(?:(frontend|backend|listen|defaults|global)\b|    maxconn ([0-9]+)$|    server [^\n]* (check)\b)",
+    re.MULTILINE,
 )
 
 
@@ -51,26 +54,38 @@ class Capacity:
     capped: bool = False
 
 
-def frontend_limits(text: str) -> list[int | None]:
-    """Each frontend's own `maxconn` in rendered configuration text, None where it has none."""
+@dataclass(frozen=True)
+class Demand:
+    """What rendered configuration asks of the process: each frontend's own `maxconn` (None
+    where it has none) and how many servers are health-checked."""
+
+    frontend_limits: list[int | None]
+    checked_servers: int = 0
+
+
+def demand(text: str) -> Demand:
+    """The frontends' limits and the checked servers in rendered configuration text."""
     limits: list[int | None] = []
+    checked = 0
     in_frontend = False
-    for match in _SECTION_OR_MAXCONN.finditer(text):
-        section, maxconn = match.groups()
+    for match in _SECTION_MAXCONN_OR_CHECK.finditer(text):
+        section, maxconn, check = match.groups()
         if section is not None:
             in_frontend = section == "frontend"
             if in_frontend:
                 limits.append(None)
+        elif check is not None:
+            checked += 1
         elif in_frontend:
             limits[-1] = int(maxconn)
-    return limits
+    return Demand(limits, checked)
 
 
-def size(limits: Iterable[int | None], listener_default: int, fd_limit: int) -> Capacity:
-    """The process's figures for frontends with these limits (None: `listener_default`)."""
-    limits = list(limits)
+def size(wants: Demand, listener_default: int, fd_limit: int) -> Capacity:
+    """The process's figures for what `wants` asks (a frontend's None limit: `listener_default`)."""
+    limits = wants.frontend_limits
     wanted = sum(listener_default if limit is None else limit for limit in limits) + ADMIN_CONNECTIONS
-    reserved = len(limits) + FD_HEADROOM
+    reserved = len(limits) + wants.checked_servers + FD_HEADROOM
     fitting = max((fd_limit - reserved) // 2, ADMIN_CONNECTIONS)
     maxconn = min(wanted, fitting)
     return Capacity(maxconn=maxconn, ulimit_n=min(2 * maxconn + reserved, fd_limit), capped=wanted > fitting)

@@ -22,7 +22,7 @@ from pathlib import Path
 
 from lbagent.haproxy.accesslog import wants_access_log
 from lbagent.haproxy.candidate import StagedChange, discard, install_change, roll_back
-from lbagent.haproxy.capacity import frontend_limits, inherited_fd_limit, size
+from lbagent.haproxy.capacity import demand, inherited_fd_limit, size
 from lbagent.haproxy.errors import HaproxyCheckError
 from lbagent.haproxy.files import (
     fsync_dir,
@@ -107,8 +107,8 @@ class Reloader(Part):
         if privileges is not None and privileges.chroot is not None:
             make_jail(privileges.chroot)
         files_text = read_lb_files(self._paths) if joined is None else joined
-        limits = frontend_limits(files_text)
-        capacity = size(limits, self._settings.default_listener_maxconn, inherited_fd_limit(self._process.pid))
+        wants = demand(files_text)
+        capacity = size(wants, self._settings.default_listener_maxconn, inherited_fd_limit(self._process.pid))
         text = render_base(
             self._paths.run_dir,
             self._settings.prometheus_listen,
@@ -121,8 +121,9 @@ class Reloader(Part):
             return False
         if capacity.capped:
             log.warning(
-                "object=haproxy action=size frontends=%d maxconn=%d result=capped reason=%r",
-                len(limits),
+                "object=haproxy action=size frontends=%d checked_servers=%d maxconn=%d result=capped reason=%r",
+                len(wants.frontend_limits),
+                wants.checked_servers,
                 capacity.maxconn,
                 "the listeners' caps together exceed what the descriptor limit allows",
             )

@@ -10,14 +10,24 @@ from lbagent.haproxy.capacity import (
     ADMIN_CONNECTIONS,
     FD_HEADROOM,
     Capacity,
-    frontend_limits,
+    Demand,
+    demand,
     inherited_fd_limit,
     size,
 )
 from lbagent.haproxy.manager import HaproxyManager
 from lbagent.haproxy.render import render_base, render_config
 from lbagent.haproxy.sockets import send_command
-from tests.unit.samples import HAPROXY, WAIT, echo_through, free_port, lb_config, only_loadbalancer, sample_members
+from tests.unit.samples import (
+    HAPROXY,
+    WAIT,
+    echo_through,
+    free_port,
+    lb_config,
+    lb_text,
+    only_loadbalancer,
+    sample_members,
+)
 
 
 def tcp(listener_id, port, connection_limit=0):
@@ -43,7 +53,7 @@ def test_a_listener_with_a_connection_limit_caps_its_own_frontend():
     first, second = text.split("\nfrontend ")[1:]
     assert "    maxconn 7\n" in first
     assert "maxconn" not in second  # the base file's default applies
-    assert frontend_limits(text) == [7, None]
+    assert demand(text) == Demand([7, None], checked_servers=0)
 
 
 def test_the_base_file_caps_every_listener_by_default_and_sizes_the_process():
@@ -55,20 +65,35 @@ def test_the_base_file_caps_every_listener_by_default_and_sizes_the_process():
 
 def test_frontend_limits_ignore_backend_lines():
     text = "frontend a\n    maxconn 5\nbackend b\n    maxconn 9\nfrontend c\n    mode tcp\n"
-    assert frontend_limits(text) == [5, None]
+    assert demand(text).frontend_limits == [5, None]
+
+
+def test_servers_with_a_health_check_are_counted():
+    checked = {"type": "tcp", "interval": 60}
+    lb = only_loadbalancer(
+        "lb-c",
+        [tcp("l0", 8000) | {"health_check": checked}, tcp("l1", 8001) | {"backend_group_id": "bg-plain"}],
+        [
+            {"id": "bg-web", "backends": [{"id": f"be-{i}", "address": "198.18.0.21", "port": 80 + i} for i in (1, 2)]},
+            {"id": "bg-plain", "backends": [{"id": "be-3", "address": "198.18.0.22", "port": 80}]},
+        ],
+    )
+    text = render_config(lb, "169.254.0.101", sample_members(lb), inner="169.254.0.100").text
+    # bg-web's two backends and the pod sample_members adds; bg-plain's listener has no check.
+    assert demand(text) == Demand([None, None], checked_servers=3)
 
 
 def test_the_process_takes_the_sum_of_the_listeners_and_two_descriptors_each():
-    capacity = size([7, None, None], listener_default=100, fd_limit=1_000_000)
+    capacity = size(Demand([7, None, None], checked_servers=40), listener_default=100, fd_limit=1_000_000)
     assert capacity.maxconn == 7 + 2 * 100 + ADMIN_CONNECTIONS
-    assert capacity.ulimit_n == 2 * capacity.maxconn + 3 + FD_HEADROOM
+    assert capacity.ulimit_n == 2 * capacity.maxconn + 3 + 40 + FD_HEADROOM
     assert not capacity.capped
 
 
 def test_the_process_never_asks_for_more_descriptors_than_it_may_have():
-    capacity = size([None] * 100, listener_default=10_000, fd_limit=20_000)
+    capacity = size(Demand([None] * 100, checked_servers=3_000), listener_default=10_000, fd_limit=20_000)
     assert capacity.capped and capacity.ulimit_n <= 20_000
-    assert capacity.maxconn == (20_000 - 100 - FD_HEADROOM) // 2
+    assert capacity.maxconn == (20_000 - 100 - 3_000 - FD_HEADROOM) // 2
 
 
 # --- a real haproxy ------------------------------------------------------------------------
@@ -164,3 +189,22 @@ def test_a_running_master_with_a_lower_limit_sizes_the_process():
     finally:
         master.communicate(timeout=10)
     assert inherited_fd_limit(master.pid) == ours  # gone: the next master inherits ours
+
+
+async def test_a_reload_with_a_thousand_checked_servers_fits_the_descriptor_limit(run_dir, echo_port, monkeypatch):
+    # haproxy keeps a socket for every checked server: sized without them, a capped
+    # process asked for fewer descriptors than it needs and refused to load the file.
+    monkeypatch.setattr("lbagent.haproxy.reloads.inherited_fd_limit", lambda pid=None: 3_000)
+    port = free_port()
+    one_server = lb_text("lb-a", port, echo_port, health_check={"type": "tcp", "interval": 60})
+    server_line = next(line for line in one_server.splitlines() if line.startswith("    server "))
+    many = "\n".join(server_line.replace("be-1 ", f"be-{i} ", 1) for i in range(1_200))
+    manager = HaproxyManager(HAPROXY, run_dir)
+    await manager.start()
+    try:
+        assert await manager.apply("lb-a", one_server.replace(server_line, many))
+        info = show_info(manager)
+        assert int(info["Maxsock"]) <= int(info["Ulimit-n"]) <= 3_000
+        assert await echo_through(port)
+    finally:
+        await manager.stop()
