@@ -38,6 +38,7 @@ from lbagent.workers.gc import GarbageCollector
 from lbagent.workers.ha import HaKeeper, copy_state
 from lbagent.workers.lb_task import LbTask
 from lbagent.workers.lease import Timing
+from lbagent.workers.neighbours import NeighbourCapacity
 from lbagent.workers.ovn_worker import OvnWorker
 from lbagent.workers.provider_networks import ProviderNetworkController
 from lbagent.workers.queue import WorkQueue
@@ -107,6 +108,7 @@ class Agent:
         self.ha = self._ha_keeper() if config.ovn.nb else None
         self.gc = GarbageCollector(self.host, self.haproxy, config.agent.gc_max_deletions_per_pass)
         self.gc_stats = {"passes": 0, "skipped": 0, "deleted": 0}
+        self.neighbours = NeighbourCapacity(config.agent.size_neighbour_tables)
         self.state_error: str | None = None
         self.heap = HeapKeeper(self._quiet)
         self._background: list[asyncio.Task] = []
@@ -131,6 +133,8 @@ class Agent:
         private_dir(self.config.agent.run_dir)
         self.store.prepare()
         persisted, desired = self._load_state()
+        if desired is not None:
+            await self.neighbours.accommodate(desired)
         await asyncio.to_thread(self.ovs.start)
         if self.ha is not None and not self._chassis:
             self._chassis = await asyncio.to_thread(self.ovs.system_id)
@@ -230,6 +234,8 @@ class Agent:
 
     async def refresh(self, desired: DesiredState, raw: dict, raw_text: str | None = None) -> int:
         self.check_host(desired)
+        # Before any namespace is built for it: room for its neighbour entries.
+        await self.neighbours.accommodate(desired)
         generation = await self.worker.apply(desired, raw, raw_text)  # which also feeds the controllers
         self.state_error = None
         return generation
@@ -274,6 +280,9 @@ class Agent:
 
     def resync_interval(self) -> float:
         return self.worker.resync_interval()
+
+    def neighbour_status(self) -> dict:
+        return self.neighbours.status()
 
     def queue_stats(self) -> dict:
         return self.queue.stats_by_kind(self.controllers.dispatcher.kinds)

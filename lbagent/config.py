@@ -169,6 +169,8 @@ class AgentSection(_Section):
     log_format: Literal["text", "json"] = "text"
     log_level: Literal["debug", "info", "warning", "error", "critical"] = "info"
     inner_prefix6: Annotated[str, Strict(), AfterValidator(_inner_prefix6)] = DEFAULT_INNER_PREFIX6
+    # Raise the kernel's neighbour table limits to what the load balancers need (never lower them).
+    size_neighbour_tables: Annotated[bool, Strict()] = True
 
 
 class ApiSection(_Section):

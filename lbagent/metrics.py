@@ -175,6 +175,21 @@ class AgentCollector:
         yield _gauge(
             "lbagent_ready", "1 once the agent is ready (see /readyz)", 1 if agent.not_ready_reason() is None else 0
         )
+        neighbours = agent.neighbour_status()
+        if neighbours["entries_needed"] is not None:
+            yield _gauge(
+                "lbagent_neighbour_entries_needed",
+                "Neighbour table entries per family the accepted load balancers may hold at once",
+                neighbours["entries_needed"],
+            )
+        limits = GaugeMetricFamily(
+            "lbagent_neighbour_table_limit",
+            "The kernel's hard limit (gc_thresh3) of a neighbour table, by family",
+            labels=["family"],
+        )
+        for family, limit in neighbours["limits"].items():
+            limits.add_metric([family], limit["hard"])
+        yield limits
         roles = GaugeMetricFamily(
             "lbagent_ha_roles", "Highly available load balancers by this host's role", labels=["role"]
         )

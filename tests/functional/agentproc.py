@@ -46,6 +46,7 @@ class AgentProcess:
         resync_interval: float = 30.0,
         extra_config: str = "",
         env: dict | None = None,
+        size_neighbour_tables: bool = False,
     ):
         self.base = base
         self.host = host
@@ -61,6 +62,8 @@ class AgentProcess:
         self.config_path.write_text(
             f'[agent]\nhost = "{host}"\nstate_dir = "{self.state_dir}"\nrun_dir = "{self.run_dir}"\n'
             f"resync_interval = {resync_interval}\n"
+            # The tables are the machine's: only a test that restores them lets an agent raise them.
+            f"size_neighbour_tables = {str(size_neighbour_tables).lower()}\n"
             f'[api]\nlisten = "127.0.0.1:{self.port}"\ntoken_file = "{base / "token"}"\n'
             f'[ovs]\ndb = "{ovs_db}"\n{extra_config}'
         )

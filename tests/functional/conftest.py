@@ -25,6 +25,7 @@ from devtools.topology import Vpc
 
 from agentproc import AgentProcess
 from helpers import MAC, VIP
+from neighbourlimits import kept_limits
 from operatorproc import BACKENDS, ConfiguredAgent
 
 HERE = Path(__file__).parent
@@ -68,6 +69,14 @@ def vpc(sandbox: OvnSandbox, prefix: str):
 
 
 @pytest.fixture
+def neighbour_limits():
+    """The machine's neighbour table limits as they were, put back after the test. List it before
+    the agent fixtures: it is then torn down after them."""
+    with kept_limits() as before:
+        yield before
+
+
+@pytest.fixture
 def agent_factory(sandbox: OvnSandbox, prefix: str, tmp_path: Path):
     """Start `lbagent run --config FILE` against the sandbox, as systemd would.
 
@@ -77,7 +86,9 @@ def agent_factory(sandbox: OvnSandbox, prefix: str, tmp_path: Path):
     """
     agents: list[AgentProcess] = []
 
-    def start(resync_interval: float = 30.0, extra_config: str = "") -> AgentProcess:
+    def start(
+        resync_interval: float = 30.0, extra_config: str = "", size_neighbour_tables: bool = False
+    ) -> AgentProcess:
         base = tmp_path / f"agent{len(agents)}"
         agent = AgentProcess(
             base,
@@ -86,6 +97,7 @@ def agent_factory(sandbox: OvnSandbox, prefix: str, tmp_path: Path):
             resync_interval=resync_interval,
             extra_config=extra_config,
             env=sandbox.env,
+            size_neighbour_tables=size_neighbour_tables,
         )
         agents.append(agent)
         return agent.start()

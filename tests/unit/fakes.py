@@ -31,6 +31,10 @@ class FakeAgent:
         self.host_problems = []  # details refresh refuses with, as for `ha` this host cannot serve
         self.handover_results = None  # what ha_handover answers (None: no [ovn] nb)
         self.handovers = []
+        self.neighbours = {"sizing": True, "entries_needed": None, "limits": {}, "last_error": None}
+
+    def neighbour_status(self):
+        return self.neighbours
 
     async def wait_settled(self, generation, timeout):
         return await self.worker.wait_settled(generation, timeout)

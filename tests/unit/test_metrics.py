@@ -48,6 +48,12 @@ async def test_agent_figures_are_exported(client):
     assert found[("lbagent_generation", ())] == 7
     assert found[("lbagent_ready", ())] == 1
     assert found[("lbagent_queue_depth", (("queue", "loadbalancers"),))] == 2  # pending + deleting
+    assert ("lbagent_neighbour_entries_needed", ()) not in found  # nothing accepted yet
+
+    agent.neighbours.update(entries_needed=1_500, limits={"ipv4": {"soft": 1_500, "hard": 3_000}})
+    found = await scrape(client)
+    assert found[("lbagent_neighbour_entries_needed", ())] == 1_500
+    assert found[("lbagent_neighbour_table_limit", (("family", "ipv4"),))] == 3_000
 
     agent.haproxy.counts.update(reloads=6, running=False)
     agent.worker.tasks = {}
