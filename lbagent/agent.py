@@ -42,6 +42,7 @@ from lbagent.workers.neighbours import NeighbourCapacity
 from lbagent.workers.ovn_worker import OvnWorker
 from lbagent.workers.provider_networks import ProviderNetworkController
 from lbagent.workers.queue import WorkQueue
+from lbagent.workers.traffic_probes import TrafficProbes, arp_probe
 from lbagent.workers.udp_health import UdpHealthChecker
 
 log = logging.getLogger(__name__)
@@ -90,6 +91,10 @@ class Agent:
         )
         self.worker.udp_health = UdpHealthChecker(self.namespaces, self.worker.kick)
         self.worker.installed_ports = self.installed_ports
+        if config.agent.probe_traffic:
+            self.worker.traffic = TrafficProbes(
+                functools.partial(arp_probe, self.namespaces), self.worker.resync_interval
+            )
         self.provider_networks = ProviderNetworkController(
             ProviderBridges(self.ovs),
             self.namespaces,

@@ -171,6 +171,8 @@ class AgentSection(_Section):
     inner_prefix6: Annotated[str, Strict(), AfterValidator(_inner_prefix6)] = DEFAULT_INNER_PREFIX6
     # Raise the kernel's neighbour table limits to what the load balancers need (never lower them).
     size_neighbour_tables: Annotated[bool, Strict()] = True
+    # A load balancer is ready once its gateway answers ARP through its OVN port, not on ovn-installed alone.
+    probe_traffic: Annotated[bool, Strict()] = True
 
 
 class ApiSection(_Section):

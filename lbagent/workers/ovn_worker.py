@@ -52,6 +52,7 @@ from lbagent.workers.allocator import AddressPair, ExhaustedError, PairAllocator
 from lbagent.workers.lb_task import DONE, LbTask
 from lbagent.workers.memo import IdentityMemo, same_models
 from lbagent.workers.readiness import ReadinessWatch
+from lbagent.workers.traffic_probes import ProbeTarget, TrafficProbes
 
 log = logging.getLogger(__name__)
 
@@ -126,6 +127,8 @@ class OvnWorker(ReadinessWatch):
         self._haproxy_up = True  # as last seen by the readiness watch
         self._haproxy_starts: int | None = None  # masters started, as last seen by the readiness watch
         self._waiting_for_ovn: set[str] = set()  # passed load balancers whose port is not installed yet
+        self._waiting_for_traffic: set[str] = set()  # installed ones whose gateway has not answered yet
+        self.traffic: TrafficProbes | None = None
         self.ha_role: Callable[[str], str | None] = lambda lb_id: None
         self._ha_specs: tuple[DesiredState | None, dict] = (None, {})
         self._notifying: set[asyncio.Task] = set()
@@ -404,6 +407,15 @@ class OvnWorker(ReadinessWatch):
 
     desired_loadbalancer = _lb  # the accepted model of one load balancer, None if it is not wanted
 
+    def _probe_target(self, lb_id: str) -> ProbeTarget | None:
+        """Where its traffic probe goes from and to (None: it is going, or has no address pair)."""
+        lb, allocation = self._lb(lb_id), self.allocations.get(lb_id)
+        if lb is None or allocation is None:
+            return None
+        gateway = self._state().subnet(lb.network.subnet_id).gateway
+        ifname = interface_names(lb_id, allocation.salt).ovn_ns
+        return ProbeTarget(netns_name(lb_id), ifname, lb.network.mac, lb.network.ip, str(gateway))
+
     # --- one pass ------------------------------------------------------------
 
     async def reconcile(self, lb_id: str) -> int:
@@ -510,6 +522,9 @@ class OvnWorker(ReadinessWatch):
             self.tasks.pop(lb_id, None)
             self.runtime.pop(lb_id, None)
             self._waiting_for_ovn.discard(lb_id)
+            self._waiting_for_traffic.discard(lb_id)
+            if self.traffic is not None:
+                self.traffic.forget(lb_id)
             self._derived.forget(lb_id)
         await self._saves.submit(None)
         log.info("lb=%s action=deleted", lb_id)

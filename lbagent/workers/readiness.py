@@ -2,12 +2,15 @@
 
 `ready` means the VIP carries traffic: a successful pass leaves a load
 balancer `pending` while ovn-controller has not installed its OVS port
-(`external_ids:ovn-installed`) or, with listeners served by haproxy, while
-haproxy is not running (`readiness`). `watch_readiness` turns them `ready`
+(`external_ids:ovn-installed`), then until its gateway answered through that
+port (`traffic_probes`, when the agent probes), or, with listeners served by
+haproxy, while haproxy is not running (`readiness`). `watch_readiness` turns them `ready`
 without another pass: every READINESS_INTERVAL it reads whether haproxy runs
 and, only while some load balancer waits for its port, which ports are
-installed (one read of the local OVSDB replica); with nothing waiting and
-haproxy as it was, a tick does nothing per load balancer. A port that loses
+installed (one read of the local OVSDB replica), and probes the load
+balancers whose probe is due; with nothing waiting or due and haproxy as it
+was, a tick does nothing per load balancer. A confirmed load balancer whose
+probes stop being answered turns `pending` again. A port that loses
 ovn-installed later is seen by the next pass (the periodic resync). When a
 master was started again (it died), the load balancers with haproxy
 listeners stay `pending` until a pass, kicked at once, has re-applied their
@@ -31,12 +34,14 @@ from typing import TYPE_CHECKING, Any
 if TYPE_CHECKING:
     from lbagent.desired.model import LoadBalancer
     from lbagent.workers.lb_task import LbTask
+    from lbagent.workers.traffic_probes import ProbeTarget, TrafficProbes
 
 log = logging.getLogger("lbagent.workers.ovn_worker")  # its lines are the worker's
 
 # Seconds between two looks at what keeps passed load balancers from serving.
 READINESS_INTERVAL = 0.25
 WAITING_FOR_OVN = "waiting for ovn-installed"
+WAITING_FOR_TRAFFIC = "waiting for traffic: its gateway does not answer through its OVN port"
 HAPROXY_DOWN = "haproxy not running"
 HAPROXY_RESTARTED = "haproxy restarted: waiting for a pass to re-apply its configuration"
 WAITING_FOR_LEASE = "waiting to learn its role from the OVN Northbound database"
@@ -51,6 +56,9 @@ class ReadinessWatch:
     _haproxy_up: bool
     _haproxy_starts: Any
     _waiting_for_ovn: set[str]
+    _waiting_for_traffic: set[str]
+    # Probes of the gateway through each active port (None: ovn-installed suffices); the agent sets it.
+    traffic: TrafficProbes | None
     # This host's role for a load balancer with `ha` ("active", "standby",
     # "unknown"), None before it is known; the agent sets it.
     ha_role: Callable[[str], str | None]
@@ -62,10 +70,14 @@ class ReadinessWatch:
     async def _notify(self) -> None:
         raise NotImplementedError
 
+    def _probe_target(self, lb_id: str) -> ProbeTarget | None:
+        raise NotImplementedError
+
     def readiness(self, lb_id: str) -> str | None:
         """What keeps a load balancer whose pass succeeded from carrying traffic (None: nothing)."""
         lb, runtime = self._lb(lb_id), self.runtime.get(lb_id)
         self._waiting_for_ovn.discard(lb_id)
+        self._waiting_for_traffic.discard(lb_id)
         if lb is None or runtime is None or not lb.enabled:
             return None  # going, or disabled: nothing is meant to serve
         if not self._haproxy_up and any(ls.enabled and ls.kind.through_haproxy for ls in lb.listeners):
@@ -77,9 +89,19 @@ class ReadinessWatch:
         if role is None:
             return WAITING_FOR_LEASE
         observation = runtime.observation
-        if role == "active" and observation is not None and not observation.ovn_installed:
+        traffic = self.traffic
+        if role != "active" or observation is None:
+            if traffic is not None:
+                traffic.forget(lb_id)  # its port is not bound here: nothing to probe
+            return None
+        if not observation.ovn_installed:
             self._waiting_for_ovn.add(lb_id)
+            if traffic is not None:
+                traffic.forget(lb_id)  # installed again, it is probed again
             return WAITING_FOR_OVN
+        if traffic is not None and not traffic.confirmed(lb_id):
+            self._waiting_for_traffic.add(lb_id)
+            return WAITING_FOR_TRAFFIC
         return None
 
     def ha_role_changed(self, lb_id: str) -> None:
@@ -132,6 +154,7 @@ class ReadinessWatch:
                 elif runtime.observation.ovs_port in installed:
                     runtime.observation = replace(runtime.observation, ovn_installed=True)
                     again.add(lb_id)
+        again |= await self._check_traffic()
         changed = 0
         for lb_id in again:
             found = self.tasks.get(lb_id)
@@ -141,6 +164,20 @@ class ReadinessWatch:
         if changed:
             await self._notify()
         return changed
+
+    async def _check_traffic(self) -> set[str]:
+        """Probe the load balancers whose probe is due; those whose verdict changed."""
+        traffic = self.traffic
+        if traffic is None:
+            return set()
+        due = traffic.due(self._waiting_for_traffic | traffic.confirmed_ids())
+        targets = {lb_id: target for lb_id in due if (target := self._probe_target(lb_id)) is not None}
+        if not targets:
+            return set()
+        gained, lost = await traffic.probe(targets)
+        for lb_id in sorted(lost):
+            log.warning("lb=%s action=probe_traffic result=lost reason=%r", lb_id, "its gateway stopped answering")
+        return gained | lost
 
     def _haproxy_restarted(self) -> None:
         """A new master runs: every load balancer it serves passes again before it is ready."""

@@ -1,5 +1,6 @@
 """`ready` means the VIP carries traffic: a load balancer whose port ovn-controller
-has not installed is `pending` with the reason, `?wait` answers 504 and /readyz
+has not installed, or whose installed port forwards nothing (its gateway does not
+answer through it), is `pending` with the reason, `?wait` answers 504 and /readyz
 503 until it is; with haproxy unable to run, /readyz answers 503 with the reason
 and the metrics say so. On real OVS/OVN and haproxy."""
 
@@ -10,6 +11,9 @@ import shutil
 import signal
 
 from prometheus_client.parser import text_string_to_metric_families
+
+from devtools.sandbox import INTEGRATION_BRIDGE, run
+from lbagent.workers.readiness import WAITING_FOR_TRAFFIC
 
 from agentproc import wait_until
 from helpers import VIP, web_lb
@@ -116,3 +120,37 @@ def test_haproxy_unable_to_run_makes_the_agent_and_its_load_balancers_not_ready(
     wait_until(lambda: agent.lb(lb_id)["state"] == "ready", 15, f"{lb_id} ready again")
     wait_until(lambda: serving(client), 30, "traffic through the VIP again")
     assert metric_values(agent)["lbagent_haproxy_up"] == 1
+
+
+def cut_port_flows(sandbox, port: str) -> None:
+    """Delete the OpenFlow flows that take packets from and to `port`: installed, it forwards nothing,
+    as when ovs-vswitchd stalls behind ovn-controller. Only a new ovn-controller puts them back."""
+    ofport = sandbox.vsctl("get", "Interface", port, "ofport").strip()
+    for match in (f"in_port={ofport}", f"out_port={ofport}"):
+        run("ovs-ofctl", "del-flows", INTEGRATION_BRIDGE, match, env=sandbox.env)
+
+
+def test_an_installed_port_that_carries_no_traffic_is_not_ready(agent_factory, vpc, web, sandbox):
+    lb_id, client = web
+    # Resynced (and so probed again) every 2 s.
+    agent = agent_factory(resync_interval=2.0)
+    code, body = agent.refresh(desired(1, web_lb(lb_id)), wait=60)
+    assert code == 200 and body["loadbalancers"][0]["state"] == "ready", body
+    wait_until(lambda: serving(client), 30, "traffic through the VIP")
+    port = agent.lb(lb_id)["ovs_port"]
+
+    cut_port_flows(sandbox, port)
+    lb = wait_until(lambda: (lb := agent.lb(lb_id))["state"] == "pending" and lb, 30, f"{lb_id} pending")
+    assert lb["reason"] == WAITING_FOR_TRAFFIC and lb["ovn_installed"] and port_installed(sandbox, port), lb
+    assert not serving(client)
+    code, ready = readyz(agent)
+    assert code == 503 and WAITING_FOR_TRAFFIC in ready["reason"], ready
+    code, body = agent.refresh(desired(1, web_lb(lb_id)), wait=2)
+    assert code == 504 and body["loadbalancers"][0]["reason"] == WAITING_FOR_TRAFFIC, body
+
+    controller = sandbox._controller  # a new ovn-controller installs every flow again
+    sandbox._stop_daemon(controller)
+    sandbox._start_daemon(controller, sandbox.ovs_db)
+    wait_until(lambda: agent.lb(lb_id)["state"] == "ready", 60, f"{lb_id} ready again")
+    wait_until(lambda: serving(client), 30, "traffic through the VIP again")
+    assert readyz(agent)[0] == 200

@@ -58,6 +58,7 @@ def test_defaults(tmp_path: Path, token_file: Path) -> None:
     assert config.agent.gc_max_deletions_per_pass == 50
     assert (config.agent.log_format, config.agent.log_level) == ("text", "info")
     assert config.agent.inner_prefix6 == "fd4c:4241::/48"
+    assert config.agent.size_neighbour_tables is True and config.agent.probe_traffic is True
     assert config.api.listen == "127.0.0.1:9680"
     assert (config.api.address.host, config.api.address.port) == ("127.0.0.1", 9680)
     assert config.api.max_body_bytes == DEFAULT_MAX_BODY_BYTES == 16 * 1024 * 1024

@@ -11,11 +11,14 @@ import pytest
 from lbagent.desired.model import parse_desired_state
 from lbagent.errors import StaleGeneration
 from lbagent.haproxy.render import HaproxyConfig
+from lbagent.naming import interface_names, netns_name
 from lbagent.ovnhost.inventory import Inventory
 from lbagent.state import Allocation, PersistedState, StateStore
 from lbagent.workers import allocator
 from lbagent.workers import ovn_worker as worker_mod
 from lbagent.workers.ovn_worker import OvnWorker
+from lbagent.workers.readiness import WAITING_FOR_TRAFFIC
+from lbagent.workers.traffic_probes import ProbeTarget, TrafficProbes
 from tests.unit.fakes import FakeHaproxy, FakeHost
 from tests.unit.samples import lb_body, on_net2, pod_body, selecting_lb, state, two_subnets
 
@@ -646,4 +649,43 @@ async def test_a_standby_is_ready_once_built_and_the_active_one_once_installed(w
     assert a.state == "ready"
     assert set(worker.ha_loadbalancers()) == {"a", "b"}
     assert worker.ha_loadbalancers()["a"].hosts == ["gw-1", "gw-2"]
+    await worker.stop()
+
+
+async def test_an_installed_port_is_ready_once_its_gateway_answers_and_pending_when_it_stops(worker):
+    clock, answers, asked = [0.0], {}, []
+
+    async def gateway(target):
+        asked.append(target)
+        return answers.get(target.netns, False)
+
+    worker.traffic = TrafficProbes(gateway, recheck=lambda: 30.0, retry=1.0, strikes=2, clock=lambda: clock[0])
+    await apply(worker, state(1, [lb_body("a")]))
+    await _until(lambda: worker.tasks["a"].passes)
+    a = worker.tasks["a"]
+    assert (a.state, a.reason) == ("pending", WAITING_FOR_TRAFFIC)
+    assert not await worker.wait_settled(1, 0.05)
+    assert await worker.check_readiness() == 0  # not answered
+    names = interface_names("a", worker.allocations["a"].salt)
+    assert asked == [ProbeTarget(netns_name("a"), names.ovn_ns, "00:22:0a:00:00:0c", "198.18.0.12", "198.18.0.1")]
+
+    answers[netns_name("a")] = True
+    assert await worker.check_readiness() == 0 and len(asked) == 1  # its retry is not due yet
+    clock[0] += 1.0
+    assert await worker.check_readiness() == 1
+    assert (a.state, a.reason) == ("ready", None) and await worker.wait_settled(1, 0)
+
+    answers[netns_name("a")] = False  # the port stops forwarding: two rechecks unanswered
+    clock[0] += 30.0
+    assert await worker.check_readiness() == 0 and a.state == "ready"
+    clock[0] += 1.0
+    assert await worker.check_readiness() == 1
+    assert (a.state, a.reason) == ("pending", WAITING_FOR_TRAFFIC)
+    assert WAITING_FOR_TRAFFIC in worker.not_serving()
+
+    await apply(worker, state(2, []))  # gone: forgotten, never probed again
+    assert await worker.wait_settled(2, 5)
+    clock[0] += 60.0
+    asked.clear()
+    assert await worker.check_readiness() == 0 and asked == []
     await worker.stop()
