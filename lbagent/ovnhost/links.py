@@ -113,6 +113,7 @@ def build_namespace(spec: LinkSpec, host_netns_fd: int) -> set[str]:
     directly on the host), then addresses and routes; two batches, no reads.
     Returns the namespace ends it created, like `converge_namespace`."""
     names = spec.names
+    _without_ipv6("default")  # the veth ends made next come up without a link-local address
     batch = RtnlBatch()
     with closing(open_socket()) as sock:
         batch.set_up(LOOPBACK_INDEX, "lo")
@@ -139,7 +140,24 @@ def _gateway_routes(spec: LinkSpec, oif: int) -> list[KernelRoute]:
     return [default] + [KernelRoute(cidr, nexthop, oif, None) for cidr, nexthop in sorted(routes.items())]
 
 
+def _without_ipv6(interface: str) -> None:
+    """IPv6 off on `interface` ("default": on those made from now on) of the calling thread's namespace.
+
+    A load balancer serves IPv4 only. With IPv6 on, each OVN-side veth sends router
+    solicitations and MLD reports to multicast groups as it comes up, which OVN floods
+    to every port of the logical switch: at 2,500 load balancers on one switch,
+    millions of copies through the userspace datapath while it installs their flows."""
+    try:
+        changed = write_sysctl(f"net/ipv6/conf/{interface}/disable_ipv6", "1")
+    except FileNotFoundError:  # a kernel without IPv6
+        return
+    if changed:
+        count_write("netlink", what=f"ipv6 off on {interface}")
+
+
 def _finish_namespace(spec: LinkSpec) -> None:
+    _without_ipv6(spec.names.ovn_ns)
+    _without_ipv6(spec.names.haproxy_ns)
     if spec.tx_checksum_off:
         ethtool.ensure_tx_checksum_off(spec.names.ovn_ns)
     # A fresh namespace does not forward; both directions route through it.

@@ -106,6 +106,9 @@ def assert_data_path(netns, names):
     assert "198.19.0.0/16 via 198.18.0.254" in sh(f"ip netns exec {netns} ip route")
     assert "tx-checksumming: off" in sh(f"ip netns exec {netns} ethtool -k {names.ovn_ns}")
     assert sh(f"ip netns exec {netns} sysctl -n net.ipv4.ip_forward").strip() == "1"
+    for ns_end in (names.ovn_ns, names.haproxy_ns):  # nothing multicast from it into OVN
+        assert sh(f"ip netns exec {netns} sysctl -n net.ipv6.conf.{ns_end}.disable_ipv6").strip() == "1"
+        assert "inet6" not in sh(f"ip netns exec {netns} ip -6 addr show dev {ns_end}")
     host_addr = sh(f"ip -d addr show {names.haproxy_host}")
     assert "169.254.0.101/16" in host_addr and "noprefixroute" in host_addr
     assert f"169.254.0.100 dev {names.haproxy_host}" in sh("ip route")
@@ -135,6 +138,7 @@ async def test_changes_and_drift_are_repaired(executors, lb):
     sh(f"ip link del {names.haproxy_host}")
     sh("ip rule del priority 31000 from 169.254.0.101")
     sh(f"ip netns exec {netns} ip addr flush dev {names.ovn_ns}")
+    sh(f"ip netns exec {netns} sysctl -qw net.ipv6.conf.{names.ovn_ns}.disable_ipv6=0")
     changed = await converge(
         executors, netns, names, spec(names, gateway="198.18.0.254", mtu=1400), rules(names, backend="198.18.0.22")
     )
@@ -149,6 +153,7 @@ async def test_changes_and_drift_are_repaired(executors, lb):
     assert "default via 198.18.0.254" in routes and "198.18.0.1 " not in routes
     assert "mtu 1400" in sh(f"ip netns exec {netns} ip link show {names.ovn_ns}")
     assert f"169.254.0.100 dev {names.haproxy_host}" in sh("ip route")
+    assert sh(f"ip netns exec {netns} sysctl -n net.ipv6.conf.{names.ovn_ns}.disable_ipv6").strip() == "1"
 
 
 async def test_passes_never_read_all_host_rules_unless_the_reply_path_is_wrong(executors, lb, monkeypatch):
