@@ -79,7 +79,7 @@ demo-ha: deps venv
 
 # 2,500 load balancers through one agent: serving, a reload, lbagent cleanup (about ten minutes).
 test-scale: deps venv
-	LBAGENT_SCALE=1 $(PY) -m pytest -p no:cacheprovider --timeout=1800 tests/functional/test_scale_ceiling.py $(PYTEST_ARGS)
+	LBAGENT_SCALE=1 $(PY) -m pytest -p no:cacheprovider --timeout=2400 tests/functional/test_scale_ceiling.py $(PYTEST_ARGS)
 
 # The full benchmark: one table, bench/results.json. It queues for the
 # machine's one OVS sandbox for up to LBAGENT_SANDBOX_WAIT seconds (default 1200).

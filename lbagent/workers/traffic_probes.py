@@ -30,7 +30,9 @@ log = logging.getLogger("lbagent.workers.ovn_worker")  # its lines are the worke
 RETRY_SECONDS = 1.0
 PROBE_TIMEOUT = 1.0  # OVN answers a gateway's ARP in the local pipeline: milliseconds when it forwards
 STRIKES = 3
-PROBES_AT_ONCE = 32  # one tick's probes, so that a host of thousands does not burst
+# One tick's probes (4 ticks a second): thousands of ports installed at once are
+# probed within seconds, without a burst of thousands of frames into OVS.
+PROBES_AT_ONCE = 128
 
 
 @dataclass(frozen=True)

@@ -160,15 +160,17 @@ def haproxy_counters(agent) -> dict:
     return agent.status()["agent"]["haproxy"]
 
 
-@pytest.mark.timeout(1500)
+@pytest.mark.timeout(2400)
 def test_thousands_of_load_balancers_serve_reload_and_go(neighbour_limits, agent_factory, wide_vpc, prefix):
     client = wide_vpc
     agent = agent_factory(resync_interval=600.0, size_neighbour_tables=True)
     lbs = [small_lb(prefix, i) for i in range(COUNT)]
-    code, body = refresh(agent, 1, lbs, wait=900)
-    assert code == 200, {k: v for k, v in body.items() if k != "loadbalancers"} if isinstance(body, dict) else body
-    assert {r["state"] for r in body["loadbalancers"]} == {"ready"}
-    assert len(body["loadbalancers"]) == COUNT
+    code, body = refresh(agent, 1, lbs, wait=300)  # ?wait's longest
+    assert code in (200, 504), body
+    # On a loaded machine OVN may take longer than one wait to install 2,500 ports.
+    wait_until(lambda: agent.request("GET", "/readyz", token=None)[0] == 200, 900, "all ready", interval=5)
+    states = [(lb["id"], lb["state"]) for lb in agent.status()["loadbalancers"]]
+    assert len(states) == COUNT and {state for _, state in states} == {"ready"}
     sample = sorted(random.sample(range(1, COUNT - 1), min(SAMPLE, COUNT - 2))) + [0, COUNT - 1]
     silent = {}
     for index in sample:
