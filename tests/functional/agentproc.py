@@ -69,6 +69,9 @@ class AgentProcess:
         )
         self.log_path = base / "agent.log"
         self.proc: subprocess.Popen | None = None
+        # What `destroy` gives `lbagent cleanup`: after thousands of load balancers
+        # ovs-vswitchd takes minutes to settle, and cleanup waits for it.
+        self.cleanup_timeout = 120.0
 
     def start(self, timeout: float = 30) -> AgentProcess:
         log = open(self.log_path, "ab")
@@ -153,7 +156,7 @@ class AgentProcess:
             [LBAGENT, "cleanup", "--yes", "--config", str(self.config_path)],
             capture_output=True,
             text=True,
-            timeout=120,
+            timeout=self.cleanup_timeout,
             env=self.env,
         )
         if result.returncode != 0:

@@ -164,6 +164,7 @@ def haproxy_counters(agent) -> dict:
 def test_thousands_of_load_balancers_serve_reload_and_go(neighbour_limits, agent_factory, wide_vpc, prefix):
     client = wide_vpc
     agent = agent_factory(resync_interval=600.0, size_neighbour_tables=True)
+    agent.cleanup_timeout = 900
     lbs = [small_lb(prefix, i) for i in range(COUNT)]
     code, body = refresh(agent, 1, lbs, wait=300)  # ?wait's longest
     assert code in (200, 504), body
