@@ -10,7 +10,8 @@ last the listener's `access_log_rate`.
 
 `AccessLogReader` turns each line into one record of the agent's log
 (`logger lbagent.access`, `object=access lb=<id> listener=<id> ...`), so the
-agent's `log_format` applies to it, and caps each listener at its rate: lines
+agent's `log_format` applies to it, and caps each listener at its rate (its
+`write` does the same for the flow lines of UDP listeners): lines
 beyond it are dropped and counted in the `dropped` field of the next line let
 through. Only known fields are copied, each re-quoted, so that nothing a client
 sent can pose as another field.
@@ -188,6 +189,11 @@ class AccessLogReader:
         if line is None:
             log.debug("object=haproxy action=read_access_log result=ignored")
             return
+        self.write(line)
+
+    def write(self, line: AccessLine) -> None:
+        """Log `line` unless its listener is over its rate. UDP listeners' flow lines
+        (`workers.connlog`) come through here too, under the same cap."""
         dropped = self._cap.admit(f"{line.lb_id}/{line.listener_id}", line.rate)
         if dropped is not None:
             access_log.info("%s", line.message(dropped))
