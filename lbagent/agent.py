@@ -90,7 +90,7 @@ class Agent:
             inner_prefix6=config.agent.inner_prefix6,
         )
         self.worker.udp_health = UdpHealthChecker(self.namespaces, self.worker.kick)
-        self.worker.connection_logs = ConnectionLogs(self.namespaces, self.haproxy.access_log.write)
+        self.worker.connection_logs = ConnectionLogs(self.namespaces, self.haproxy.access_log)
         self.worker.installed_ports = self.installed_ports
         self.provider_networks = ProviderNetworkController(
             ProviderBridges(self.ovs),

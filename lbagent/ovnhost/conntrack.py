@@ -14,8 +14,11 @@ never waits, so its file descriptor can be watched by the event loop. When
 the kernel's queue for the socket overflows, events are lost (ENOBUFS):
 `read` counts them as `lost` and goes on.
 
-`decode` turns the bytes of one read into `FlowEvent`s with pyroute2's
-`nfct_msg`; anything else on the socket (errors, other message types) is
+`split` cuts the bytes of one read into `RawEvent`s, each with the flow's
+destination (protocol, address, port) read straight from the message: a
+reader skips what it does not log for about a tenth of the cost of decoding
+it. `RawEvent.decode` then makes the whole `FlowEvent` with pyroute2's
+`nfct_msg`. Anything else on the socket (errors, other message types) is
 skipped, and bytes that are not netlink messages raise `ConntrackError`.
 
 Every open socket pins its namespace: close it before the namespace is
@@ -47,6 +50,12 @@ RECEIVE_BUFFER = 4 << 20
 READ_SIZE = 65536
 MAX_READS = 64  # datagrams one `read` takes: a flood of events never holds its caller long
 _NLMSG_HEADER = struct.Struct("=IHHII")
+_NFGEN_HEADER_SIZE = 4
+_NLA_HEADER = struct.Struct("=HH")
+_NLA_TYPE_MASK = 0x3FFF  # without NLA_F_NESTED and NLA_F_NET_BYTEORDER
+# Attribute numbers of the path to a flow's destination (linux/netfilter/nfnetlink_conntrack.h).
+CTA_TUPLE_ORIG, CTA_TUPLE_IP, CTA_TUPLE_PROTO = 1, 1, 2
+CTA_IP_V4_DST, CTA_PROTO_NUM, CTA_PROTO_DST_PORT = 2, 1, 3
 PROTOCOLS = {socket.IPPROTO_TCP: "tcp", socket.IPPROTO_UDP: "udp", socket.IPPROTO_ICMP: "icmp"}
 
 
@@ -126,9 +135,9 @@ class ConntrackEvents:
     def fileno(self) -> int:
         return self._sock.fileno()
 
-    def read(self) -> list[FlowEvent]:
+    def read(self) -> list[RawEvent]:
         """The events queued now (up to MAX_READS datagrams of them); never waits."""
-        events: list[FlowEvent] = []
+        events: list[RawEvent] = []
         for _ in range(MAX_READS):
             try:
                 data = self._sock.recv(READ_SIZE)
@@ -139,15 +148,36 @@ class ConntrackEvents:
                     self.lost += 1
                     continue
                 raise ConntrackError(f"read conntrack events: {exc}") from exc
-            events += decode(data)
+            events += split(data)
         return events
 
     def close(self) -> None:
         self._sock.close()
 
 
-def decode(data: bytes) -> list[FlowEvent]:
-    """The flow events among the netlink messages of one datagram."""
+@dataclass(frozen=True)
+class Destination:
+    """Where the client sent a flow, before any DNAT."""
+
+    protocol: str
+    address: str
+    port: int
+
+
+@dataclass(frozen=True)
+class RawEvent:
+    """One event as the kernel sent it, with its destination already read."""
+
+    kind: str  # "start" | "end"
+    destination: Destination | None  # None: not an IPv4 flow with ports (ICMP, IPv6)
+    data: bytes
+
+    def decode(self) -> FlowEvent | None:
+        return _event(self.data, self.kind) if self.destination is not None else None
+
+
+def split(data: bytes) -> list[RawEvent]:
+    """The flow events among the netlink messages of one datagram, not decoded yet."""
     events = []
     offset = 0
     while offset + _NLMSG_HEADER.size <= len(data):
@@ -155,11 +185,44 @@ def decode(data: bytes) -> list[FlowEvent]:
         if length < _NLMSG_HEADER.size or offset + length > len(data):
             raise ConntrackError(f"truncated netlink message: length {length} at {offset} of {len(data)}")
         if msg_type in (MSG_NEW, MSG_DESTROY):
-            event = _event(data[offset : offset + length], "start" if msg_type == MSG_NEW else "end")
-            if event is not None:
-                events.append(event)
+            message = data[offset : offset + length]
+            events.append(RawEvent("start" if msg_type == MSG_NEW else "end", _destination(message), message))
         offset += (length + 3) & ~3
     return events
+
+
+def decode(data: bytes) -> list[FlowEvent]:
+    """Every flow event of one datagram, decoded."""
+    return [event for raw in split(data) if (event := raw.decode()) is not None]
+
+
+def _destination(message: bytes) -> Destination | None:
+    original = _attribute(message, _NLMSG_HEADER.size + _NFGEN_HEADER_SIZE, len(message), CTA_TUPLE_ORIG)
+    ip = original and _attribute(message, *original, CTA_TUPLE_IP)
+    proto = original and _attribute(message, *original, CTA_TUPLE_PROTO)
+    address = ip and _attribute(message, *ip, CTA_IP_V4_DST)
+    number = proto and _attribute(message, *proto, CTA_PROTO_NUM)
+    port = proto and _attribute(message, *proto, CTA_PROTO_DST_PORT)
+    if not address or not number or not port or address[1] - address[0] != 4 or port[1] - port[0] != 2:
+        return None
+    protocol = message[number[0]]
+    return Destination(
+        PROTOCOLS.get(protocol, str(protocol)),
+        socket.inet_ntoa(message[address[0] : address[1]]),
+        int.from_bytes(message[port[0] : port[1]], "big"),
+    )
+
+
+def _attribute(message: bytes, start: int, end: int, wanted: int) -> tuple[int, int] | None:
+    """Where the payload of the attribute numbered `wanted` lies among the attributes in start..end."""
+    while start + _NLA_HEADER.size <= end:
+        length, number = _NLA_HEADER.unpack_from(message, start)
+        if length < _NLA_HEADER.size or start + length > end:
+            raise ConntrackError(f"truncated conntrack attribute: length {length} at {start}")
+        if number & _NLA_TYPE_MASK == wanted:
+            return start + _NLA_HEADER.size, start + length
+        start += (length + 3) & ~3
+    return None
 
 
 def _event(raw: bytes, kind: str) -> FlowEvent | None:

@@ -6,8 +6,10 @@ while at least one enabled UDP listener of the load balancer has
 `access_log`, and writes two lines per flow to that listener's VIP:port:
 `event=start` when conntrack creates the flow and `event=end` when it
 forgets it, with the packets and bytes each way and the duration. Both go
-through `AccessLogReader.write`, the same per-listener cap and logger
-(`lbagent.access`) as haproxy's lines.
+through the same per-listener cap (`AccessLogReader.admit`) and logger
+(`lbagent.access`) as haproxy's lines. An event is matched to a listener and
+capped by its destination alone, read without decoding the rest: only the
+lines that are written cost a full decode.
 
 When the end line comes is conntrack's business: a UDP flow ends once its
 timeout (`nf_conntrack_udp_timeout`, 30 s, or `..._udp_timeout_stream`, 120 s,
@@ -36,8 +38,8 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 
 from lbagent.errors import LbAgentError
-from lbagent.haproxy.accesslog import AccessLine
-from lbagent.ovnhost.conntrack import ConntrackEvents, FlowEvent, open_events
+from lbagent.haproxy.accesslog import AccessLine, AccessLogReader, emit
+from lbagent.ovnhost.conntrack import ConntrackError, ConntrackEvents, FlowEvent, RawEvent, open_events
 from lbagent.ovnhost.netns import netns_path
 from lbagent.workers import plan
 
@@ -99,11 +101,11 @@ class ConnectionLogs:
     def __init__(
         self,
         namespaces,
-        write: Callable[[AccessLine], None],
+        access: AccessLogReader,
         open_subscription: Callable[[], ConntrackEvents] = open_events,
     ):
         self._namespaces = namespaces  # a NamespaceExecutor
-        self._write = write  # AccessLogReader.write: the listener's cap, then the log
+        self._access = access  # whose per-listener cap the lines go through
         self._open = open_subscription  # run on a thread inside the namespace
         self._subscriptions: dict[str, _Subscription] = {}
 
@@ -171,9 +173,22 @@ class ConnectionLogs:
         for event in events:
             self._received(lb_id, subscription, event)
 
-    def _received(self, lb_id: str, subscription: _Subscription, event: FlowEvent) -> None:
-        if event.protocol != "udp":
+    def _received(self, lb_id: str, subscription: _Subscription, raw: RawEvent) -> None:
+        # Matched and capped on the destination alone: a flow nobody logs, or a line the
+        # cap drops, costs no decoding.
+        destination = raw.destination
+        if destination is None or destination.protocol != "udp":
             return  # tcp: haproxy's lines
-        listener = subscription.listeners.get((event.original.dst, event.original.dport))
-        if listener is not None:
-            self._write(flow_line(lb_id, listener, event))
+        listener = subscription.listeners.get((destination.address, destination.port))
+        if listener is None:
+            return
+        dropped = self._access.admit(lb_id, listener.listener_id, listener.rate)
+        if dropped is None:
+            return
+        try:
+            event = raw.decode()
+        except ConntrackError as exc:
+            log.warning("lb=%s object=access action=read_conntrack result=undecodable error=%r", lb_id, str(exc))
+            return
+        if event is not None:
+            emit(flow_line(lb_id, listener, event), dropped)

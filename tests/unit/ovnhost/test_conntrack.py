@@ -10,7 +10,17 @@ import socket
 import pytest
 from pyroute2.netlink.nfnetlink.nfctsocket import nfct_msg
 
-from lbagent.ovnhost.conntrack import MSG_DESTROY, MSG_NEW, ConntrackError, ConntrackEvents, Counters, Tuple, decode
+from lbagent.ovnhost.conntrack import (
+    MSG_DESTROY,
+    MSG_NEW,
+    ConntrackError,
+    ConntrackEvents,
+    Counters,
+    Destination,
+    Tuple,
+    decode,
+    split,
+)
 
 # Split for the line length; each is one datagram as read from the socket.
 CAPTURED_NEW = bytes.fromhex(
@@ -105,6 +115,13 @@ class Socket:
         if isinstance(item, Exception):
             raise item
         return item
+
+
+def test_the_destination_is_read_without_decoding_the_event():
+    [start, icmp] = split(CAPTURED_NEW + built(MSG_NEW, socket.IPPROTO_ICMP, ports=False))
+    assert start.destination == Destination("udp", "198.18.200.1", 5000)
+    assert icmp.destination is None and icmp.decode() is None
+    assert split(built(MSG_DESTROY, socket.IPPROTO_TCP))[0].destination == Destination("tcp", "198.18.0.10", 53)
 
 
 def test_reading_takes_what_is_queued_and_counts_overflows():
