@@ -34,6 +34,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import os
+import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
@@ -44,6 +45,10 @@ from lbagent.ovnhost.netns import netns_path
 from lbagent.workers import plan
 
 log = logging.getLogger(__name__)
+
+# Seconds between two warnings of lost events of one subscription: a flood
+# overflows the queue at every read, and must not flood the log too.
+LOST_EVERY = 10.0
 
 
 @dataclass(frozen=True)
@@ -92,7 +97,8 @@ class _Subscription:
     events: ConntrackEvents
     # (VIP, port) -> the listener there; a flow to anything else is not logged.
     listeners: dict[tuple[str, int], LoggedListener] = field(default_factory=dict)
-    lost: int = 0  # events lost as last said in the log
+    lost: int = 0  # overflows as last said in the log
+    lost_said_at: float = -LOST_EVERY
 
 
 class ConnectionLogs:
@@ -103,11 +109,13 @@ class ConnectionLogs:
         namespaces,
         access: AccessLogReader,
         open_subscription: Callable[[], ConntrackEvents] = open_events,
+        clock: Callable[[], float] = time.monotonic,
     ):
         self._namespaces = namespaces  # a NamespaceExecutor
         self._access = access  # whose per-listener cap the lines go through
         self._open = open_subscription  # run on a thread inside the namespace
         self._subscriptions: dict[str, _Subscription] = {}
+        self._clock = clock
 
     def subscribed(self, lb_id: str) -> bool:
         return lb_id in self._subscriptions
@@ -163,13 +171,14 @@ class ConnectionLogs:
             log.error("lb=%s object=access action=read_conntrack result=error error=%r", lb_id, str(exc))
             self.forget(lb_id)
             return
-        if subscription.events.lost != subscription.lost:
+        now = self._clock()
+        if subscription.events.lost != subscription.lost and now >= subscription.lost_said_at + LOST_EVERY:
             log.warning(
                 "lb=%s object=access action=read_conntrack result=lost overflows=%d",
                 lb_id,
                 subscription.events.lost - subscription.lost,
             )
-            subscription.lost = subscription.events.lost
+            subscription.lost, subscription.lost_said_at = subscription.events.lost, now
         for event in events:
             self._received(lb_id, subscription, event)
 

@@ -14,7 +14,7 @@ import pytest
 from lbagent.haproxy.accesslog import AccessLogReader, RateCap
 from lbagent.logs import message_fields
 from lbagent.ovnhost.conntrack import ConntrackError, Counters, Destination, FlowEvent, Tuple
-from lbagent.workers.connlog import ConnectionLogs, LoggedListener, logged_listeners, namespace_inode
+from lbagent.workers.connlog import LOST_EVERY, ConnectionLogs, LoggedListener, logged_listeners, namespace_inode
 from tests.unit.samples import until
 
 VIP = "198.18.0.10"
@@ -112,7 +112,7 @@ class Harness:
         self.open_error: Exception | None = None
         self.now = 0.0
         self.access = AccessLogReader(("127.0.0.1", 0), cap=RateCap(clock=lambda: self.now))
-        self.logs = ConnectionLogs(self.namespaces, self.access, self._open)
+        self.logs = ConnectionLogs(self.namespaces, self.access, self._open, clock=lambda: self.now)
 
     def _open(self) -> FakeEvents:
         if self.open_error is not None:
@@ -242,14 +242,17 @@ async def test_a_read_that_fails_drops_the_subscription(caplog):
     assert harness.opened[0].closed and "action=read_conntrack result=error" in caplog.text
 
 
-async def test_lost_events_are_said_in_the_log(caplog, lines):
+async def test_lost_events_are_said_in_the_log_at_most_every_few_seconds(caplog, lines):
     harness = Harness()
     await harness.sync()
-    harness.opened[0].lost = 3
+    events = harness.opened[0]
     with caplog.at_level(logging.WARNING):
-        harness.opened[0].push(flow("start"))
-        await until(lambda: lines, "a line")
-    assert "result=lost overflows=3" in caplog.text
+        for overflows, now in ((3, 0.0), (5, 1.0), (6, LOST_EVERY)):
+            events.lost, harness.now = overflows, now
+            events.push(flow("start"))
+            await until(lambda: not events.queued, "the flow read")
+    said = [r.getMessage() for r in caplog.records if "result=lost" in r.getMessage()]
+    assert [m.split()[-1] for m in said] == ["overflows=3", "overflows=3"]  # the second: 5 and 6 since
     harness.logs.stop()
 
 
