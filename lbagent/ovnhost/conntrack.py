@@ -47,6 +47,7 @@ SYSCTLS = {"net/netfilter/nf_conntrack_acct": "1", "net/netfilter/nf_conntrack_t
 # The kernel's queue of events for the socket: a burst of new flows larger than
 # this many bytes (about 150 bytes an event) is lost rather than delayed.
 RECEIVE_BUFFER = 4 << 20
+SO_RCVBUFFORCE = 33  # linux/asm-generic/socket.h; the socket module does not name it
 READ_SIZE = 65536
 MAX_READS = 64  # datagrams one `read` takes: a flood of events never holds its caller long
 _NLMSG_HEADER = struct.Struct("=IHHII")
@@ -115,7 +116,10 @@ def open_events() -> ConntrackEvents:
     except OSError as exc:
         raise ConntrackError(f"open conntrack events: {exc}") from exc
     try:
-        sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, RECEIVE_BUFFER)
+        try:  # past net.core.rmem_max, which caps SO_RCVBUF (about 200 KiB by default)
+            sock.setsockopt(socket.SOL_SOCKET, SO_RCVBUFFORCE, RECEIVE_BUFFER)
+        except PermissionError:  # without CAP_NET_ADMIN: as much as rmem_max allows
+            sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, RECEIVE_BUFFER)
         sock.bind((0, GROUPS))
         namespace = os.stat("/proc/thread-self/ns/net").st_ino
     except OSError as exc:
