@@ -32,6 +32,7 @@ from lbagent.ovnhost.northbound import NorthboundClient
 from lbagent.ovnhost.ovs import OvsClient
 from lbagent.state import PersistedState, StateFileError, StateStore, private_dir
 from lbagent.support.heap import TICK_INTERVAL, HeapKeeper
+from lbagent.workers.connlog import ConnectionLogs
 from lbagent.workers.controllers import requeue_loadbalancers, wire
 from lbagent.workers.dispatch import LOADBALANCER, kind_of
 from lbagent.workers.gc import GarbageCollector
@@ -90,6 +91,7 @@ class Agent:
             inner_prefix6=config.agent.inner_prefix6,
         )
         self.worker.udp_health = UdpHealthChecker(self.namespaces, self.worker.kick)
+        self.worker.connection_logs = ConnectionLogs(self.namespaces, self.haproxy.access_log)
         self.worker.installed_ports = self.installed_ports
         if config.agent.probe_traffic:
             self.worker.traffic = TrafficProbes(

@@ -81,9 +81,8 @@ OPTION_TYPES: dict[str, frozenset[str]] = {
     "certificates": HTTPS_TYPES,
     "tls_cipher_policy": HTTPS_TYPES,
     "client_certificate": HTTPS_TYPES,
-    # haproxy writes the lines; udp flows are the kernel's, which logs none.
-    "access_log": HAPROXY_TYPES,
-    "access_log_rate": HAPROXY_TYPES,
+    # access_log and access_log_rate apply to every type: haproxy writes the
+    # lines of tcp, http and https, conntrack's events those of udp (workers.connlog).
     "rules": HTTP_TYPES,
 }
 

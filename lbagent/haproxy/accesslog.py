@@ -10,7 +10,8 @@ last the listener's `access_log_rate`.
 
 `AccessLogReader` turns each line into one record of the agent's log
 (`logger lbagent.access`, `object=access lb=<id> listener=<id> ...`), so the
-agent's `log_format` applies to it, and caps each listener at its rate: lines
+agent's `log_format` applies to it, and caps each listener at its rate (its
+`admit` caps the flow lines of UDP listeners too): lines
 beyond it are dropped and counted in the `dropped` field of the next line let
 through. Only known fields are copied, each re-quoted, so that nothing a client
 sent can pose as another field.
@@ -188,9 +189,23 @@ class AccessLogReader:
         if line is None:
             log.debug("object=haproxy action=read_access_log result=ignored")
             return
-        dropped = self._cap.admit(f"{line.lb_id}/{line.listener_id}", line.rate)
+        self.write(line)
+
+    def write(self, line: AccessLine) -> None:
+        """Log `line` unless its listener is over its rate."""
+        dropped = self.admit(line.lb_id, line.listener_id, line.rate)
         if dropped is not None:
-            access_log.info("%s", line.message(dropped))
+            emit(line, dropped)
+
+    def admit(self, lb_id: str, listener_id: str, rate: int) -> int | None:
+        """The listener's cap (see `RateCap.admit`), which UDP listeners' flow lines
+        (`workers.connlog`) go through too, before they are even decoded."""
+        return self._cap.admit(f"{lb_id}/{listener_id}", rate)
+
+
+def emit(line: AccessLine, dropped: int) -> None:
+    """Write an admitted line to the agent's log."""
+    access_log.info("%s", line.message(dropped))
 
 
 class _Protocol(asyncio.DatagramProtocol):

@@ -47,7 +47,7 @@ from lbagent.ovnhost.inventory import Inventory
 from lbagent.state import Allocation, PersistedState, StateStore
 from lbagent.support.blocking import BlockingPool
 from lbagent.support.coalesce import Coalescer
-from lbagent.workers import plan
+from lbagent.workers import connlog, plan
 from lbagent.workers.allocator import AddressPair, ExhaustedError, PairAllocator, assign_ports, inner_prefix6_space
 from lbagent.workers.lb_task import DONE, LbTask
 from lbagent.workers.memo import IdentityMemo, same_models
@@ -101,6 +101,7 @@ class OvnWorker(ReadinessWatch):
         resync_interval: float,
         resync_rate: float = DEFAULT_RESYNC_RATE,
         udp_health=None,
+        connection_logs=None,
         requeue: Callable[[str], None] | None = None,
         inner_prefix6: str = DEFAULT_INNER_PREFIX6,
     ):
@@ -113,6 +114,7 @@ class OvnWorker(ReadinessWatch):
         # same step that switches to it: the sibling controllers miss no change.
         self.on_accept: list[Callable[[DesiredState], None]] = []
         self.udp_health = udp_health  # UdpHealthChecker, or None: UDP members are then always live
+        self.connection_logs = connection_logs  # ConnectionLogs, or None: UDP listeners write no access lines
         self._store = store
         self._resync = resync_interval
         self._resync_rate = resync_rate
@@ -487,6 +489,8 @@ class OvnWorker(ReadinessWatch):
             unhealthy = self.udp_health.unhealthy(lb.id)
         spec = plan.host_spec(lb, subnet, allocation, members, self._netdev, unhealthy)
         self.runtime[lb.id].observation = await self._host.converge(spec)
+        if self.connection_logs is not None:  # after converge: the namespace exists
+            await self.connection_logs.sync(lb.id, netns_name(lb.id), lb.network.ip, connlog.logged_listeners(lb))
 
     def resync_interval(self) -> float:
         """Seconds between two resync passes of one load balancer: the configured
@@ -506,6 +510,8 @@ class OvnWorker(ReadinessWatch):
         allocation = self.allocations.get(lb_id)
         if self.udp_health is not None:
             self.udp_health.forget(lb_id)
+        if self.connection_logs is not None:  # its socket would keep the namespace alive
+            self.connection_logs.forget(lb_id)
         await self._handoff.remove(lb_id)
         if allocation is not None:
             async with self._pass_slots:
@@ -589,6 +595,8 @@ class OvnWorker(ReadinessWatch):
         await self._handoff.stop()
         if self.udp_health is not None:
             await self.udp_health.stop()
+        if self.connection_logs is not None:
+            self.connection_logs.stop()
         self._renders.shutdown()
 
 

@@ -36,8 +36,6 @@ SAMPLE_VALUES = {
     "certificates": [{"id": "c1", **certificate("www.example.com")}],
     "tls_cipher_policy": "tls_cipher_policy_1_2_strict",
     "client_certificate": {"ca": certificate("clients.example.com")["certificate"], "verify": "optional"},
-    "access_log": True,
-    "access_log_rate": 10,
     "rules": [{"id": "r1", "path": "/a", "backend_group_id": "bg-1"}],
 }
 
@@ -130,6 +128,13 @@ def test_a_health_check_field_its_type_of_check_ignores_is_refused(field, check_
     listener_type = next(name for name in KINDS if name in OPTION_TYPES[option])
     # A tcp check (a connection) is allowed on every listener type and reads none of them.
     assert _refused_paths(_body_with(listener_type, option, SAMPLE_VALUES[option], "tcp")) == {_path(option)}
+
+
+def test_udp_listeners_may_log_their_flows():
+    body = _body_with("udp", "access_log", True)
+    body["loadbalancers"][0]["listeners"][0]["access_log_rate"] = 10
+    listener = parse_desired_state(body).loadbalancers[0].listeners[0]
+    assert (listener.access_log, listener.access_log_rate) == (True, 10)
 
 
 def test_the_refusal_names_the_types_that_may_carry_the_option():

@@ -689,3 +689,37 @@ async def test_an_installed_port_is_ready_once_its_gateway_answers_and_pending_w
     asked.clear()
     assert await worker.check_readiness() == 0 and asked == []
     await worker.stop()
+
+
+class RecordingConnectionLogs:
+    """Records, with the host's own calls, when the worker subscribes and forgets."""
+
+    def __init__(self, host):
+        self.host = host
+        self.calls = []
+
+    async def sync(self, lb_id, netns, vip, listeners):
+        self.calls.append(("sync", lb_id, netns, vip, [listener.listener_id for listener in listeners]))
+
+    def forget(self, lb_id):
+        self.calls.append(("forget", lb_id, len(self.host.removed)))
+
+    def stop(self):
+        self.calls.append(("stop",))
+
+
+async def test_udp_flows_are_logged_once_the_namespace_is_built_and_until_just_before_it_goes(worker):
+    logs = worker.connection_logs = RecordingConnectionLogs(worker._host)
+    body = lb_body("a")
+    body["listeners"].append(
+        {"id": "dns", "listener_type": "udp", "listener_port": 53, "backend_group_id": "bg-1", "access_log": True}
+    )
+    await apply(worker, state(1, [body]))
+    assert await worker.wait_settled(1, 5)
+    assert logs.calls == [("sync", "a", "lb-a", "198.18.0.12", ["dns"])] and len(worker._host.converged) == 1
+    await apply(worker, state(2, []))
+    assert await worker.wait_settled(2, 5)
+    assert logs.calls[-1] == ("forget", "a", 0)  # before the namespace is removed: its socket would pin it
+    assert worker._host.removed == ["a"]
+    await worker.stop()
+    assert logs.calls[-1] == ("stop",)
