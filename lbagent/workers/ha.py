@@ -89,6 +89,7 @@ class _Role:
     """What this host knows of one load balancer's lease."""
 
     watch: Watch
+    port_name: str = ""
     role: str | None = None  # None until the first tick that concerns it
     ha: HighAvailability | None = None  # as last wanted
     gave_away: bool = False  # handed over on request: no preempting it back
@@ -101,6 +102,8 @@ class _Role:
     # What the last decision was made on, and until when it holds (None: decide again).
     inputs: tuple | None = None
     due: float = 0.0
+    beat_wait: float | None = None
+    holder: str = ""  # the lease's holder at the last decision
 
     def rewatch(self, now: float) -> None:
         """Watch the lease afresh from `now`: nothing seen before counts."""
@@ -147,6 +150,8 @@ class HaKeeper:
         # session has not noticed yet: its probes take seconds): None while they commit.
         self._unanswered_since: float | None = None
         self._last_read: tuple[int, tuple[str, ...], dict[str, PortLease]] | None = None
+        self._names_for: dict[str, HighAvailability] | None = None  # the load balancers `_names` are of
+        self._names: tuple[str, ...] = ()
         self._next_connect = 0.0
         self._heard: dict[str, Heard] = {}  # other holders' heartbeats
         self._heard_beats: dict[str, dict[str, str | None]] = {}  # holder -> its ports -> beat, as last seen
@@ -213,22 +218,24 @@ class HaKeeper:
         leaving = {lb_id: state for lb_id, state in gone.items() if state.role == ACTIVE}
         if not wanted and not leaving:
             return
-        ports = await self._read([iface_id(lb_id) for lb_id in [*wanted, *leaving]])
+        ports = await self._read(self._port_names(wanted, leaving))
         now = self._clock()  # after the read: what it saw is at least this recent
         self._listen(ports, now)
         chassis = self._chassis()
         decided: list[tuple[str, PortLease, Decision]] = []
         held: list[tuple[PortLease, HighAvailability]] = []
-        for lb_id, ha in wanted.items():
-            state = self._role_of(lb_id, now)
+        roles = self._roles
+        for lb_id, ha in wanted.items():  # a thousand times a tick: what the loop does shows
+            state = roles.get(lb_id) or self._role_of(lb_id, now)
             state.ha = ha
-            port = ports.get(iface_id(lb_id))
+            port = ports.get(state.port_name)
             if port is None:
                 self._set_role(lb_id, state, STANDBY, Lease(), "no logical switch port")
                 continue
             if port.keys.get(HOLDER) == self.host:
                 held.append((port, ha))
-            self._expire_offer(lb_id, state, ha, now)
+            if state.offers:
+                self._expire_offer(lb_id, state, ha, now)
             decision = self._decide(lb_id, state, ha, port, chassis, now)
             if decision is None:
                 continue  # as at the last decision
@@ -260,18 +267,18 @@ class HaKeeper:
         the same object)."""
         copy, offer, preempt = self._copy_of(lb_id), self._offer(state), ha.preempt and not state.gave_away
         last = state.inputs
-        if (
-            last is not None
-            and now < state.due
-            and last[0] is port
-            and last[1] is ha
-            and last[2:] == (copy, chassis, offer, preempt)
-        ):
-            return None
-        heard = self._heard.get(port.keys.get(HOLDER, ""), NOT_HEARD)
+        if last is not None and last[0] is port and last[1] is ha and last[2:] == (copy, chassis, offer, preempt):
+            if now < state.due:
+                return None
+            # Waiting for the holder to fall silent: every beat heard since moved the wait on.
+            if state.beat_wait is not None and now < self._heard.get(state.holder, NOT_HEARD).at + state.beat_wait:
+                return None
+        state.holder = port.keys.get(HOLDER, "")
+        heard = self._heard.get(state.holder, NOT_HEARD)
         decision = decide(self.host, chassis, ha, port, state.watch, copy, now, self.timing, offer, preempt, heard)
         if decision.write is None:
             state.inputs, state.due = (port, ha, copy, chassis, offer, preempt), decision.due
+            state.beat_wait = decision.beat_wait
         else:  # what commits decides what comes next
             state.inputs = None
         return decision
@@ -331,16 +338,23 @@ class HaKeeper:
         self._beacons = chosen
         return [by_name[name][0] for name in sorted(set(chosen.values()))]
 
-    async def _read(self, names: list[str]) -> dict[str, PortLease]:
+    def _port_names(self, wanted: dict[str, HighAvailability], leaving: dict[str, _Role]) -> tuple[str, ...]:
+        """The ports to read (the same tuple while the load balancers are the same)."""
+        if leaving or self._names_for is not wanted:
+            self._names_for = None if leaving else wanted
+            self._names = tuple(iface_id(lb_id) for lb_id in [*wanted, *leaving])
+        return self._names
+
+    async def _read(self, names: tuple[str, ...]) -> dict[str, PortLease]:
         """The ports, from the replica; the last read again while the replica has not
         changed since (most ticks: a standby's replica changes at each renewal only,
         and reading a thousand rows out of python-ovs is most of a tick's cost)."""
-        generation, key = self._nb.generation(), tuple(names)
+        generation = self._nb.generation()
         last = self._last_read
-        if last is not None and last[0] == generation and last[1] == key:
+        if last is not None and last[0] == generation and (last[1] is names or last[1] == names):
             return last[2]
         ports = await self._pool.run(self._nb.ports, names)
-        self._last_read = (generation, key, ports)
+        self._last_read = (generation, names, ports)
         return ports
 
     def _unknown_while_unanswered(self, wanted: dict[str, HighAvailability], now: float) -> None:
@@ -401,7 +415,7 @@ class HaKeeper:
     def _role_of(self, lb_id: str, now: float) -> _Role:
         found = self._roles.get(lb_id)
         if found is None:
-            found = self._roles[lb_id] = _Role(Watch(first_seen=now))
+            found = self._roles[lb_id] = _Role(Watch(first_seen=now), port_name=iface_id(lb_id))
         return found
 
     async def _answered(self, call: Callable, now: float, *args):

@@ -189,8 +189,10 @@ class Decision:
     write: LeaseWrite | None
     kind: str  # "renew", "take", "offer", "bind", "unwell" or "" (nothing)
     why: str = ""
-    # With the same inputs, the decision stays the same until then (its waits run out).
+    # With the same inputs, the decision stays the same until then (its waits run out)...
     due: float = NEVER
+    # ...or, waiting for the holder to fall silent, until this long after its last beat.
+    beat_wait: float | None = None
     silent: float | None = None  # a takeover after silence: seconds the holder was silent
 
 
@@ -236,27 +238,29 @@ def decide(
     watch.unbound_since = None
     if not copy.built or copy.failing:
         return NOTHING
-    take = Decision(write_for(port, lease.taken_by(me), chassis), "take")
+
+    def take(why: str, guards: tuple[Guard, ...] = (), silent: float | None = None) -> Decision:
+        return Decision(write_for(port, lease.taken_by(me), chassis, guards), "take", why, silent=silent)
+
     if not lease.holder:
         until = watch.first_seen + ha.rank(me) * timing.lease
-        return replace(take, why="unheld") if now >= until else _wait(until)
+        return take("unheld") if now >= until else _wait(until)
     if lease.handover == me:
-        return replace(take, why=f"offered by {lease.holder}")
+        return take(f"offered by {lease.holder}")
     if (ha.preempt if preempt is None else preempt) and ha.rank(me) < ha.rank(lease.holder):
-        return replace(take, why=f"preempting {lease.holder}")
+        return take(f"preempting {lease.holder}")
     standbys = [host for host in ha.hosts if host != lease.holder]
     step = RANK_STEP * timing.lease * (standbys.index(me) if me in standbys else len(standbys))
     if lease.unwell:
         until = max(watch.changed_at, watch.first_seen) + step
-        return replace(take, why=f"{lease.holder} is unwell") if now >= until else _wait(until)
+        return take(f"{lease.holder} is unwell") if now >= until else _wait(until)
     heard_at = max(watch.changed_at, watch.first_seen, heard.at)
     grace = lease.grace if port.up is not False else 0.0
-    until = heard_at + max(timing.lease, grace) + step
-    if now < until:
-        return _wait(until)
+    wait = max(timing.lease, grace) + step
+    if now < heard_at + wait:
+        return Decision(None, "", due=heard_at + wait, beat_wait=wait)
     silent = now - heard_at
-    guarded = write_for(port, lease.taken_by(me), chassis, heard.guards)
-    return Decision(guarded, "take", f"nothing heard from {lease.holder} for {silent:.2f}s", silent=silent)
+    return take(f"nothing heard from {lease.holder} for {silent:.2f}s", heard.guards, silent)
 
 
 def _as_holder(
