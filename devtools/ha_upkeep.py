@@ -32,6 +32,7 @@ SCHEMA = "/usr/share/ovn/ovn-nb.ovsschema"
 HOSTS = ("gw-1", "gw-2")
 PREFIX = "upkeep-"
 SWITCH = "ha-upkeep"
+REPO = Path(__file__).resolve().parents[1]
 
 
 def cpu_seconds(pid: int) -> float:
@@ -117,7 +118,8 @@ def measure(n: int, window: float, lease: float, timeout: float) -> dict:
             for host in HOSTS:
                 argv = [sys.executable, "-m", "devtools.ha_upkeep", "--agent", host, "--remote", server.remote]
                 argv += ["--n", str(n), "--lease", str(lease), "--status", str(base / f"{host}.json")]
-                agents[host] = subprocess.Popen(argv, stdout=subprocess.DEVNULL, stderr=open(base / f"{host}.log", "w"))
+                with open(base / f"{host}.log", "w") as log:
+                    agents[host] = subprocess.Popen(argv, cwd=REPO, stdout=subprocess.DEVNULL, stderr=log)
 
             def status(host: str) -> dict:
                 path = base / f"{host}.json"
