@@ -139,12 +139,16 @@ def test_of_two_hosts_taking_one_lease_at_once_exactly_one_wins(northbound):
 
 def test_a_lost_server_is_unavailable_and_a_restarted_one_reconnects(northbound):
     client = northbound.client()
+    client.probe()  # answered: returns
     northbound.stop()
     wait_for(lambda: not client.connected(), 10, "the client to notice the server is gone")
     with pytest.raises(OvsdbUnavailable):
         client.commit([LeaseWrite(PORT, {}, {"lbagent:term": "1"})])
+    with pytest.raises(OvsdbUnavailable):
+        client.probe()
     northbound.start()
     wait_for(client.connected, 30, "the client to reconnect")
+    client.probe()
     keys = client.ports([PORT])[PORT].keys
     assert client.commit([LeaseWrite(PORT, keys, {"lbagent:term": "9"})]) == [True]
 
