@@ -418,7 +418,7 @@ class SilentNorthbound(NorthboundView):
         return super().commit(writes)
 
 
-async def test_a_holder_whose_renewals_go_unanswered_says_unknown_within_a_lease(world):
+async def test_a_holder_whose_heartbeats_go_unanswered_says_unknown_within_a_lease(world):
     db, clock, gw1, gw2 = world
     gw1.nb.__class__ = SilentNorthbound
     await tick_all(clock, gw1, gw2, seconds=1)
@@ -427,11 +427,11 @@ async def test_a_holder_whose_renewals_go_unanswered_says_unknown_within_a_lease
     while gw1.keeper.role("lb-1") != UNKNOWN and clock.now - started < 3:
         clock.now += 0.15
         try:
-            await gw1.keeper.tick()  # as the loop does: a failed renewal is logged, the next tick comes
+            await gw1.keeper.tick()  # as the loop does: a failed heartbeat is logged, the next tick comes
         except OvsdbUnavailable:
             failed += 1
     assert gw1.keeper.role("lb-1") == UNKNOWN and failed >= 1
-    assert clock.now - started <= LEASE + 0.6  # a lease after the first unanswered renewal
+    assert clock.now - started <= LEASE + 0.6  # a lease after the first unanswered heartbeat
     assert not gw1.keeper.in_contact()
     assert gw1.roles.count(UNKNOWN) == 1  # said once, not flapping each tick
     gw1.nb.silent = False
@@ -456,7 +456,7 @@ async def test_an_unchanged_replica_is_not_read_again(world):
     await gw2.keeper.tick()
     await gw2.keeper.tick()
     assert len(read) == 1
-    gw2.nb.generation = lambda: 43  # a renewal arrived
+    gw2.nb.generation = lambda: 43  # a beat arrived
     await gw2.keeper.tick()
     assert len(read) == 2
 
