@@ -305,7 +305,7 @@ def _h6_rows(results: dict[str, Any]) -> list[dict[str, Any]]:
     holding = sum(h6[f"{who}_holds"] > 0 for who in ("active", "standby"))
     rows = [
         _row(
-            # A host's renewals of all its leases are one transaction a tick: this grows with the
+            # A host's heartbeat (with any lease writes) is one transaction a tick: this grows with the
             # hosts holding leases, not with N, and is not extrapolated.
             f"H6 NB transactions/s on the central, N={n} (as measured)",
             f"{h6['nb_txn_per_second']:.1f}/s",

@@ -136,7 +136,8 @@ class HaStatus(_Answer):
     active_host: str | None
     term: int
     since: str  # when this host's role last changed
-    # Seconds from the last renewal this host saw to its taking the lease, when it took it last.
+    # Seconds from the last this host heard of the holder (a beat or a change of the lease)
+    # to its taking the lease, when it took it last.
     last_failover_s: float | None = None
 
 

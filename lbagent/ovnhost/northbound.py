@@ -11,8 +11,10 @@ own `lbagent:*` keys and `requested-chassis`, and only with `setkey`/`delkey`
 overwritten.
 
 A write names the lease keys it was decided on (`LeaseWrite.expect`): it
-applies only if the port still has exactly those, and it `verify`s the
-column, so the server refuses the transaction when another agent changed it
+applies only if the port still has exactly those (but the keys it says may
+move meanwhile, `unchecked`), and, if it has `guards`, only if other ports'
+keys still have the values it was decided on; it `verify`s the column of
+every row it checked, so the server refuses the transaction when another agent changed it
 after our replica saw it (on a clustered Northbound database the leader
 orders them). ovsdbapp then runs the commands again on the newer replica,
 where the stale write finds its expectation broken and drops out: of two
@@ -20,6 +22,10 @@ agents taking the same lease, one wins and the other learns it lost. All
 the writes of one tick go in one transaction.
 
 The IDL watches only `Logical_Switch_Port`'s name, options, external_ids and up.
+The replica keeps every port decoded (`PortLease`) and decodes again only
+the rows the server changed, as the IDL reports them: a tick that reads a
+thousand ports after one heartbeat decodes one. A reconnection, or a row
+count that does not match, decodes them all again.
 Every call blocks; the caller runs it on its own thread (`BlockingPool`).
 """
 
@@ -61,19 +67,86 @@ class PortLease:
 
 
 @dataclass(frozen=True)
+class Guard:
+    """A condition on another port: its key `key` still has `value` (None: absent)."""
+
+    port: str
+    key: str
+    value: str | None
+
+
+@dataclass(frozen=True)
 class LeaseWrite:
     """Set and delete `lbagent:*` keys of one port (and maybe its requested-chassis),
-    only if its `lbagent:*` keys are still exactly `expect`."""
+    only if its `lbagent:*` keys other than `unchecked` are still exactly `expect`
+    and every guard still holds."""
 
     port: str
     expect: dict[str, str]
     set_keys: dict[str, str] = field(default_factory=dict)
     delete_keys: tuple[str, ...] = ()
     requested_chassis: str | None = None
+    unchecked: tuple[str, ...] = ()
+    guards: tuple[Guard, ...] = ()
 
 
 def _own_keys(row) -> dict[str, str]:
     return {k: v for k, v in row.external_ids.items() if k.startswith(KEY_PREFIX)}
+
+
+def _decode(row) -> PortLease:
+    up = row.up[0] if row.up else None  # an optional boolean: a list of none or one
+    return PortLease(row.name, _own_keys(row), row.options.get(REQUESTED_CHASSIS, ""), up)
+
+
+class _PortIdl(connection.OvsdbIdl):
+    """The IDL, keeping its ports decoded: the IDL tells it which rows changed
+    (`notify`, on the connection's thread, where every command runs too)."""
+
+    def __init__(self, *args, **kwargs):
+        super().__init__(*args, **kwargs)
+        self._changed: set = set()  # uuids of rows changed since the last refresh
+        self._decoded: dict = {}  # uuid -> PortLease
+        self._uuids: dict[str, object] = {}  # port name -> uuid
+        self._session_seqno: int | None = None
+        self.decodes = 0  # rows decoded so far: what the cache saves shows here
+
+    def notify(self, event, row, updates=None):
+        if row._table.name == PORT_TABLE:
+            self._changed.add(row.uuid)
+
+    def ports(self) -> dict[str, object]:
+        """Port name -> uuid, of every port, up to date with the replica."""
+        rows = self.tables[PORT_TABLE].rows
+        seqno = self._session.get_seqno()
+        if seqno != self._session_seqno or len(rows) != len(self._decoded):
+            self._session_seqno, self._changed = seqno, set()
+            self._decoded = {uuid: _decode(row) for uuid, row in rows.items()}
+            self.decodes += len(rows)
+        elif self._changed:
+            changed, self._changed = self._changed, set()
+            for uuid in changed:
+                row = rows.get(uuid)
+                if row is None:
+                    self._decoded.pop(uuid, None)
+                else:
+                    self._decoded[uuid] = _decode(row)
+                    self.decodes += 1
+            if len(rows) != len(self._decoded):  # a change the IDL did not report: start over
+                self._session_seqno = None
+                return self.ports()
+        else:
+            return self._uuids
+        self._uuids = {port.name: uuid for uuid, port in self._decoded.items()}
+        return self._uuids
+
+    def port(self, name: str) -> PortLease | None:
+        uuid = self.ports().get(name)
+        return self._decoded.get(uuid) if uuid is not None else None
+
+    def row(self, name: str):
+        uuid = self.ports().get(name)
+        return self.tables[PORT_TABLE].rows.get(uuid) if uuid is not None else None
 
 
 class _ReadPorts(command.ReadOnlyCommand):
@@ -82,12 +155,12 @@ class _ReadPorts(command.ReadOnlyCommand):
         self.names = list(names)
 
     def run_idl(self, txn):
+        idl = self.api.idl
         found = {}
         for name in self.names:
-            row = idlutils.row_by_value(self.api.idl, PORT_TABLE, "name", name, None)
-            if row is not None:
-                up = row.up[0] if row.up else None  # an optional boolean: a list of none or one
-                found[name] = PortLease(name, _own_keys(row), row.options.get(REQUESTED_CHASSIS, ""), up)
+            port = idl.port(name)
+            if port is not None:
+                found[name] = port
         self.result = found
 
 
@@ -100,11 +173,10 @@ class _WriteLeases(command.BaseCommand):
         # Run again on every TRY_AGAIN, on the newer replica: each write is decided anew.
         applied = []
         for write in self.writes:
-            row = idlutils.row_by_value(self.api.idl, PORT_TABLE, "name", write.port, None)
-            if row is None or _own_keys(row) != write.expect:
+            row = self._checked(write)
+            if row is None:
                 applied.append(False)
                 continue
-            row.verify("external_ids")
             for key, value in write.set_keys.items():
                 row.setkey("external_ids", key, value)
             for key in write.delete_keys:
@@ -113,6 +185,35 @@ class _WriteLeases(command.BaseCommand):
                 row.setkey("options", REQUESTED_CHASSIS, write.requested_chassis)
             applied.append(True)
         self.result = applied
+
+    def _checked(self, write: LeaseWrite):
+        """The write's row if its expectation and guards hold, all rows involved verified."""
+        idl = self.api.idl
+        row = idl.row(write.port)
+        if row is None:
+            return None
+        if {k: v for k, v in _own_keys(row).items() if k not in write.unchecked} != write.expect:
+            return None
+        guarded = []
+        for guard in write.guards:
+            other = idl.row(guard.port)
+            if other is None or other.external_ids.get(guard.key) != guard.value:
+                return None
+            guarded.append(other)
+        for checked in (row, *guarded):
+            checked.verify("external_ids")
+        return row
+
+
+class _Probe(command.BaseCommand):
+    """Reads one column of one port from the server (a `select`: nothing is
+    written), to learn whether the server answers."""
+
+    def run_idl(self, txn):
+        row = next(iter(self.api.idl.tables[PORT_TABLE].rows.values()), None)
+        if row is not None:
+            row.fetch("name")
+        self.result = row is not None
 
 
 class _BoundedTransaction(transaction.Transaction):
@@ -208,7 +309,7 @@ class NorthboundClient:
                 # Probes every two timeouts: a server that stopped answering is
                 # noticed within four (python-ovs would wait 10 s).
                 probe_ms = max(1000, int(self._timeout * 2000))
-                idl = connection.OvsdbIdl(self.remote, _schema_helper(self.remote), probe_interval=probe_ms)
+                idl = _PortIdl(self.remote, _schema_helper(self.remote), probe_interval=probe_ms)
                 self._conn = connection.Connection(idl=idl, timeout=self._timeout)
             self._api = _api_class()(self._conn, start=True)
         except Exception as exc:  # ovsdbapp raises bare Exceptions on connect failures
@@ -226,6 +327,10 @@ class NorthboundClient:
         """A number that changes whenever the replica does (-1 before a connection):
         a read of the same ports at the same generation would find the same."""
         return self._conn.idl.change_seqno if self._conn is not None else -1
+
+    def decoded_rows(self) -> int:
+        """How many rows the replica has decoded since it was made (0 before a connection)."""
+        return self._conn.idl.decodes if self._conn is not None else 0
 
     def close(self) -> None:
         if self._conn is not None:
@@ -246,8 +351,15 @@ class NorthboundClient:
         its port changed or went away meanwhile)."""
         if not writes:
             return []
+        return list(self._run(_WriteLeases(self._require(), writes)))
+
+    def probe(self) -> None:
+        """Returns once the server has answered a transaction that writes nothing;
+        OvsdbUnavailable if it does not within the timeout."""
+        self._run(_Probe(self._require()))
+
+    def _run(self, cmd: command.BaseCommand):
         api = self._require()
-        cmd = _WriteLeases(api, writes)
         txn = api.create_transaction(check_error=True, log_errors=False)
         txn.add(cmd)
         try:
@@ -258,4 +370,4 @@ class NorthboundClient:
             raise OvsdbUnavailable(f"OVN Northbound lease transaction: {exc}") from exc
         except Exception as exc:
             raise OvsdbError(f"OVN Northbound lease transaction: {exc}") from exc
-        return list(cmd.result)
+        return cmd.result

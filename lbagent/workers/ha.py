@@ -2,11 +2,24 @@
 
 Every `tick` it reads the lease of each load balancer with `ha` from the
 Northbound replica, asks `lease.decide` what to write, and commits all the
-writes of the tick in one transaction (renewals of a thousand leases are one
-transaction, not a thousand). It owns each load balancer's role as this host
-sees it (`active`, `standby`, or `unknown` while the Northbound database is
-out of reach: the data path then keeps serving as it was), the handovers
-asked for through the API, and the grace a stopping agent asks for.
+writes of the tick in one transaction. A lease whose port, copy and offer
+are as at the last decision, and none of whose waits has run out, is not
+decided again. It owns each load balancer's role as this host sees it
+(`active`, `standby`, or `unknown` while the Northbound database is out of
+reach: the data path then keeps serving as it was), the handovers asked for
+through the API, the grace a stopping agent asks for, and the host's
+heartbeat.
+
+The heartbeat shows that the host holding leases is alive, for all of them
+at once: every renewal interval it raises `lbagent:beat` on its beacons, one
+port for each other host that stands by for any of its leases (the first
+port it holds, by name, whose load balancer lists that host; a beacon stays
+while it is held, so a load balancer added later does not move it). The
+upkeep of a thousand leases is thus a transaction of one or two rows, and
+every standby's replica receives those rows only. A standby hears a host
+when a beat moves on any port that host holds; its silence clock for a
+lease restarts on that, or on the lease's own keys moving, and its takeover
+after silence checks the beats it heard in the same transaction.
 
 Restarts are not failures: `stop` renews every lease this host holds with a
 `grace` of `restart_grace` seconds in one transaction, and standbys wait that
@@ -29,16 +42,29 @@ import asyncio
 import logging
 import time
 from collections.abc import Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from datetime import UTC, datetime
 
 from lbagent.desired.ha import HighAvailability
 from lbagent.errors import LbAgentError
 from lbagent.metrics import HA_FAILOVERS, HA_RENEW_SECONDS
 from lbagent.naming import iface_id
-from lbagent.ovnhost.northbound import LeaseWrite, NorthboundClient, PortLease
+from lbagent.ovnhost.northbound import Guard, LeaseWrite, NorthboundClient, PortLease
 from lbagent.support.blocking import BlockingPool
-from lbagent.workers.lease import Copy, Decision, Lease, Timing, Watch, decide, write_for
+from lbagent.workers.lease import (
+    BEAT,
+    HOLDER,
+    NOT_HEARD,
+    Copy,
+    Decision,
+    Heard,
+    Lease,
+    Timing,
+    Watch,
+    beat_write,
+    decide,
+    write_for,
+)
 
 log = logging.getLogger(__name__)
 
@@ -63,6 +89,7 @@ class _Role:
     """What this host knows of one load balancer's lease."""
 
     watch: Watch
+    port_name: str = ""
     role: str | None = None  # None until the first tick that concerns it
     ha: HighAvailability | None = None  # as last wanted
     gave_away: bool = False  # handed over on request: no preempting it back
@@ -72,6 +99,15 @@ class _Role:
     last_failover_s: float | None = None
     offers: list[str] = field(default_factory=list)  # hosts still to offer a handover to, the current first
     offer_deadline: float = 0.0
+    # What the last decision was made on, and until when it holds (None: decide again).
+    inputs: tuple | None = None
+    due: float = 0.0
+    beat_wait: float | None = None
+    holder: str = ""  # the lease's holder at the last decision
+
+    def rewatch(self, now: float) -> None:
+        """Watch the lease afresh from `now`: nothing seen before counts."""
+        self.watch, self.inputs = Watch(first_seen=now), None
 
     def document(self) -> dict:
         return {
@@ -114,7 +150,14 @@ class HaKeeper:
         # session has not noticed yet: its probes take seconds): None while they commit.
         self._unanswered_since: float | None = None
         self._last_read: tuple[int, tuple[str, ...], dict[str, PortLease]] | None = None
+        self._names_for: dict[str, HighAvailability] | None = None  # the load balancers `_names` are of
+        self._names: tuple[str, ...] = ()
         self._next_connect = 0.0
+        self._heard: dict[str, Heard] = {}  # other holders' heartbeats
+        self._heard_beats: dict[str, dict[str, str | None]] = {}  # holder -> its ports -> beat, as last seen
+        self._heard_in: dict[str, PortLease] | None = None  # the read they were taken from
+        self._beacons: dict[str, str] = {}  # other host -> the port this host beats on for it
+        self._beat_at: float | None = None
         self._ticked = asyncio.Condition()
         self.last_error: str | None = None
 
@@ -175,30 +218,27 @@ class HaKeeper:
         leaving = {lb_id: state for lb_id, state in gone.items() if state.role == ACTIVE}
         if not wanted and not leaving:
             return
-        ports = await self._read([iface_id(lb_id) for lb_id in [*wanted, *leaving]])
+        ports = await self._read(self._port_names(wanted, leaving))
         now = self._clock()  # after the read: what it saw is at least this recent
+        self._listen(ports, now)
         chassis = self._chassis()
         decided: list[tuple[str, PortLease, Decision]] = []
-        for lb_id, ha in wanted.items():
-            state = self._role_of(lb_id, now)
+        held: list[tuple[PortLease, HighAvailability]] = []
+        roles = self._roles
+        for lb_id, ha in wanted.items():  # a thousand times a tick: what the loop does shows
+            state = roles.get(lb_id) or self._role_of(lb_id, now)
             state.ha = ha
-            port = ports.get(iface_id(lb_id))
+            port = ports.get(state.port_name)
             if port is None:
                 self._set_role(lb_id, state, STANDBY, Lease(), "no logical switch port")
                 continue
-            self._expire_offer(lb_id, state, ha, now)
-            decision = decide(
-                self.host,
-                chassis,
-                ha,
-                port,
-                state.watch,
-                self._copy_of(lb_id),
-                now,
-                self.timing,
-                self._offer(state),
-                preempt=ha.preempt and not state.gave_away,
-            )
+            if port.keys.get(HOLDER) == self.host:
+                held.append((port, ha))
+            if state.offers:
+                self._expire_offer(lb_id, state, ha, now)
+            decision = self._decide(lb_id, state, ha, port, chassis, now)
+            if decision is None:
+                continue  # as at the last decision
             if decision.write is not None:
                 decided.append((lb_id, port, decision))  # its role follows from what commits
             else:
@@ -210,22 +250,111 @@ class HaKeeper:
             write = self._leaving(lb_id, state, port)
             if write is not None:
                 decided.append((lb_id, port, write))
+        beats = self._beats(held, decided, now)
         try:
-            if decided:
-                await self._commit(decided, now)
+            if decided or beats:
+                await self._commit(decided, beats, now)
+            elif self._unanswered_since is not None:  # nothing to write: ask whether it answers again
+                await self._answered(self._nb.probe, now)
         finally:
             self._unknown_while_unanswered(wanted, self._clock())
 
-    async def _read(self, names: list[str]) -> dict[str, PortLease]:
+    def _decide(
+        self, lb_id: str, state: _Role, ha: HighAvailability, port: PortLease, chassis: str, now: float
+    ) -> Decision | None:
+        """`lease.decide` for one lease; None when its inputs are those of the last
+        decision and it is not due again yet (the replica keeps an unchanged port
+        the same object)."""
+        copy, offer, preempt = self._copy_of(lb_id), self._offer(state), ha.preempt and not state.gave_away
+        last = state.inputs
+        if last is not None and last[0] is port and last[1] is ha and last[2:] == (copy, chassis, offer, preempt):
+            if now < state.due:
+                return None
+            # Waiting for the holder to fall silent: every beat heard since moved the wait on.
+            if state.beat_wait is not None and now < self._heard.get(state.holder, NOT_HEARD).at + state.beat_wait:
+                return None
+        state.holder = port.keys.get(HOLDER, "")
+        heard = self._heard.get(state.holder, NOT_HEARD)
+        decision = decide(self.host, chassis, ha, port, state.watch, copy, now, self.timing, offer, preempt, heard)
+        if decision.write is None:
+            state.inputs, state.due = (port, ha, copy, chassis, offer, preempt), decision.due
+            state.beat_wait = decision.beat_wait
+        else:  # what commits decides what comes next
+            state.inputs = None
+        return decision
+
+    def _listen(self, ports: dict[str, PortLease], now: float) -> None:
+        """Hear the other holders' heartbeats: a host is heard when a beat moves, or
+        appears, on a port it holds (a port first seen with a beat is not a move)."""
+        if ports is self._heard_in:
+            return  # the same read: nothing moved
+        self._heard_in = ports
+        beats: dict[str, dict[str, str | None]] = {}
+        for port in ports.values():
+            holder = port.keys.get(HOLDER, "")
+            if holder not in ("", self.host):
+                beats.setdefault(holder, {})[port.name] = port.keys.get(BEAT)
+        heard = {}
+        for holder, seen in beats.items():
+            before = self._heard_beats.get(holder, {})
+            moved = any(name in before and before[name] != beat for name, beat in seen.items() if beat is not None)
+            at = now if moved else self._heard.get(holder, NOT_HEARD).at
+            guards = tuple(Guard(name, BEAT, beat) for name, beat in sorted(seen.items()) if beat is not None)
+            heard[holder] = Heard(at, guards)
+        self._heard, self._heard_beats = heard, beats
+
+    def _beats(
+        self, held: list[tuple[PortLease, HighAvailability]], decided: list[tuple[str, PortLease, Decision]], now: float
+    ) -> list[LeaseWrite]:
+        """This host's heartbeat, when due: a beat on each of its beacons, in the write
+        the tick has for that port already if it has one."""
+        interval = self.timing.renew_interval * 0.8  # a little early rather than a tick late
+        if not held or (self._beat_at is not None and now - self._beat_at < interval):
+            return []
+        self._beat_at = now
+        beacons = {port.name: port for port in self._beacons_of(held)}
+        for index, (lb_id, port, decision) in enumerate(decided):
+            write = decision.write
+            if port.name in beacons and write is not None and decision.kind in ("renew", "offer", "bind", "unwell"):
+                beat = beat_write(beacons.pop(port.name)).set_keys
+                decided[index] = (
+                    lb_id,
+                    port,
+                    replace(decision, write=replace(write, set_keys={**write.set_keys, **beat})),
+                )
+        return [beat_write(port) for _, port in sorted(beacons.items())]
+
+    def _beacons_of(self, held: list[tuple[PortLease, HighAvailability]]) -> list[PortLease]:
+        """The ports to beat on: one for each other host of the held leases' `ha.hosts`."""
+        by_name = {port.name: (port, ha) for port, ha in held}
+        chosen: dict[str, str] = {}
+        for host in sorted({host for _, ha in held for host in ha.hosts if host != self.host}):
+            kept = self._beacons.get(host)
+            if kept is not None and kept in by_name and host in by_name[kept][1].hosts:
+                chosen[host] = kept
+                continue
+            # A port with a beat already first: after a restart, the beacon the standby knows.
+            chosen[host] = min((BEAT not in port.keys, port.name) for port, ha in held if host in ha.hosts)[1]
+        self._beacons = chosen
+        return [by_name[name][0] for name in sorted(set(chosen.values()))]
+
+    def _port_names(self, wanted: dict[str, HighAvailability], leaving: dict[str, _Role]) -> tuple[str, ...]:
+        """The ports to read (the same tuple while the load balancers are the same)."""
+        if leaving or self._names_for is not wanted:
+            self._names_for = None if leaving else wanted
+            self._names = tuple(iface_id(lb_id) for lb_id in [*wanted, *leaving])
+        return self._names
+
+    async def _read(self, names: tuple[str, ...]) -> dict[str, PortLease]:
         """The ports, from the replica; the last read again while the replica has not
         changed since (most ticks: a standby's replica changes at each renewal only,
         and reading a thousand rows out of python-ovs is most of a tick's cost)."""
-        generation, key = self._nb.generation(), tuple(names)
+        generation = self._nb.generation()
         last = self._last_read
-        if last is not None and last[0] == generation and last[1] == key:
+        if last is not None and last[0] == generation and (last[1] is names or last[1] == names):
             return last[2]
         ports = await self._pool.run(self._nb.ports, names)
-        self._last_read = (generation, key, ports)
+        self._last_read = (generation, names, ports)
         return ports
 
     def _unknown_while_unanswered(self, wanted: dict[str, HighAvailability], now: float) -> None:
@@ -243,7 +372,7 @@ class HaKeeper:
         """As after a reconnection: what was seen while unanswered does not count."""
         self._unanswered_since = None
         for state in self._roles.values():
-            state.watch = Watch(first_seen=now, renewed_at=state.watch.renewed_at)
+            state.rewatch(now)
 
     def _leaving(self, lb_id: str, state: _Role, port: PortLease) -> Decision | None:
         """A load balancer this host held is no longer one of its `ha` ones: gone from
@@ -275,7 +404,8 @@ class HaKeeper:
         if connected and not self._in_contact:
             # Nothing seen while out of contact counts: every lease is watched anew.
             for state in self._roles.values():
-                state.watch = Watch(first_seen=now)
+                state.rewatch(now)
+            self._heard, self._heard_beats, self._heard_in = {}, {}, None
             log.info("object=ha action=contact in_contact=true")
         elif not connected and self._in_contact:
             log.warning("object=ha action=contact in_contact=false")
@@ -285,21 +415,30 @@ class HaKeeper:
     def _role_of(self, lb_id: str, now: float) -> _Role:
         found = self._roles.get(lb_id)
         if found is None:
-            found = self._roles[lb_id] = _Role(Watch(first_seen=now))
+            found = self._roles[lb_id] = _Role(Watch(first_seen=now), port_name=iface_id(lb_id))
         return found
 
-    async def _commit(self, decided: list[tuple[str, PortLease, Decision]], now: float) -> None:
+    async def _answered(self, call: Callable, now: float, *args):
+        """`call(*args)` on the pool, a transaction: whether it was answered tells
+        whether this host is in contact."""
         started = time.monotonic()
         try:
-            applied = await self._pool.run(self._nb.commit, [decision.write for _, _, decision in decided])
+            result = await self._pool.run(call, *args)
         except LbAgentError:
             if self._unanswered_since is None:
                 self._unanswered_since = now
             raise
-        finally:  # a renewal that failed slowly is what a failover follows: it counts
+        finally:  # a transaction that failed slowly is what a failover follows: it counts
             HA_RENEW_SECONDS.observe(time.monotonic() - started)
         if self._unanswered_since is not None:
             self._answered_again(now)
+        return result
+
+    async def _commit(
+        self, decided: list[tuple[str, PortLease, Decision]], beats: list[LeaseWrite], now: float
+    ) -> None:
+        writes = [decision.write for _, _, decision in decided if decision.write is not None]
+        applied = await self._answered(self._nb.commit, now, writes + beats)
         for (lb_id, port, decision), done in zip(decided, applied):
             state = self._roles.get(lb_id)
             if state is None or decision.write is None:
@@ -307,11 +446,10 @@ class HaKeeper:
             if not done:  # someone else's write came first: the next tick reads it
                 self._set_role(lb_id, state, None, Lease.of(port), "")
                 continue
-            state.watch.renewed_at = now
             new = Lease.of(PortLease(port.name, {**port.keys, **decision.write.set_keys}))
             if decision.kind == "take":
-                if decision.why.startswith("no renewal"):
-                    state.last_failover_s = round(now - max(state.watch.changed_at, state.watch.first_seen), 3)
+                if decision.silent is not None:
+                    state.last_failover_s = round(decision.silent, 3)
                     HA_FAILOVERS.inc()
                 state.watch.observe(new, now)
                 state.offers = []

@@ -6,6 +6,7 @@ it needs no OVS and no sandbox lock.
 
 from __future__ import annotations
 
+import json
 import threading
 from pathlib import Path
 
@@ -13,7 +14,7 @@ import pytest
 
 from devtools.procs import pid_alive, run, stop_pid, wait_for
 from lbagent.ovnhost.errors import OvsdbUnavailable
-from lbagent.ovnhost.northbound import LeaseWrite, NorthboundClient
+from lbagent.ovnhost.northbound import Guard, LeaseWrite, NorthboundClient
 
 SCHEMA = "/usr/share/ovn/ovn-nb.ovsschema"
 PORT = "iface/lb/nb-test"
@@ -138,14 +139,83 @@ def test_of_two_hosts_taking_one_lease_at_once_exactly_one_wins(northbound):
 
 def test_a_lost_server_is_unavailable_and_a_restarted_one_reconnects(northbound):
     client = northbound.client()
+    client.probe()  # answered: returns
     northbound.stop()
     wait_for(lambda: not client.connected(), 10, "the client to notice the server is gone")
     with pytest.raises(OvsdbUnavailable):
         client.commit([LeaseWrite(PORT, {}, {"lbagent:term": "1"})])
+    with pytest.raises(OvsdbUnavailable):
+        client.probe()
     northbound.start()
     wait_for(client.connected, 30, "the client to reconnect")
+    client.probe()
     keys = client.ports([PORT])[PORT].keys
     assert client.commit([LeaseWrite(PORT, keys, {"lbagent:term": "9"})]) == [True]
+
+
+def test_a_guarded_write_applies_only_while_the_other_port_still_has_the_beat_it_was_decided_on(northbound):
+    """A takeover decided on silence checks the holder's beacon in the same transaction."""
+    beacon = "iface/lb/nb-test-beacon"
+    northbound.nbctl("lsp-add", "nb-test", beacon)
+    holder, standby = northbound.client(), northbound.client()
+    assert holder.commit([LeaseWrite(PORT, {}, {"lbagent:term": "1", "lbagent:holder": "gw-1"})]) == [True]
+    assert holder.commit([LeaseWrite(beacon, {}, {"lbagent:beat": "1"})]) == [True]
+    wait_for(lambda: standby.ports([beacon]).get(beacon, None) is not None, 5, "the standby's replica")
+    wait_for(lambda: standby.ports([beacon])[beacon].keys.get("lbagent:beat") == "1", 5, "the standby to see the beat")
+    seen = standby.ports([PORT])[PORT].keys
+    take = LeaseWrite(
+        PORT, seen, {"lbagent:term": "2", "lbagent:holder": "gw-2"}, guards=(Guard(beacon, "lbagent:beat", "1"),)
+    )
+    # The holder beats after the standby decided: the takeover must not apply.
+    assert holder.commit([LeaseWrite(beacon, {}, {"lbagent:beat": "2"}, unchecked=("lbagent:beat",))]) == [True]
+    assert standby.commit([take]) == [False]
+    assert "lbagent:holder=gw-1" in external_ids(northbound).replace('"', "")
+    wait_for(lambda: standby.ports([beacon])[beacon].keys.get("lbagent:beat") == "2", 5, "the standby to see it")
+    heard = (Guard(beacon, "lbagent:beat", "2"),)
+    assert standby.commit([LeaseWrite(PORT, seen, {"lbagent:term": "2"}, guards=heard)]) == [True]
+    assert standby.commit([LeaseWrite(PORT, seen, {}, guards=(Guard("iface/lb/none", "lbagent:beat", None),))]) == [
+        False
+    ]  # its keys moved, and a guard on a missing port never holds
+
+
+def nb_ports(nb: Northbound, prefix: str) -> dict[str, dict[str, str]]:
+    """The lbagent keys of the ports named `prefix*`, as the server has them."""
+    listed = json.loads(nb.nbctl("--format=json", "--columns=name,external_ids", "list", "Logical_Switch_Port"))
+    return {
+        name: {k: v for k, v in ids[1] if k.startswith("lbagent:")}
+        for name, ids in listed["data"]
+        if name.startswith(prefix)
+    }
+
+
+def test_the_replica_follows_ports_made_changed_and_deleted_and_decodes_only_what_changed(northbound):
+    prefix = "iface/lb/nb-follow-"
+    names = [f"{prefix}{i:02d}" for i in range(40)]
+    northbound.nbctl(*[arg for name in names for arg in ("--", "lsp-add", "nb-test", name)])
+    client = northbound.client()
+
+    def follows() -> bool:
+        mine = {name: port.keys for name, port in client.ports([*names, f"{prefix}new"]).items()}
+        return mine == nb_ports(northbound, prefix)
+
+    wait_for(follows, 10, "the replica to have the new ports")
+    decoded = client.decoded_rows()
+    northbound.nbctl("set", "Logical_Switch_Port", names[3], 'external_ids:"lbagent:beat"="7"')
+    wait_for(follows, 10, "the replica to follow a change")
+    assert client.ports([names[3]])[names[3]].keys == {"lbagent:beat": "7"}
+    assert client.decoded_rows() - decoded <= 2  # one row changed: one decoded, not forty
+    northbound.nbctl("lsp-del", names[4], "--", "lsp-add", "nb-test", f"{prefix}new")
+    wait_for(follows, 10, "the replica to follow a port deleted and one made")
+    assert names[4] not in client.ports(names)
+    northbound.stop()
+    wait_for(lambda: not client.connected(), 10, "the client to notice the server is gone")
+    northbound.start()
+    wait_for(client.connected, 30, "the client to reconnect")
+    northbound.nbctl(
+        "set", "Logical_Switch_Port", names[5], 'external_ids:"lbagent:term"="2"', "--", "lsp-del", names[6]
+    )
+    wait_for(follows, 10, "the replica to follow changes after a reconnection")
+    assert client.ports([names[5]])[names[5]].keys == {"lbagent:term": "2"}
 
 
 def test_an_unreachable_server_is_unavailable_at_connect(tmp_path):

@@ -8,9 +8,9 @@ import pytest
 
 from lbagent.desired.ha import HighAvailability
 from lbagent.ovnhost.errors import OvsdbUnavailable
-from lbagent.ovnhost.northbound import LeaseWrite, PortLease
+from lbagent.ovnhost.northbound import Guard, LeaseWrite, PortLease
 from lbagent.workers.ha import ACTIVE, STANDBY, UNKNOWN, HaKeeper, copy_state
-from lbagent.workers.lease import GRACE, HOLDER, RENEWAL, TERM, Copy, Timing
+from lbagent.workers.lease import BEAT, GRACE, HOLDER, TERM, UNWELL, Copy, Timing
 
 PORT = "iface/lb/lb-1"
 HA = HighAvailability(hosts=["gw-1", "gw-2"])
@@ -24,6 +24,7 @@ class FakeNorthbound:
         self.ports_by_name = {PORT: PortLease(PORT)}
         self.transactions = 0
         self.reads = 0
+        self.guarded = True  # False: guards are ignored, as if there were none
 
     def view(self, client) -> NorthboundView:
         return NorthboundView(self, client)
@@ -33,7 +34,10 @@ class FakeNorthbound:
         applied = []
         for write in writes:
             port = self.ports_by_name.get(write.port)
-            if port is None or port.keys != write.expect:
+            if port is None or {k: v for k, v in port.keys.items() if k not in write.unchecked} != write.expect:
+                applied.append(False)
+                continue
+            if self.guarded and not all(self._holds(guard) for guard in write.guards):
                 applied.append(False)
                 continue
             keys = {k: v for k, v in {**port.keys, **write.set_keys}.items() if k not in write.delete_keys}
@@ -41,6 +45,10 @@ class FakeNorthbound:
             self.ports_by_name[write.port] = PortLease(write.port, keys, chassis)
             applied.append(True)
         return applied
+
+    def _holds(self, guard: Guard) -> bool:
+        port = self.ports_by_name.get(guard.port)
+        return port is not None and port.keys.get(guard.key) == guard.value
 
 
 class NorthboundView:
@@ -72,6 +80,9 @@ class NorthboundView:
     def commit(self, writes):
         self._check()
         return self.db.commit(writes)
+
+    def probe(self):
+        self.commit([])
 
     def close(self):
         self.closed = True
@@ -143,28 +154,32 @@ async def test_the_preferred_host_takes_a_new_lease_and_the_other_stands_by(worl
     assert gw2.roles == [STANDBY]
 
 
-async def test_renewals_keep_the_lease_and_all_of_a_tick_go_in_one_transaction(world):
+async def test_one_heartbeat_on_one_beacon_keeps_every_lease_and_leases_are_not_rewritten(world):
     db, clock, gw1, gw2 = world
-    gw1.ha = gw2.ha = HA
-    db.ports_by_name["iface/lb/lb-2"] = PortLease("iface/lb/lb-2")
-    gw1.keeper._loadbalancers = lambda: {"lb-1": HA, "lb-2": HA}
+    lb2 = "iface/lb/lb-2"
+    db.ports_by_name[lb2] = PortLease(lb2)
+    gw1.keeper._loadbalancers = gw2.keeper._loadbalancers = lambda: {"lb-1": HA, "lb-2": HA}
     await tick_all(clock, gw1, seconds=0)
-    before, renewals = db.transactions, int(db.ports_by_name[PORT].keys[RENEWAL])
+    leases = {name: dict(port.keys) for name, port in db.ports_by_name.items()}
+    before = db.transactions
     await tick_all(clock, gw1, gw2, seconds=10)
-    assert holder(db)[0] == "gw-1"
-    assert db.ports_by_name["iface/lb/lb-2"].keys[HOLDER] == "gw-1"
-    renewed = int(db.ports_by_name[PORT].keys[RENEWAL]) - renewals
-    assert renewed >= 10 / (LEASE / 3)  # at least three renewals per lease time
-    assert db.ports_by_name["iface/lb/lb-2"].keys[RENEWAL] == db.ports_by_name[PORT].keys[RENEWAL]
-    assert db.transactions - before == renewed  # both leases in each one
+    assert holder(db)[0] == "gw-1" and db.ports_by_name[lb2].keys[HOLDER] == "gw-1"
+    assert gw2.keeper.role("lb-1") == gw2.keeper.role("lb-2") == STANDBY
+    beats = int(db.ports_by_name[PORT].keys[BEAT])
+    assert beats >= 10 / (LEASE / 3)  # at least three beats per lease time
+    assert db.transactions - before == beats  # one transaction per beat, and nothing else written
+    assert BEAT not in db.ports_by_name[lb2].keys  # the first port by name is gw-2's beacon
+    assert {k: v for k, v in db.ports_by_name[PORT].keys.items() if k != BEAT} == leases[PORT]
+    assert db.ports_by_name[lb2].keys == leases[lb2]
 
 
 async def test_a_silent_holder_is_taken_over_after_the_lease_time(world):
     db, clock, gw1, gw2 = world
     await tick_all(clock, gw1, gw2, seconds=1)
-    last_renewal = gw2.keeper._roles["lb-1"].watch.changed_at  # as gw-2 saw it, on its clock
+    last_beat = gw2.keeper._heard["gw-1"].at  # as gw-2 heard it, on its clock
+    assert last_beat > gw2.keeper._roles["lb-1"].watch.changed_at  # heard since the lease last moved
     # gw-1 is dead from now on: only gw-2 ticks.
-    await tick_all(clock, gw2, seconds=last_renewal + LEASE - 0.05 - clock.now)
+    await tick_all(clock, gw2, seconds=last_beat + LEASE - 0.05 - clock.now)
     assert holder(db)[0] == "gw-1"
     await tick_all(clock, gw2, seconds=0.2)
     assert holder(db) == ("gw-2", "ch-gw-2")
@@ -403,7 +418,7 @@ class SilentNorthbound(NorthboundView):
         return super().commit(writes)
 
 
-async def test_a_holder_whose_renewals_go_unanswered_says_unknown_within_a_lease(world):
+async def test_a_holder_whose_heartbeats_go_unanswered_says_unknown_within_a_lease(world):
     db, clock, gw1, gw2 = world
     gw1.nb.__class__ = SilentNorthbound
     await tick_all(clock, gw1, gw2, seconds=1)
@@ -412,11 +427,11 @@ async def test_a_holder_whose_renewals_go_unanswered_says_unknown_within_a_lease
     while gw1.keeper.role("lb-1") != UNKNOWN and clock.now - started < 3:
         clock.now += 0.15
         try:
-            await gw1.keeper.tick()  # as the loop does: a failed renewal is logged, the next tick comes
+            await gw1.keeper.tick()  # as the loop does: a failed heartbeat is logged, the next tick comes
         except OvsdbUnavailable:
             failed += 1
     assert gw1.keeper.role("lb-1") == UNKNOWN and failed >= 1
-    assert clock.now - started <= LEASE + 0.6  # a lease after the first unanswered renewal
+    assert clock.now - started <= LEASE + 0.6  # a lease after the first unanswered heartbeat
     assert not gw1.keeper.in_contact()
     assert gw1.roles.count(UNKNOWN) == 1  # said once, not flapping each tick
     gw1.nb.silent = False
@@ -441,6 +456,107 @@ async def test_an_unchanged_replica_is_not_read_again(world):
     await gw2.keeper.tick()
     await gw2.keeper.tick()
     assert len(read) == 1
-    gw2.nb.generation = lambda: 43  # a renewal arrived
+    gw2.nb.generation = lambda: 43  # a beat arrived
     await gw2.keeper.tick()
     assert len(read) == 2
+
+
+def three_hosts(names: list[str]) -> tuple[FakeNorthbound, Clock, list[Host]]:
+    """Three hosts, each serving load balancers `names` with `ha` on all three."""
+    db, clock = FakeNorthbound(), Clock()
+    ha = HighAvailability(hosts=["gw-1", "gw-2", "gw-3"])
+    hosts = [Host(db, clock, name) for name in ("gw-1", "gw-2", "gw-3")]
+    for host in hosts:
+        host.keeper._loadbalancers = lambda: {name: ha for name in names}
+    db.ports_by_name = {f"iface/lb/{name}": PortLease(f"iface/lb/{name}") for name in names}
+    return db, clock, hosts
+
+
+async def test_a_holder_beats_on_one_beacon_per_standby_and_keeps_it_when_a_port_sorts_before():
+    db, clock, hosts = three_hosts(["lb-b", "lb-c"])
+    await tick_all(clock, *hosts, seconds=2)
+    beating = sorted(name for name, port in db.ports_by_name.items() if BEAT in port.keys)
+    assert beating == ["iface/lb/lb-b"]  # the first held port lists both standbys
+    assert hosts[0].keeper._beacons == {"gw-2": "iface/lb/lb-b", "gw-3": "iface/lb/lb-b"}
+    db.ports_by_name["iface/lb/lb-a"] = PortLease("iface/lb/lb-a")
+    for host in hosts:
+        host.keeper._loadbalancers = lambda: {
+            name: HighAvailability(hosts=["gw-1", "gw-2", "gw-3"]) for name in ["lb-a", "lb-b", "lb-c"]
+        }
+    await tick_all(clock, *hosts, seconds=2)
+    assert db.ports_by_name["iface/lb/lb-a"].keys[HOLDER] == "gw-1"
+    assert BEAT not in db.ports_by_name["iface/lb/lb-a"].keys  # a standby may not serve it yet: the beacon stays
+    assert {host.keeper.role(lb) for host in hosts[1:] for lb in ("lb-a", "lb-b", "lb-c")} == {STANDBY}
+
+
+async def test_a_beacon_taken_over_moves_to_the_next_held_port_and_nothing_else_moves():
+    db, clock, hosts = three_hosts(["lb-a", "lb-b"])
+    await tick_all(clock, *hosts, seconds=2)
+    asked = asyncio.ensure_future(hosts[0].keeper.handover(["lb-a"], timeout=10))
+    await asyncio.sleep(0)
+    await tick_all(clock, *hosts, seconds=1)
+    assert (await asked)[0]["result"] == "handed_over"
+    await tick_all(clock, *hosts, seconds=5)
+    assert db.ports_by_name["iface/lb/lb-a"].keys[HOLDER] == "gw-2"
+    assert db.ports_by_name["iface/lb/lb-b"].keys[HOLDER] == "gw-1"  # gw-1's beats moved to lb-b in time
+    assert db.ports_by_name["iface/lb/lb-b"].keys[TERM] == "1"
+    assert hosts[0].keeper._beacons == {"gw-2": "iface/lb/lb-b", "gw-3": "iface/lb/lb-b"}
+
+
+async def test_a_failing_copy_marks_the_lease_unwell_and_a_standby_takes_it_at_once(world):
+    db, clock, gw1, gw2 = world
+    await tick_all(clock, gw1, gw2, seconds=1)
+    gw1.copy = Copy(built=False, failing=True)
+    await tick_all(clock, gw1, gw2, seconds=0.3)  # the holder still beats: only `unwell` can tell
+    assert holder(db)[0] == "gw-2"
+    assert UNWELL not in db.ports_by_name[PORT].keys
+
+
+async def lagging_standby_takeover(guarded: bool) -> str:
+    """gw-2's replica stops following while gw-1 keeps beating: gw-2 hears silence
+    and takes over, on a view older than the beat the server has."""
+    db, clock = FakeNorthbound(), Clock()
+    db.guarded = guarded
+    gw1, gw2 = Host(db, clock, "gw-1"), Host(db, clock, "gw-2")
+    await tick_all(clock, gw1, gw2, seconds=1)
+    frozen = dict(db.ports_by_name)
+    gw2.nb.ports = lambda names: {n: frozen[n] for n in names if n in frozen}
+    await tick_all(clock, gw1, gw2, seconds=2 * LEASE)
+    return holder(db)[0]
+
+
+async def test_a_takeover_after_silence_is_undone_by_a_beat_it_did_not_see():
+    assert await lagging_standby_takeover(guarded=True) == "gw-1"
+    assert await lagging_standby_takeover(guarded=False) == "gw-2"  # what the guards prevent
+
+
+async def test_a_lease_whose_inputs_did_not_change_is_decided_again_only_when_due(monkeypatch):
+    import lbagent.workers.ha as ha_module
+
+    db, clock, (gw1, gw2, gw3) = three_hosts(["lb-a", "lb-b"])
+    await tick_all(clock, gw1, gw2, gw3, seconds=1)
+    calls: list[tuple[str, str]] = []
+    real = ha_module.decide
+
+    def counted(me, chassis, ha, port, *args, **kw):
+        calls.append((me, port.name))
+        return real(me, chassis, ha, port, *args, **kw)
+
+    monkeypatch.setattr(ha_module, "decide", counted)
+    await tick_all(clock, gw1, gw2, seconds=3)
+    # lb-a carries the beats: its row changes, so it is looked at again; lb-b's does not.
+    assert calls.count(("gw-1", "iface/lb/lb-b")) == 0
+    # Nor does a standby: each beat it hears moves its wait on, without deciding again.
+    assert calls.count(("gw-2", "iface/lb/lb-b")) == 0
+    assert {port.keys[HOLDER] for port in db.ports_by_name.values()} == {"gw-1"}
+    gw1.copy = Copy(built=False, failing=True)  # a changed input is decided at once
+    await tick_all(clock, gw1, seconds=0)
+    assert calls.count(("gw-1", "iface/lb/lb-b")) == 1 and UNWELL in db.ports_by_name["iface/lb/lb-b"].keys
+    gw1.copy = Copy(built=True, failing=False, bound=True)
+    gw1.keeper._beat_at = clock.now + 1000  # gw-1 stops beating: gw-2 looks again once its wait runs out
+    await tick_all(clock, gw1, seconds=0)
+    before = calls.count(("gw-2", "iface/lb/lb-b"))
+    await tick_all(clock, gw1, gw2, seconds=LEASE + 0.3)
+    assert db.ports_by_name["iface/lb/lb-b"].keys[HOLDER] == "gw-2"
+    # Looked at on each change of the lease (unwell, well again) and when the wait ran out: not every tick.
+    assert calls.count(("gw-2", "iface/lb/lb-b")) - before <= 4
