@@ -54,7 +54,8 @@ from lbagent.ovnhost import (
 )
 from lbagent.ovnhost.iplib import KernelRoute
 from lbagent.ovnhost.nat import CHAIN_HOOKS, NatPlan, nat_rules
-from lbagent.ovnhost.rtnl_batch import RtnlBatch, open_socket
+from lbagent.ovnhost.rtnl_batch import RtnlBatch
+from lbagent.ovnhost.rtnl_socket import open_socket
 
 CLONE_NEWNET = 0x40000000
 RULE_PRIORITY = 32100

@@ -1,7 +1,9 @@
 """Small netlink primitives over one pyroute2 socket, in the style of neutron's ip_lib.
 
-A `Netlink` wraps an `IPRoute` already bound to the right namespace (see
-`netns.py`). Reads return plain values; every write is counted and every
+A `Netlink` is opened on a thread inside the right namespace (see
+`netns.py`). The reads a pass makes go over a raw socket (`rtnl_socket`);
+writes and the rarer reads over pyroute2's `IPRoute`, made the first time
+one needs it. Reads return plain values; every write is counted and every
 netlink failure becomes a typed `NetlinkError` naming the operation.
 
 Routes come in two kinds, because they carry different data: a
@@ -22,12 +24,14 @@ from dataclasses import dataclass
 
 from pyroute2 import IPRoute
 from pyroute2.netlink.exceptions import NetlinkError as PyrouteNetlinkError
-from pyroute2.netlink.rtnl import RTM_GETADDR, RTM_GETROUTE
+from pyroute2.netlink.rtnl import RTM_GETADDR, RTM_GETLINK, RTM_GETROUTE
 from pyroute2.netlink.rtnl.ifaddrmsg import ifaddrmsg
+from pyroute2.netlink.rtnl.ifinfmsg import ifinfmsg
 from pyroute2.netlink.rtnl.rtmsg import rtmsg
 
 from lbagent.metrics import count_write
-from lbagent.ovnhost.errors import AlreadyExists, NetlinkError, translate_netlink
+from lbagent.ovnhost import rtnl_socket
+from lbagent.ovnhost.errors import AlreadyExists, LinkNotFound, NetlinkError, translate_netlink
 
 IFA_F_NOPREFIXROUTE = 0x200
 IFF_UP = 0x1
@@ -86,23 +90,42 @@ class SourceRule:
     priority: int
 
 
+UNREACHABLE = (errno.ENETUNREACH, errno.EHOSTUNREACH, errno.EINVAL)  # a route lookup that found none
+
+
 class Netlink:
-    def __init__(self, ipr: IPRoute):
-        self._ipr = ipr
+    def __init__(self, ipr: IPRoute | None = None, sock: socket.socket | None = None):
+        self._made_ipr = ipr
+        self._sock = sock
+
+    @property
+    def _ipr(self) -> IPRoute:
+        if self._made_ipr is None:
+            # strict_check: the kernel filters dumps (by index, table) instead of
+            # sending everything for pyroute2 to decode and drop.
+            ipr = IPRoute(strict_check=True)
+            # pyroute2 0.9's synchronous nlm_request reads this key but never sets it.
+            ipr.status.setdefault("nlm_generator", False)
+            self._made_ipr = ipr
+        return self._made_ipr
 
     @classmethod
     @contextmanager
     def open(cls) -> Iterator[Netlink]:
-        """A socket in the calling thread's current namespace, closed on exit."""
-        # strict_check: the kernel filters dumps (by index, table) instead of
-        # sending everything for pyroute2 to decode and drop.
-        ipr = IPRoute(strict_check=True)
-        # pyroute2 0.9's synchronous nlm_request reads this key but never sets it.
-        ipr.status.setdefault("nlm_generator", False)
+        """Sockets in the calling thread's current namespace, closed on exit."""
+        nl = cls(sock=rtnl_socket.open_socket(strict=True))
         try:
-            yield cls(ipr)
+            yield nl
         finally:
-            ipr.close()
+            if nl._sock is not None:
+                nl._sock.close()
+            if nl._made_ipr is not None:
+                nl._made_ipr.close()
+
+    def _request(self, op: str, target: str, msg, kind: int, decoder, dump: bool = False) -> list:
+        if self._sock is None:
+            self._sock = rtnl_socket.open_socket(strict=True)
+        return rtnl_socket.request(self._sock, op, target, msg, kind, decoder, dump=dump)
 
     def _call(self, op: str, target: str, fn, *args, write: bool = False, **kwargs):
         try:
@@ -121,23 +144,28 @@ class Netlink:
 
     def link(self, name: str) -> Link | None:
         """One link by name: a single request, not a dump of the host's links."""
+        msg = ifinfmsg()
+        msg["attrs"] = [("IFLA_IFNAME", name)]
         try:
-            msgs = self._ipr.link("get", ifname=name)
-        except PyrouteNetlinkError as exc:
-            if exc.code == errno.ENODEV:
-                return None
-            raise translate_netlink("get link", exc, name) from exc
+            msgs = self._request("get link", name, msg, RTM_GETLINK, ifinfmsg)
+        except LinkNotFound:
+            return None
         return _to_link(msgs[0]) if msgs else None
 
     def route_to(self, dst: str, src: str | None = None) -> KernelRoute | None:
         """The route the kernel would use (policy rules included), or None."""
-        args = {"dst": dst, **({"src": src} if src else {})}
+        msg = rtmsg()
+        msg["family"], msg["dst_len"] = socket.AF_INET, 32
+        msg["attrs"] = [("RTA_DST", dst)]
+        if src:
+            msg["src_len"] = 32
+            msg["attrs"].append(("RTA_SRC", src))
         try:
-            msgs = self._ipr.route("get", **args)
-        except PyrouteNetlinkError as exc:
-            if exc.code in (errno.ENETUNREACH, errno.EHOSTUNREACH, errno.EINVAL):
+            msgs = self._request("get route", dst, msg, RTM_GETROUTE, rtmsg)
+        except NetlinkError as exc:
+            if exc.code in UNREACHABLE:
                 return None
-            raise translate_netlink("get route", exc, dst) from exc
+            raise
         return _to_route(msgs[0]) if msgs else None
 
     def _filtered_dump(self, op: str, target: str, msg, msg_type: int):
@@ -146,7 +174,7 @@ class Netlink:
         everything and filter in Python: with a thousand load balancers on the
         host that is a thousand messages decoded to find one or two."""
         msg["family"] = socket.AF_INET
-        return self._call(op, target, self._ipr.nlm_request, msg, msg_type)
+        return self._request(op, target, msg, msg_type, ifaddrmsg if msg_type == RTM_GETADDR else rtmsg, dump=True)
 
     def addresses(self, index: int) -> set[Address]:
         """The link's IPv4 addresses with their broadcast and noprefixroute flag."""

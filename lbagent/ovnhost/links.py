@@ -35,7 +35,8 @@ from lbagent.ovnhost import ethtool
 from lbagent.ovnhost.errors import LinkNotFound, NetlinkError
 from lbagent.ovnhost.iplib import Address, KernelRoute, Link, Netlink, SourceRule
 from lbagent.ovnhost.netns import write_sysctl
-from lbagent.ovnhost.rtnl_batch import RtnlBatch, open_socket, route_via
+from lbagent.ovnhost.rtnl_batch import RtnlBatch, route_via
+from lbagent.ovnhost.rtnl_socket import open_socket
 
 LINK_LOCAL_PREFIX = 16
 LOOPBACK_INDEX = 1  # in every namespace

@@ -17,7 +17,6 @@ from __future__ import annotations
 
 import errno
 import socket
-import struct
 from dataclasses import dataclass
 
 from pyroute2.netlink import NLM_F_ACK, NLM_F_CREATE, NLM_F_EXCL, NLM_F_REPLACE, NLM_F_REQUEST, NLMSG_ERROR
@@ -28,6 +27,7 @@ from pyroute2.netlink.rtnl.ifinfmsg import ifinfmsg
 from pyroute2.netlink.rtnl.rtmsg import rtmsg
 
 from lbagent.metrics import count_write
+from lbagent.ovnhost import rtnl_socket
 from lbagent.ovnhost.errors import NetlinkError, netlink_error
 from lbagent.ovnhost.iplib import (
     FIB_RULE_INVERT,
@@ -37,17 +37,15 @@ from lbagent.ovnhost.iplib import (
     RT_SCOPE_LINK,
     RT_TABLE_COMPAT,
     RTN_UNICAST,
+    UNREACHABLE,
     KernelRoute,
 )
+from lbagent.ovnhost.rtnl_socket import ERRNO, HEADER
 
-NETLINK_ROUTE = 0
-RECEIVE_BUFFER = 1 << 20
 RTPROT_STATIC = 4  # what pyroute2 (and so the agent's other route writes) marks its routes with
 _CREATE = NLM_F_REQUEST | NLM_F_ACK | NLM_F_CREATE | NLM_F_EXCL
 _REPLACE = NLM_F_REQUEST | NLM_F_ACK | NLM_F_CREATE | NLM_F_REPLACE
 _SET = NLM_F_REQUEST | NLM_F_ACK
-_HEADER = struct.Struct("=IHHII")
-_ERRNO = struct.Struct("=i")
 
 
 @dataclass(frozen=True)
@@ -193,43 +191,13 @@ def route_via(sock: socket.socket, dst: str, src: str) -> tuple[str | None, int 
     msg = rtmsg()
     msg["family"], msg["dst_len"], msg["src_len"] = socket.AF_INET, 32, 32
     msg["attrs"] = [("RTA_DST", dst), ("RTA_SRC", src)]
-    msg["header"]["type"], msg["header"]["flags"], msg["header"]["sequence_number"] = RTM_GETROUTE, NLM_F_REQUEST, 1
-    msg.encode()
     try:
-        sock.send(bytes(msg.data))
-        reply = sock.recv(1 << 16)
-    except OSError as exc:
-        raise NetlinkError("get route", exc.errno or errno.EIO, dst) from exc
-    _, kind, _, seq, _ = _HEADER.unpack_from(reply)
-    if seq != 1 or kind not in (NLMSG_ERROR, RTM_NEWROUTE):
-        raise NetlinkError("get route", errno.EPROTO, dst)  # not the answer to this request
-    if kind == NLMSG_ERROR:
-        code = -_ERRNO.unpack_from(reply, _HEADER.size)[0]
-        if code in (errno.ENETUNREACH, errno.EHOSTUNREACH, errno.EINVAL):
+        answers = rtnl_socket.request(sock, "get route", dst, msg, RTM_GETROUTE, rtmsg)
+    except NetlinkError as exc:
+        if exc.code in UNREACHABLE:
             return None
-        raise netlink_error("get route", code, dst)
-    route = rtmsg(reply)
-    route.decode()
-    return route.get_attr("RTA_GATEWAY"), route.get_attr("RTA_OIF")
-
-
-def open_socket() -> socket.socket:
-    """A raw rtnetlink socket of the calling thread's current namespace; it stays
-    bound to that namespace whatever the thread does afterwards."""
-    try:
-        sock = socket.socket(socket.AF_NETLINK, socket.SOCK_RAW | socket.SOCK_CLOEXEC, NETLINK_ROUTE)
-    except OSError as exc:
-        raise NetlinkError("open socket", exc.errno or errno.EIO) from exc
-    try:
-        # Room for the answers of a large batch (the default buffer holds about
-        # a thousand plain acknowledgements, fewer failed ones, which carry
-        # their request): the kernel drops what does not fit.
-        sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, RECEIVE_BUFFER)
-        sock.bind((0, 0))
-    except OSError as exc:
-        sock.close()
-        raise NetlinkError("bind socket", exc.errno or errno.EIO) from exc
-    return sock
+        raise
+    return answers[0].get_attr("RTA_GATEWAY"), answers[0].get_attr("RTA_OIF")
 
 
 def _read_acks(sock: socket.socket, count: int) -> list[int]:
@@ -238,11 +206,11 @@ def _read_acks(sock: socket.socket, count: int) -> list[int]:
     while len(codes) < count:
         buf = sock.recv(1 << 16)
         offset = 0
-        while offset + _HEADER.size <= len(buf):
-            length, kind, _, seq, _ = _HEADER.unpack_from(buf, offset)
+        while offset + HEADER.size <= len(buf):
+            length, kind, _, seq, _ = HEADER.unpack_from(buf, offset)
             if kind == NLMSG_ERROR and 1 <= seq <= count:
-                codes[seq] = -_ERRNO.unpack_from(buf, offset + _HEADER.size)[0]
-            offset += max((length + 3) & ~3, _HEADER.size)
+                codes[seq] = -ERRNO.unpack_from(buf, offset + HEADER.size)[0]
+            offset += max((length + 3) & ~3, HEADER.size)
     return [codes[seq] for seq in range(1, count + 1)]
 
 
