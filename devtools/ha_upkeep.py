@@ -26,7 +26,7 @@ import tempfile
 import time
 from pathlib import Path
 
-from devtools.procs import pid_alive, run, stop_pid, wait_for
+from devtools.procs import end_process, pid_alive, run, stop_pid, wait_for
 
 SCHEMA = "/usr/share/ovn/ovn-nb.ovsschema"
 HOSTS = ("gw-1", "gw-2")
@@ -158,13 +158,7 @@ def measure(n: int, window: float, lease: float, timeout: float) -> dict:
             }
         finally:
             for proc in agents.values():
-                if proc.poll() is None:
-                    proc.terminate()
-                    try:
-                        proc.wait(10)
-                    except subprocess.TimeoutExpired:
-                        proc.kill()
-                        proc.wait(10)
+                end_process(proc)
             server.stop()
 
 

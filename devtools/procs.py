@@ -188,6 +188,18 @@ def stop_pid(pid: int, *, expect: str, timeout: float = 10, what: str = "") -> b
     return True
 
 
+def end_process(proc: subprocess.Popen, timeout: float = 10) -> None:
+    """Terminate a child we started, SIGKILL if it does not exit within `timeout`, and reap it."""
+    if proc.poll() is not None:
+        return
+    proc.terminate()
+    try:
+        proc.wait(timeout)
+    except subprocess.TimeoutExpired:
+        proc.kill()
+        proc.wait(timeout)
+
+
 def clean_env() -> dict[str, str]:
     """The caller's environment without OVS_*/OVN_* settings that could point at another OVS."""
     return {k: v for k, v in os.environ.items() if not k.startswith(("OVS_", "OVN_"))}

@@ -10,6 +10,8 @@ from pathlib import Path
 
 import pytest
 
+from devtools.procs import end_process
+
 from agentproc import wait_until
 from helpers import MAC, VIP, wait_bound
 from lbstate import backend, desired, loadbalancer, tcp_listener
@@ -112,12 +114,7 @@ def nginx(vpc, tmp_path: Path):
         wait_until(answers, 10, "nginx answering in its namespace")
         yield log
     finally:
-        proc.terminate()
-        try:
-            proc.wait(10)
-        except subprocess.TimeoutExpired:
-            proc.kill()
-            proc.wait(10)
+        end_process(proc)
 
 
 # argv: host, port. Sends a line, prints all that comes back before the close.
