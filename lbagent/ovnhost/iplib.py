@@ -32,6 +32,7 @@ from pyroute2.netlink.rtnl.rtmsg import rtmsg
 from lbagent.metrics import count_write
 from lbagent.ovnhost import rtnl_socket
 from lbagent.ovnhost.errors import AlreadyExists, LinkNotFound, NetlinkError, translate_netlink
+from lbagent.ovnhost.rtnl_messages import ADDRESS, LINK, ROUTE, decoder
 
 IFA_F_NOPREFIXROUTE = 0x200
 IFF_UP = 0x1
@@ -147,7 +148,7 @@ class Netlink:
         msg = ifinfmsg()
         msg["attrs"] = [("IFLA_IFNAME", name)]
         try:
-            msgs = self._request("get link", name, msg, RTM_GETLINK, ifinfmsg)
+            msgs = self._request("get link", name, msg, RTM_GETLINK, decoder(LINK))
         except LinkNotFound:
             return None
         return _to_link(msgs[0]) if msgs else None
@@ -161,7 +162,7 @@ class Netlink:
             msg["src_len"] = 32
             msg["attrs"].append(("RTA_SRC", src))
         try:
-            msgs = self._request("get route", dst, msg, RTM_GETROUTE, rtmsg)
+            msgs = self._request("get route", dst, msg, RTM_GETROUTE, decoder(ROUTE))
         except NetlinkError as exc:
             if exc.code in UNREACHABLE:
                 return None
@@ -174,7 +175,8 @@ class Netlink:
         everything and filter in Python: with a thousand load balancers on the
         host that is a thousand messages decoded to find one or two."""
         msg["family"] = socket.AF_INET
-        return self._request(op, target, msg, msg_type, ifaddrmsg if msg_type == RTM_GETADDR else rtmsg, dump=True)
+        kind = ADDRESS if msg_type == RTM_GETADDR else ROUTE
+        return self._request(op, target, msg, msg_type, decoder(kind), dump=True)
 
     def addresses(self, index: int) -> set[Address]:
         """The link's IPv4 addresses with their broadcast and noprefixroute flag."""

@@ -40,6 +40,7 @@ from lbagent.ovnhost.iplib import (
     UNREACHABLE,
     KernelRoute,
 )
+from lbagent.ovnhost.rtnl_messages import ROUTE, decoder
 from lbagent.ovnhost.rtnl_socket import ERRNO, HEADER
 
 RTPROT_STATIC = 4  # what pyroute2 (and so the agent's other route writes) marks its routes with
@@ -192,12 +193,12 @@ def route_via(sock: socket.socket, dst: str, src: str) -> tuple[str | None, int 
     msg["family"], msg["dst_len"], msg["src_len"] = socket.AF_INET, 32, 32
     msg["attrs"] = [("RTA_DST", dst), ("RTA_SRC", src)]
     try:
-        answers = rtnl_socket.request(sock, "get route", dst, msg, RTM_GETROUTE, rtmsg)
+        answers = rtnl_socket.request(sock, "get route", dst, msg, RTM_GETROUTE, decoder(ROUTE))
     except NetlinkError as exc:
         if exc.code in UNREACHABLE:
             return None
         raise
-    return answers[0].get_attr("RTA_GATEWAY"), answers[0].get_attr("RTA_OIF")
+    return answers[0].get("RTA_GATEWAY"), answers[0].get("RTA_OIF")
 
 
 def _read_acks(sock: socket.socket, count: int) -> list[int]:

@@ -4,8 +4,8 @@ pyroute2's `IPRoute` spends about 0.3 ms of Python on every request (its
 argument processing and an asyncio loop run per call) and more to set itself
 up; a converged pass makes about a dozen reads, which that made the larger
 part of its cost. Here a request is encoded with pyroute2's message classes,
-written to a plain socket, and its answers decoded with the same classes:
-the values a reader gets are those `IPRoute` would give.
+written to a plain socket, and its answers handed to a decoder
+(`rtnl_messages`, which reads them as pyroute2 would).
 
 The socket belongs to the namespace of the thread that opened it. With
 `strict` the kernel filters dumps by the header fields and attributes of the
@@ -57,9 +57,9 @@ def open_socket(strict: bool = False) -> socket.socket:
 
 
 def request(sock: socket.socket, op: str, target: str, msg, kind: int, decoder: Callable, dump: bool = False) -> list:
-    """Send `msg` as a request of type `kind` (a dump with `dump`) and return its answers,
-    each decoded with `decoder` (a pyroute2 message class). A refusal is the typed
-    `NetlinkError` of `op` on `target`."""
+    """Send `msg` (a pyroute2 message) as a request of type `kind` (a dump with `dump`) and
+    return its answers, each the whole netlink message given to `decoder`. A refusal is the
+    typed `NetlinkError` of `op` on `target`."""
     sequence = next(_SEQUENCE) & 0xFFFFFFFF
     msg["header"]["type"] = kind
     msg["header"]["flags"] = NLM_F_REQUEST | (NLM_F_DUMP if dump else 0)
@@ -90,8 +90,6 @@ def _answers(buf: bytes, sequence: int, op: str, target: str, decoder: Callable,
                 if code:
                     raise netlink_error(op, code, target)
                 return True
-            answer = decoder(buf[offset : offset + length])
-            answer.decode()
-            into.append(answer)
+            into.append(decoder(buf[offset : offset + length]))
         offset += (length + 3) & ~3
     return False

@@ -10,6 +10,7 @@ from pyroute2.netlink.rtnl.ifinfmsg import ifinfmsg
 
 from lbagent.ovnhost.errors import LinkNotFound, NetlinkError
 from lbagent.ovnhost.iplib import Address, Netlink
+from lbagent.ovnhost.rtnl_messages import ADDRESS, LINK, decoder
 from lbagent.ovnhost.rtnl_socket import request
 
 DONE, ERROR = 3, 2
@@ -60,8 +61,8 @@ def link(name: str, index: int = 7) -> bytes:
 
 def test_a_dump_is_read_across_datagrams_until_done():
     kernel = Kernel([address("198.18.0.12")], [address("198.18.0.13"), done()])
-    answers = request(kernel, "dump addresses", "7", ifaddrmsg(), RTM_GETADDR, ifaddrmsg, dump=True)
-    assert [a.get_attr("IFA_LOCAL") for a in answers] == ["198.18.0.12", "198.18.0.13"]
+    answers = request(kernel, "dump addresses", "7", ifaddrmsg(), RTM_GETADDR, decoder(ADDRESS), dump=True)
+    assert [a.get("IFA_LOCAL") for a in answers] == ["198.18.0.12", "198.18.0.13"]
     sent = ifaddrmsg(kernel.sent[0])
     sent.decode()
     assert sent["header"]["type"] == RTM_GETADDR and sent["header"]["flags"] & 0x300  # NLM_F_DUMP
@@ -70,15 +71,17 @@ def test_a_dump_is_read_across_datagrams_until_done():
 def test_answers_to_other_requests_are_skipped():
     stray = struct.pack("=IHHIIi", 20, DONE, 2, 7, 0, 0)
     kernel = Kernel([link("v0")], stray=stray)
-    answers = request(kernel, "get link", "v0", ifinfmsg(), RTM_GETLINK, ifinfmsg)
-    assert [a.get_attr("IFLA_IFNAME") for a in answers] == ["v0"]
+    answers = request(kernel, "get link", "v0", ifinfmsg(), RTM_GETLINK, decoder(LINK))
+    assert [a.get("IFLA_IFNAME") for a in answers] == ["v0"]
 
 
 def test_a_refusal_is_the_typed_error_of_the_operation():
     with pytest.raises(NetlinkError, match="dump routes table 9: ENOENT"):
-        request(Kernel([refusal(errno.ENOENT)]), "dump routes", "table 9", ifaddrmsg(), RTM_GETADDR, ifaddrmsg, True)
+        request(
+            Kernel([refusal(errno.ENOENT)]), "dump routes", "table 9", ifaddrmsg(), RTM_GETADDR, decoder(ADDRESS), True
+        )
     with pytest.raises(NetlinkError, match="dump addresses 7: EPERM"):
-        request(Kernel([done(errno.EPERM)]), "dump addresses", "7", ifaddrmsg(), RTM_GETADDR, ifaddrmsg, True)
+        request(Kernel([done(errno.EPERM)]), "dump addresses", "7", ifaddrmsg(), RTM_GETADDR, decoder(ADDRESS), True)
 
 
 def test_a_socket_failure_is_a_netlink_error():
@@ -87,7 +90,7 @@ def test_a_socket_failure_is_a_netlink_error():
             raise OSError(errno.ENOBUFS, "no buffer space")
 
     with pytest.raises(NetlinkError, match="get link v0: ENOBUFS"):
-        request(Broken(), "get link", "v0", ifinfmsg(), RTM_GETLINK, ifinfmsg)
+        request(Broken(), "get link", "v0", ifinfmsg(), RTM_GETLINK, decoder(LINK))
 
 
 def test_netlink_reads_links_and_addresses_over_its_socket():
@@ -100,4 +103,4 @@ def test_netlink_reads_links_and_addresses_over_its_socket():
 
 def test_a_missing_link_is_its_own_error():
     with pytest.raises(LinkNotFound):
-        request(Kernel([refusal(errno.ENODEV)]), "get link", "x", ifinfmsg(), RTM_GETLINK, ifinfmsg)
+        request(Kernel([refusal(errno.ENODEV)]), "get link", "x", ifinfmsg(), RTM_GETLINK, decoder(LINK))
