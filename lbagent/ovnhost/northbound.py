@@ -119,7 +119,9 @@ class _PortIdl(connection.OvsdbIdl):
         """Port name -> uuid, of every port, up to date with the replica."""
         rows = self.tables[PORT_TABLE].rows
         seqno = self._session.get_seqno()
-        if seqno != self._session_seqno or len(rows) != len(self._decoded):
+        # A new session (a reconnection) starts over; so does a count that the
+        # changes reported cannot explain (checked after applying them).
+        if seqno != self._session_seqno:
             self._session_seqno, self._changed = seqno, set()
             self._decoded = {uuid: _decode(row) for uuid, row in rows.items()}
             self.decodes += len(rows)

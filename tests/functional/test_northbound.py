@@ -204,6 +204,11 @@ def test_the_replica_follows_ports_made_changed_and_deleted_and_decodes_only_wha
     wait_for(follows, 10, "the replica to follow a change")
     assert client.ports([names[3]])[names[3]].keys == {"lbagent:beat": "7"}
     assert client.decoded_rows() - decoded <= 2  # one row changed: one decoded, not forty
+    other = "iface/lb/nb-other-added"  # made alone: the count changes, and still only it is decoded
+    decoded = client.decoded_rows()
+    northbound.nbctl("lsp-add", "nb-test", other)
+    wait_for(lambda: other in client.ports([other]), 10, "the replica to have a port made alone")
+    assert client.decoded_rows() - decoded <= 2
     northbound.nbctl("lsp-del", names[4], "--", "lsp-add", "nb-test", f"{prefix}new")
     wait_for(follows, 10, "the replica to follow a port deleted and one made")
     assert names[4] not in client.ports(names)
