@@ -152,6 +152,8 @@ class Agent:
         await self.provider_networks.start()
         self._background.append(asyncio.create_task(self._supervise_haproxy(), name="haproxy-supervisor"))
         self._background.append(asyncio.create_task(self.worker.watch_readiness(), name="readiness"))
+        if self.worker.traffic is not None:
+            self._background.append(asyncio.create_task(self.worker.watch_traffic(), name="traffic-probes"))
         self._background.append(asyncio.create_task(self._collect_garbage(), name="gc"))
         self._background.append(asyncio.create_task(self._keep_heap(), name="heap"))
         if self.ha is not None:

@@ -70,11 +70,11 @@ def answers(frame: bytes, ip: str, target: str) -> bool:
     )
 
 
-async def exchange(sock: socket.socket, mac: str, ip: str, target: str, timeout: float, tries: int = 3) -> bool:
-    """Ask for `target` up to `tries` times within `timeout`; True at the first answer. Closes `sock`."""
+async def exchange(sock: socket.socket, frame: bytes, ip: str, target: str, timeout: float, tries: int = 3) -> bool:
+    """Send `frame` (a `request` for `target`) up to `tries` times within `timeout`; True at the
+    first answer to `ip`. The caller closes `sock`."""
     loop = asyncio.get_running_loop()
     deadline = time.monotonic() + timeout
-    frame = request(mac, ip, target)
     try:
         for attempt in range(tries):
             await loop.sock_sendall(sock, frame)
@@ -89,5 +89,3 @@ async def exchange(sock: socket.socket, mac: str, ip: str, target: str, timeout:
         return False
     except OSError as exc:
         raise ProbeError(f"ARP exchange with {target}: {exc}") from None
-    finally:
-        sock.close()

@@ -129,7 +129,6 @@ class OvnWorker(ReadinessWatch):
         self._haproxy_up = True  # as last seen by the readiness watch
         self._haproxy_starts: int | None = None  # masters started, as last seen by the readiness watch
         self._waiting_for_ovn: set[str] = set()  # passed load balancers whose port is not installed yet
-        self._waiting_for_traffic: set[str] = set()  # installed ones whose gateway has not answered yet
         self.traffic: TrafficProbes | None = None
         self.ha_role: Callable[[str], str | None] = lambda lb_id: None
         self._ha_specs: tuple[DesiredState | None, dict] = (None, {})
@@ -412,9 +411,9 @@ class OvnWorker(ReadinessWatch):
     def _probe_target(self, lb_id: str) -> ProbeTarget | None:
         """Where its traffic probe goes from and to (None: it is going, or has no address pair)."""
         lb, allocation = self._lb(lb_id), self.allocations.get(lb_id)
-        if lb is None or allocation is None:
+        if lb is None or allocation is None or self.desired is None:
             return None
-        gateway = self._state().subnet(lb.network.subnet_id).gateway
+        gateway = self.desired.subnet(lb.network.subnet_id).gateway  # validated: the subnet exists
         ifname = interface_names(lb_id, allocation.salt).ovn_ns
         return ProbeTarget(netns_name(lb_id), ifname, lb.network.mac, lb.network.ip, str(gateway))
 
@@ -528,7 +527,6 @@ class OvnWorker(ReadinessWatch):
             self.tasks.pop(lb_id, None)
             self.runtime.pop(lb_id, None)
             self._waiting_for_ovn.discard(lb_id)
-            self._waiting_for_traffic.discard(lb_id)
             if self.traffic is not None:
                 self.traffic.forget(lb_id)
             self._derived.forget(lb_id)

@@ -7,10 +7,11 @@ port (`traffic_probes`, when the agent probes), or, with listeners served by
 haproxy, while haproxy is not running (`readiness`). `watch_readiness` turns them `ready`
 without another pass: every READINESS_INTERVAL it reads whether haproxy runs
 and, only while some load balancer waits for its port, which ports are
-installed (one read of the local OVSDB replica), and probes the load
-balancers whose probe is due; with nothing waiting or due and haproxy as it
-was, a tick does nothing per load balancer. A confirmed load balancer whose
-probes stop being answered turns `pending` again. A port that loses
+installed (one read of the local OVSDB replica); with nothing waiting and
+haproxy as it was, a tick does nothing per load balancer. `watch_traffic`,
+a loop of its own so that slow probes never hold up the rest, probes the
+load balancers whose probe is due and turns them `ready` at their first
+answer, or `pending` again when a confirmed one stops answering. A port that loses
 ovn-installed later is seen by the next pass (the periodic resync). When a
 master was started again (it died), the load balancers with haproxy
 listeners stay `pending` until a pass, kicked at once, has re-applied their
@@ -56,7 +57,6 @@ class ReadinessWatch:
     _haproxy_up: bool
     _haproxy_starts: Any
     _waiting_for_ovn: set[str]
-    _waiting_for_traffic: set[str]
     # Probes of the gateway through each active port (None: ovn-installed suffices); the agent sets it.
     traffic: TrafficProbes | None
     # This host's role for a load balancer with `ha` ("active", "standby",
@@ -77,8 +77,10 @@ class ReadinessWatch:
         """What keeps a load balancer whose pass succeeded from carrying traffic (None: nothing)."""
         lb, runtime = self._lb(lb_id), self.runtime.get(lb_id)
         self._waiting_for_ovn.discard(lb_id)
-        self._waiting_for_traffic.discard(lb_id)
+        traffic = self.traffic
         if lb is None or runtime is None or not lb.enabled:
+            if traffic is not None:
+                traffic.forget(lb_id)
             return None  # going, or disabled: nothing is meant to serve
         if not self._haproxy_up and any(ls.enabled and ls.kind.through_haproxy for ls in lb.listeners):
             error = self._haproxy_status().get("last_error")
@@ -89,7 +91,6 @@ class ReadinessWatch:
         if role is None:
             return WAITING_FOR_LEASE
         observation = runtime.observation
-        traffic = self.traffic
         if role != "active" or observation is None:
             if traffic is not None:
                 traffic.forget(lb_id)  # its port is not bound here: nothing to probe
@@ -100,7 +101,7 @@ class ReadinessWatch:
                 traffic.forget(lb_id)  # installed again, it is probed again
             return WAITING_FOR_OVN
         if traffic is not None and not traffic.confirmed(lb_id):
-            self._waiting_for_traffic.add(lb_id)
+            traffic.want(lb_id)
             return WAITING_FOR_TRAFFIC
         return None
 
@@ -154,7 +155,6 @@ class ReadinessWatch:
                 elif runtime.observation.ovs_port in installed:
                     runtime.observation = replace(runtime.observation, ovn_installed=True)
                     again.add(lb_id)
-        again |= await self._check_traffic()
         changed = 0
         for lb_id in again:
             found = self.tasks.get(lb_id)
@@ -165,20 +165,6 @@ class ReadinessWatch:
             await self._notify()
         return changed
 
-    async def _check_traffic(self) -> set[str]:
-        """Probe the load balancers whose probe is due; those whose verdict changed."""
-        traffic = self.traffic
-        if traffic is None:
-            return set()
-        due = traffic.due(self._waiting_for_traffic | traffic.confirmed_ids())
-        targets = {lb_id: target for lb_id in due if (target := self._probe_target(lb_id)) is not None}
-        if not targets:
-            return set()
-        gained, lost = await traffic.probe(targets)
-        for lb_id in sorted(lost):
-            log.warning("lb=%s action=probe_traffic result=lost reason=%r", lb_id, "its gateway stopped answering")
-        return gained | lost
-
     def _haproxy_restarted(self) -> None:
         """A new master runs: every load balancer it serves passes again before it is ready."""
         for lb_id, task in self.tasks.items():
@@ -186,6 +172,35 @@ class ReadinessWatch:
             if lb is not None and lb.enabled and any(ls.enabled and ls.kind.through_haproxy for ls in lb.listeners):
                 task.set_waiting(HAPROXY_RESTARTED)
                 task.kick()
+
+    async def check_traffic(self) -> int:
+        """Probe the load balancers whose probe is due; how many changed state."""
+        traffic = self.traffic
+        if traffic is None:
+            return 0
+        targets = {lb_id: target for lb_id in traffic.due() if (target := self._probe_target(lb_id)) is not None}
+        if not targets:
+            return 0
+        gained, lost = await traffic.probe(targets)
+        for lb_id in sorted(lost):
+            log.warning("lb=%s action=probe_traffic result=lost reason=%r", lb_id, "its gateway stopped answering")
+        changed = 0
+        for lb_id in gained | lost:
+            task = self.tasks.get(lb_id)
+            if task is not None and task.set_waiting(self.readiness(lb_id)):
+                changed += 1
+                log.info("lb=%s action=readiness state=%s reason=%r", lb_id, task.state, task.waiting)
+        if changed:
+            await self._notify()
+        return changed
+
+    async def watch_traffic(self, interval: float = READINESS_INTERVAL) -> None:
+        while True:
+            await asyncio.sleep(interval)
+            try:
+                await self.check_traffic()
+            except Exception as exc:  # the next tick probes again
+                log.warning("action=probe_traffic result=error error=%r", str(exc))
 
     async def watch_readiness(self, interval: float = READINESS_INTERVAL) -> None:
         while True:

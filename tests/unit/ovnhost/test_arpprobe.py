@@ -50,21 +50,21 @@ async def test_the_exchange_asks_again_until_the_gateway_answers():
 
     answering = asyncio.create_task(gateway())
     try:
-        assert await arpprobe.exchange(ours, MAC, IP, GATEWAY, timeout=3.0, tries=3)
+        assert await arpprobe.exchange(ours, arpprobe.request(MAC, IP, GATEWAY), IP, GATEWAY, timeout=3.0, tries=3)
     finally:
         await answering
         wire.close()
-    assert ours.fileno() == -1  # closed
+        ours.close()
 
 
 async def test_a_silent_gateway_is_no_answer_within_the_timeout():
     ours, wire = socket.socketpair(socket.AF_UNIX, socket.SOCK_DGRAM)
     ours.setblocking(False)
     try:
-        assert not await arpprobe.exchange(ours, MAC, IP, GATEWAY, timeout=0.3, tries=2)
+        assert not await arpprobe.exchange(ours, arpprobe.request(MAC, IP, GATEWAY), IP, GATEWAY, timeout=0.3, tries=2)
     finally:
         wire.close()
-    assert ours.fileno() == -1
+        ours.close()
 
 
 async def test_a_socket_that_fails_is_a_typed_error():
@@ -72,7 +72,7 @@ async def test_a_socket_that_fails_is_a_typed_error():
     ours.setblocking(False)
     wire.close()
     with pytest.raises(arpprobe.ProbeError, match="ARP exchange with 198.18.0.1"):
-        await arpprobe.exchange(ours, MAC, IP, GATEWAY, timeout=0.3)
+        await arpprobe.exchange(ours, arpprobe.request(MAC, IP, GATEWAY), IP, GATEWAY, timeout=0.3)
 
 
 def test_a_socket_on_a_missing_interface_is_a_typed_error():

@@ -665,21 +665,21 @@ async def test_an_installed_port_is_ready_once_its_gateway_answers_and_pending_w
     a = worker.tasks["a"]
     assert (a.state, a.reason) == ("pending", WAITING_FOR_TRAFFIC)
     assert not await worker.wait_settled(1, 0.05)
-    assert await worker.check_readiness() == 0  # not answered
+    assert await worker.check_traffic() == 0  # not answered
     names = interface_names("a", worker.allocations["a"].salt)
     assert asked == [ProbeTarget(netns_name("a"), names.ovn_ns, "00:22:0a:00:00:0c", "198.18.0.12", "198.18.0.1")]
 
     answers[netns_name("a")] = True
-    assert await worker.check_readiness() == 0 and len(asked) == 1  # its retry is not due yet
+    assert await worker.check_traffic() == 0 and len(asked) == 1  # its retry is not due yet
     clock[0] += 1.0
-    assert await worker.check_readiness() == 1
+    assert await worker.check_traffic() == 1
     assert (a.state, a.reason) == ("ready", None) and await worker.wait_settled(1, 0)
 
     answers[netns_name("a")] = False  # the port stops forwarding: two rechecks unanswered
     clock[0] += 30.0
-    assert await worker.check_readiness() == 0 and a.state == "ready"
+    assert await worker.check_traffic() == 0 and a.state == "ready"
     clock[0] += 1.0
-    assert await worker.check_readiness() == 1
+    assert await worker.check_traffic() == 1
     assert (a.state, a.reason) == ("pending", WAITING_FOR_TRAFFIC)
     assert WAITING_FOR_TRAFFIC in worker.not_serving()
 
@@ -687,7 +687,7 @@ async def test_an_installed_port_is_ready_once_its_gateway_answers_and_pending_w
     assert await worker.wait_settled(2, 5)
     clock[0] += 60.0
     asked.clear()
-    assert await worker.check_readiness() == 0 and asked == []
+    assert await worker.check_traffic() == 0 and asked == []
     await worker.stop()
 
 
