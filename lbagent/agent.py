@@ -243,9 +243,10 @@ class Agent:
 
     async def refresh(self, desired: DesiredState, raw: dict, raw_text: str | None = None) -> int:
         self.check_host(desired)
-        # Before any namespace is built for it: room for its neighbour entries.
-        await self.neighbours.accommodate(desired)
-        generation = await self.worker.apply(desired, raw, raw_text)  # which also feeds the controllers
+        generation = await self.worker.apply(desired, raw, raw_text)
+        # Room for its neighbour entries, while its first passes have only begun
+        # (a state refused as stale or invalid sizes nothing).
+        await self.neighbours.accommodate(desired)  # which also feeds the controllers
         self.state_error = None
         return generation
 

@@ -5,9 +5,9 @@ Every load balancer adds entries to the machine-wide neighbour tables (see
 peer, each member it forwards to and the on-link clients it answers, and in
 the host's namespace its outer peer. At the kernel's default limit of 1,024
 entries a host of a few hundred load balancers starts refusing new entries,
-and VIPs fall silent one by one. Before a desired state is applied, this
-raises each family's limits to what it needs, so every namespace built for it
-finds room; limits already higher (an operator's) are left alone.
+and VIPs fall silent one by one. When a desired state is accepted, this
+raises each family's limits to what it needs; limits already higher (an
+operator's) are left alone.
 """
 
 from __future__ import annotations
@@ -64,16 +64,9 @@ class NeighbourCapacity:
         self._limits: dict[str, Limits] = {}
         self.last_error: str | None = None
 
-    @property
-    def needed(self) -> int | None:
-        return self._needed
-
-    def limits(self) -> dict[str, Limits]:
-        return dict(self._limits)
-
     async def accommodate(self, desired: DesiredState) -> None:
         """Raise the limits for `desired`, writing only a limit below it; errors go to status."""
-        needed = entries_needed(desired)
+        needed = await self._run(entries_needed, desired)  # every pod against every selector: not on the loop
         wanted = Limits(soft=needed, hard=HARD_PER_SOFT * needed)
         before, errors = dict(self._limits), []
         for family in FAMILIES:
