@@ -5,12 +5,16 @@ from __future__ import annotations
 import os
 import platform
 import subprocess
+from collections.abc import Callable
+from pathlib import Path
 from typing import Any
 
 import psutil
 
 from bench import loopstall
 from devtools.sandbox import which
+
+REPO = Path(__file__).resolve().parent.parent
 
 
 def percentile(values: list[float], q: float) -> float:
@@ -232,7 +236,30 @@ def _first_line(*argv: str) -> str:
     return ((out.stdout or out.stderr).strip().splitlines() or ["unknown"])[0]
 
 
-def machine() -> dict[str, str]:
+def _git(*args: str) -> str | None:
+    """git's output in the repository the benchmark runs from; None when git cannot say."""
+    if not which("git"):
+        return None
+    try:
+        out = subprocess.run(
+            [which("git"), "-C", str(REPO), *args], capture_output=True, text=True, timeout=10, check=False
+        )
+    except (OSError, subprocess.TimeoutExpired):
+        return None
+    return out.stdout if out.returncode == 0 else None
+
+
+def commit_id(git: Callable[..., str | None] = _git) -> str:
+    """The commit measured, "+dirty" when the tree differs from it (the figures are then of no commit)."""
+    head = git("rev-parse", "HEAD")
+    if not head:
+        return "unknown"
+    changes = git("status", "--porcelain")
+    return head.strip() + ("+dirty" if changes is None or changes.strip() else "")
+
+
+def machine(first_line: Callable[..., str] = _first_line, git: Callable[..., str | None] = _git) -> dict[str, str]:
+    """The machine, the versions of everything on the data path and the commit: the header of every run."""
     import pyroute2
 
     return {
@@ -243,12 +270,24 @@ def machine() -> dict[str, str]:
         "os": _os_release(),
         "python": platform.python_version(),
         "pyroute2": getattr(pyroute2, "__version__", "unknown"),
-        "ovs": _first_line("ovs-vswitchd", "--version"),
-        "ovn": _first_line("ovn-controller", "--version"),
-        "haproxy": _first_line("haproxy", "-v"),
-        "nginx": _first_line("nginx", "-v"),
-        "wrk": _first_line("wrk", "-v"),
+        "ovs": first_line("ovs-vswitchd", "--version"),
+        "ovn": first_line("ovn-controller", "--version"),
+        "haproxy": first_line("haproxy", "-v"),
+        "nginx": first_line("nginx", "-v"),
+        "wrk": first_line("wrk", "-v"),
+        "commit": commit_id(git),
     }
+
+
+def header(machine: dict[str, str], date: str) -> str:
+    """The lines that open the report: what the figures below were measured on, and of which code."""
+    return (
+        f"lbagent benchmark, {date}, commit {machine.get('commit', 'unknown')}\n"
+        f"machine: {machine['cpus']} CPUs ({machine['cpu_model']}), {machine['memory_gib']} GiB, "
+        f"Linux {machine['kernel']} ({machine['os']})\n"
+        f"versions: {machine['ovs']}; {machine['ovn']}; {machine['haproxy']}; {machine['nginx']}; "
+        f"{machine['wrk']}; Python {machine['python']}; pyroute2 {machine['pyroute2']}"
+    )
 
 
 def _cpu_model() -> str:

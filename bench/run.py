@@ -397,6 +397,9 @@ def run_benchmark(
     workdir = Path(workdir or tempfile.mkdtemp(prefix="lbb", dir="/var/tmp"))
     own_sandbox = sandbox is None
     started = time.monotonic()
+    # Taken first: the commit as it was when the figures began, before anything can change the tree.
+    machine = report.machine()
+    say(report.header(machine, time.strftime("%Y-%m-%d %H:%M:%S %z")))
     try:
         if own_sandbox:
             say(
@@ -413,7 +416,7 @@ def run_benchmark(
     finally:
         if own_dir and os.environ.get("LBAGENT_KEEP_BENCH_DIR") is None:
             shutil.rmtree(workdir, ignore_errors=True)
-    results["machine"] = report.machine()
+    results["machine"] = machine
     results["seconds"] = round(time.monotonic() - started, 1)
     results["finished_at"] = time.strftime("%Y-%m-%d %H:%M:%S %z")
     if config.output is not None:
@@ -468,12 +471,7 @@ def main(argv: list[str] | None = None) -> int:
         output=args.output,
     )
     results = run_benchmark(config)
-    machine = results["machine"]
-    say(
-        f"\nlbagent benchmark, {time.strftime('%Y-%m-%d')}: {machine['cpus']} CPUs ({machine['cpu_model']}), "
-        f"{machine['memory_gib']} GiB, Linux {machine['kernel']}; {machine['ovs']}; {machine['ovn']}; "
-        f"{machine['haproxy']}\n"
-    )
+    say("\n" + report.header(results["machine"], results["finished_at"]) + "\n")
     say(report.table(results["rows"]))
     say(f"\nall figures: {args.output}")
     missed = [r["figure"] for r in results["rows"] if r["result"] == "MISSED"]
