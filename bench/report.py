@@ -152,22 +152,8 @@ def evaluate(results: dict[str, Any]) -> list[dict[str, Any]]:
         )
     p4 = results.get("p4")
     if p4:
-        lb, direct = p4["loadbalancer"]["rps"], p4["direct"]["rps"]
-        ratio = lb / direct if direct else 0.0
-        ovn = p4.get("ovn_lb", {})
-        if ovn.get("error"):
-            ovn_text = f"OVN native LB not measured: {ovn['error']}"
-        elif ovn:
-            ovn_text = f"OVN native LB {ovn['rps']:,.0f} ({ovn['rps'] / direct if direct else 0:.2f}×)"
-        else:
-            ovn_text = "OVN native LB not run"
-        row(
-            f"P4 HTTP req/s via load balancer, N={p4.get('n', '?')}",
-            f"{lb:,.0f} ({ratio:.2f}× direct)",
-            "≥ 0.8× direct",
-            ratio >= 0.8,
-            f"direct {direct:,.0f}; {ovn_text}",
-        )
+        for args in p4_rows(p4):
+            row(*args)
     p5 = results.get("p5")
     if p5:
         row(
@@ -197,6 +183,48 @@ def evaluate(results: dict[str, Any]) -> list[dict[str, Any]]:
             "≤ 150 MB",
             p6["rss_mb"] <= 150,
             f"peak during convergence {p6['peak_rss_mb']:.0f} MB",
+        )
+    return rows
+
+
+# P4's reference legs: a proxy doing the agent's work in the load balancer's namespace (bench/nslegs.py).
+P4_REFERENCES = {"ns_haproxy": "haproxy in its namespace", "nginx_stream": "nginx stream in its namespace"}
+P4_TARGET = 0.9  # of each reference: what lbagent's own hops (a veth pair, NAT) may cost
+
+
+def p4_rows(p4: dict[str, Any]) -> list[tuple[str, str, str, bool | None, str]]:
+    """The agent's throughput against each reference leg (the targets); direct and OVN native as context.
+
+    A request through any of them crosses the userspace datapath twice, so
+    against direct the ratio is bounded near 0.5× by the datapath, not by lbagent.
+    """
+    lb, direct = p4["loadbalancer"]["rps"], p4["direct"]["rps"]
+    ovn = p4.get("ovn_lb", {})
+    if ovn.get("error"):
+        ovn_text = f"OVN native LB not measured: {ovn['error']}"
+    elif ovn:
+        ovn_text = f"OVN native LB {ovn['rps']:,.0f} ({ovn['rps'] / direct if direct else 0:.2f}× direct)"
+    else:
+        ovn_text = "OVN native LB not run"
+    context = f"direct {direct:,.0f} (lbagent {lb / direct if direct else 0:.2f}× direct); {ovn_text}"
+    rows = []
+    for leg, name in P4_REFERENCES.items():
+        reference = p4.get(leg, {})
+        figure = f"P4 HTTP req/s via load balancer vs {name}, N={p4.get('n', '?')}"
+        target = f"≥ {P4_TARGET}× {name}"
+        if not reference.get("rps"):
+            why = reference.get("error", "not run")
+            rows.append((figure, f"{lb:,.0f} (reference not measured)", target, False, f"{why}; {context}"))
+            continue
+        ratio = lb / reference["rps"]
+        rows.append(
+            (
+                figure,
+                f"{lb:,.0f} ({ratio:.2f}× {reference['rps']:,.0f})",
+                target,
+                ratio >= P4_TARGET,
+                context,
+            )
         )
     return rows
 

@@ -18,8 +18,11 @@ through tests/functional/agentproc.py, default resync interval):
 - P1: the floor (bench/floor.py) is built, timed and removed; then the agent
   gets the N load balancers in one POST ?wait and the time to the answer
   saying all are ready is P1 (and when ovn-controller has bound all ports).
-- at the smallest N, P3 at --p3-small load balancers; at the largest N:
-  P2 (an idle window of --p2-seconds), P6, P3, P4 and P5.
+- at the largest N: P2 (an idle window of --p2-seconds), P6 and P3; at
+  the smallest N, with the agent resized to --p3-small load
+  balancers: P3, P4 (the agent; direct; haproxy and an nginx stream proxy in
+  the load balancer's namespace, bench/nslegs.py; OVN's native load
+  balancer) and P5.
 
 Last, in this process and without the sandbox, the worst stall of the API's
 event loop while the largest bodies the limits accept are taken in
@@ -237,6 +240,8 @@ class Bench(IdleLegs, TrafficLegs, TeardownAndProfiles):
             self._check_sandbox("P3")
             self._p4(small)
             self._check_sandbox("P4")
+            self._p4_in_namespace()
+            self._check_sandbox("P4 in the namespace")
             self._p5(small)
             self._check_sandbox("P5")
             self._p4_ovn()
