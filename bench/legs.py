@@ -225,15 +225,25 @@ class TrafficLegs:
         self._attach_ovn_lb(False)
 
     def _p5(self, n: int) -> None:
-        # Reloads: a listener timeout alternates (a change only a reload applies)
-        # while a fifth backend comes and goes. Then the same scale-out and -in
-        # alone, which the running haproxy takes without a reload.
-        self.results["p5"] = self._changes_under_load(n, "reloads", "lbagent_haproxy_reloads_total", reload=True)
-        self.lbs[0] = lb_body(self.prefix, 0)  # as P5 found it: the live changes start from there
-        self._post(wait=P5_RELOAD_LIMIT)
+        # Reloads, then the same scale-out and -in alone, which the running
+        # haproxy takes without a reload.
+        self.results["p5"] = self._reloads_under_load(n)
         self.results["p5"]["live"] = self._changes_under_load(
             n, "live backend changes", "lbagent_haproxy_live_updates_total", reload=False
         )
+
+    def _p5_largest(self, n: int) -> None:
+        """The reloads again with every load balancer of the largest N in haproxy's configuration:
+        a reload there re-reads all of them while the old worker still serves."""
+        self.results["p5_largest"] = self._reloads_under_load(n)
+
+    def _reloads_under_load(self, n: int) -> dict:
+        """A listener timeout alternates (a change only a reload applies) while a fifth backend comes
+        and goes; the load balancer is left as it was found."""
+        result = self._changes_under_load(n, "reloads", "lbagent_haproxy_reloads_total", reload=True)
+        self.lbs[0] = lb_body(self.prefix, 0)
+        self._post(wait=P5_RELOAD_LIMIT)
+        return result
 
     def _changes_under_load(self, n: int, what: str, counter: str, reload: bool) -> dict:
         changes = self.config.reloads

@@ -18,8 +18,8 @@ through tests/functional/agentproc.py, default resync interval):
 - P1: the floor (bench/floor.py) is built, timed and removed; then the agent
   gets the N load balancers in one POST ?wait and the time to the answer
   saying all are ready is P1 (and when ovn-controller has bound all ports).
-- at the largest N: P2 (an idle window of --p2-seconds), P6 and P3; at
-  the smallest N, with the agent resized to --p3-small load
+- at the largest N: P2 (an idle window of --p2-seconds), P6, P3 and P5's
+  reloads; at the smallest N, with the agent resized to --p3-small load
   balancers: P3, P4 (the agent; direct; haproxy and an nginx stream proxy in
   the load balancer's namespace, bench/nslegs.py; OVN's native load
   balancer) and P5.
@@ -225,6 +225,8 @@ class Bench(IdleLegs, TrafficLegs, TeardownAndProfiles):
             if converged:
                 self._p3(n)
                 self._check_sandbox("P3")
+                self._p5_largest(n)
+                self._check_sandbox("P5 at the largest N")
             else:
                 self.results["p3"].append(
                     {

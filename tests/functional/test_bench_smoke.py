@@ -63,6 +63,9 @@ def test_benchmark_runs_at_small_n_and_produces_sane_figures(sandbox, prefix, tm
     live = p5["live"]  # the same scale-out and -in without a reload
     assert live["reloads"] == 2 and live["requests"] > 0 and live["failed"] == 0, live
 
+    largest = results["p5_largest"]  # the reloads again at the largest N
+    assert largest["n"] == 3 and largest["reloads"] == 2 and largest["failed"] == 0, largest
+
     p6 = results["p6"]
     assert 10 < p6["rss_mb"] < 1000, p6
 
@@ -72,6 +75,7 @@ def test_benchmark_runs_at_small_n_and_produces_sane_figures(sandbox, prefix, tm
     rendered = table(rows)
     assert rendered.count("\n") == len(rows) + 1 and "P5 failed requests" in rendered
     figures = [row["figure"] for row in rows]
+    assert "P5 failed requests during 2 reloads, N=3" in figures, figures
     assert sum(figure.startswith("P4 HTTP req/s via load balancer vs") for figure in figures) == 2, figures
     assert results["machine"]["commit"] != "unknown", results["machine"]
     assert "median of 2 runs" in rows[0]["note"], rows[0]
