@@ -5,8 +5,8 @@ PYTHON ?= $(shell command -v python3.11 || command -v python3)
 VENV := .venv
 PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed
-# wrk and nginx-light: the benchmark, whose small-N smoke run is part of `make test`.
-DEB_PACKAGES := openvswitch-switch ovn-central ovn-host haproxy iptables ethtool iproute2 curl openssl wrk nginx-light
+# wrk, nginx-light and its stream module: the benchmark, whose small-N smoke run is part of `make test`.
+DEB_PACKAGES := openvswitch-switch ovn-central ovn-host haproxy iptables ethtool iproute2 curl openssl wrk nginx-light libnginx-mod-stream
 PYTEST_ARGS ?=
 # `make bench BENCH_N="10 100"` for a smaller run; BENCH_ARGS adds flags of
 # `python -m bench.run --help` (e.g. --p2-seconds 20); BENCH_PROFILE=1 installs

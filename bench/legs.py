@@ -1,6 +1,6 @@
 """The benchmark's legs after P1: P2 and P6 (an idle window: writes, reloads, CPU, memory), P3 (a
-change reaching a polling client), P4 (throughput against the direct and OVN native paths), P5
-(requests during reloads and live changes)."""
+change reaching a polling client), P4 (throughput against proxies in the load balancer's namespace,
+with the direct and OVN native paths as context), P5 (requests during reloads and live changes)."""
 
 from __future__ import annotations
 
@@ -10,9 +10,10 @@ import time
 
 import psutil
 
-from bench import report
+from bench import nslegs, report
 from bench.common import (
     BACKEND_HOSTS,
+    LISTENER_PORTS,
     OVN_LB_VIP,
     P3_CHANGE_LIMIT,
     P3_GIVE_UP,
@@ -32,6 +33,7 @@ from bench.measure import (
 )
 from bench.traffic import BACKEND_PORT, LoadLoop, http_text, run_load
 from devtools.sandbox import wait_for
+from lbagent.haproxy.files import HaproxyPaths
 
 from lbstate import backend
 
@@ -127,19 +129,68 @@ class TrafficLegs:
         )
 
     def _p4(self, n: int) -> None:
-        seconds, conns = self.config.wrk_seconds, self.config.connections
         vip = self.lbs[0]["network"]["ip"]
-        legs = {"loadbalancer": [(vip, 80)] * 4, "direct": [(ip, BACKEND_PORT) for ip in BACKEND_HOSTS.values()]}
         self.results["p4"] = {"n": n}
-        for leg, targets in legs.items():
-            say(f"==> P4 {leg}: {conns} keep-alive connections for {seconds:.0f} s")
-            split = CpuSplit(self._processes())
-            result = run_load(self.client, targets, seconds, conns, pool=self.pool)
-            self.results["p4"][leg] = {**result.as_dict(), "cpu_cores": split.finish()}
-            say(
-                f"    {result.rps:,.0f} requests/s ({result.errors} errors); cores busy: "
-                + ", ".join(f"{k} {v:.2f}" for k, v in self.results["p4"][leg]["cpu_cores"].items())
+        self._p4_leg("loadbalancer", [(vip, 80)] * 4)
+        self._p4_leg("direct", [(ip, BACKEND_PORT) for ip in BACKEND_HOSTS.values()])
+
+    def _p4_leg(self, leg: str, targets: list[tuple[str, int]], more: dict[str, list[int]] | None = None) -> None:
+        """One leg of P4: keep-alive load on `targets`, and where the machine's cores went meanwhile."""
+        seconds, conns = self.config.wrk_seconds, self.config.connections
+        say(f"==> P4 {leg}: {conns} keep-alive connections for {seconds:.0f} s")
+        split = CpuSplit({**self._processes(), **(more or {})})
+        result = run_load(self.client, targets, seconds, conns, pool=self.pool)
+        self.results["p4"][leg] = {**result.as_dict(), "cpu_cores": split.finish()}
+        say(
+            f"    {result.rps:,.0f} requests/s ({result.errors} errors); cores busy: "
+            + ", ".join(f"{k} {v:.2f}" for k, v in self.results["p4"][leg]["cpu_cores"].items())
+        )
+
+    def _p4_in_namespace(self) -> None:
+        """The reference legs (bench/nslegs.py), after the agent's own: a proxy in the load balancer's
+        namespace on the VIP, at a port the agent's NAT leaves alone. The client's path through OVN is
+        the agent leg's; only the veth hop to the host and the NAT are missing."""
+        lb = self.agent.lb(self.lbs[0]["id"])
+        for leg in ("ns_haproxy", "nginx_stream"):
+            try:
+                server, port = self._namespace_server(leg, lb)
+                with server:
+                    wait_for(
+                        lambda server=server, port=port: (
+                            server.check_running() or self.pool.call(http_text, lb["vip"], port) in BACKEND_HOSTS
+                        ),
+                        15,
+                        f"{leg} answering on {lb['vip']}:{port} in {lb['netns']}",
+                    )
+                    self._p4_leg(leg, [(lb["vip"], port)] * 4, {leg: [server.pid]})
+                self.results["p4"][leg]["pid"] = server.pid  # stopped by now
+            except (RuntimeError, OSError, TimeoutError, ValueError) as exc:
+                self.results["p4"][leg] = {"rps": 0.0, "error": str(exc)[:300]}
+                say(f"    {leg} not measured: {exc}")
+
+    def _namespace_server(self, leg: str, lb: dict) -> tuple[nslegs.InNamespace, int]:
+        directory = self.workdir / leg
+        directory.mkdir(parents=True, exist_ok=True)
+        config = directory / ("haproxy.cfg" if leg == "ns_haproxy" else "nginx.conf")
+        if leg == "ns_haproxy":
+            paths = HaproxyPaths(self.agent.run_dir)
+            config.write_text(
+                nslegs.namespace_haproxy_config(
+                    paths.base_cfg.read_text(),
+                    paths.lb_file(lb["id"]).read_text(),
+                    outer=lb["outer"],
+                    inner=lb["inner"],
+                    vip=lb["vip"],
+                    members={b["mapped_port"]: f"{b['address']}:{b['port']}" for b in lb["backends"]},
+                )
             )
+            argv, port = nslegs.haproxy_argv(config), LISTENER_PORTS[0] + nslegs.NS_HAPROXY_OFFSET
+        else:
+            port = nslegs.NGINX_STREAM_PORT
+            members = [f"{b['address']}:{b['port']}" for b in lb["backends"]]
+            config.write_text(nslegs.nginx_stream_config(directory, lb["vip"], port, members))
+            argv = nslegs.nginx_argv(directory, config)
+        return nslegs.InNamespace(lb["netns"], argv, config, directory / "output.log"), port
 
     def _processes(self) -> dict[str, list[int]]:
         """The processes that do P1's and P4's work, by role (their children, e.g. workers, included)."""
@@ -156,17 +207,9 @@ class TrafficLegs:
     def _p4_ovn(self) -> None:
         """The OVN native load balancer leg, last: OVS 3.1's userspace conntrack has been seen to
         assert under this load, and a crash must not take the other figures with it."""
-        seconds, conns = self.config.wrk_seconds, self.config.connections
-        say(f"==> P4 ovn_lb: {conns} keep-alive connections for {seconds:.0f} s")
         self._attach_ovn_lb(True)
         try:
-            split = CpuSplit(self._processes())
-            result = run_load(self.client, [(OVN_LB_VIP, 80)] * 4, seconds, conns, pool=self.pool)
-            self.results["p4"]["ovn_lb"] = {**result.as_dict(), "cpu_cores": split.finish()}
-            say(
-                f"    {result.rps:,.0f} requests/s ({result.errors} errors); cores busy: "
-                + ", ".join(f"{k} {v:.2f}" for k, v in self.results["p4"]["ovn_lb"]["cpu_cores"].items())
-            )
+            self._p4_leg("ovn_lb", [(OVN_LB_VIP, 80)] * 4)
         except RuntimeError as exc:
             self.results["p4"]["ovn_lb"] = {"rps": 0.0, "error": str(exc)[:300]}
         daemon = self._vswitchd()
@@ -182,15 +225,25 @@ class TrafficLegs:
         self._attach_ovn_lb(False)
 
     def _p5(self, n: int) -> None:
-        # Reloads: a listener timeout alternates (a change only a reload applies)
-        # while a fifth backend comes and goes. Then the same scale-out and -in
-        # alone, which the running haproxy takes without a reload.
-        self.results["p5"] = self._changes_under_load(n, "reloads", "lbagent_haproxy_reloads_total", reload=True)
-        self.lbs[0] = lb_body(self.prefix, 0)  # as P5 found it: the live changes start from there
-        self._post(wait=P5_RELOAD_LIMIT)
+        # Reloads, then the same scale-out and -in alone, which the running
+        # haproxy takes without a reload.
+        self.results["p5"] = self._reloads_under_load(n)
         self.results["p5"]["live"] = self._changes_under_load(
             n, "live backend changes", "lbagent_haproxy_live_updates_total", reload=False
         )
+
+    def _p5_largest(self, n: int) -> None:
+        """The reloads again with every load balancer of the largest N in haproxy's configuration:
+        a reload there re-reads all of them while the old worker still serves."""
+        self.results["p5_largest"] = self._reloads_under_load(n)
+
+    def _reloads_under_load(self, n: int) -> dict:
+        """A listener timeout alternates (a change only a reload applies) while a fifth backend comes
+        and goes; the load balancer is left as it was found."""
+        result = self._changes_under_load(n, "reloads", "lbagent_haproxy_reloads_total", reload=True)
+        self.lbs[0] = lb_body(self.prefix, 0)
+        self._post(wait=P5_RELOAD_LIMIT)
+        return result
 
     def _changes_under_load(self, n: int, what: str, counter: str, reload: bool) -> dict:
         changes = self.config.reloads

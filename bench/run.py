@@ -18,8 +18,11 @@ through tests/functional/agentproc.py, default resync interval):
 - P1: the floor (bench/floor.py) is built, timed and removed; then the agent
   gets the N load balancers in one POST ?wait and the time to the answer
   saying all are ready is P1 (and when ovn-controller has bound all ports).
-- at the smallest N, P3 at --p3-small load balancers; at the largest N:
-  P2 (an idle window of --p2-seconds), P6, P3, P4 and P5.
+- at the largest N: P2 (an idle window of --p2-seconds), P6, P3 and P5's
+  reloads; at the smallest N, with the agent resized to --p3-small load
+  balancers: P3, P4 (the agent; direct; haproxy and an nginx stream proxy in
+  the load balancer's namespace, bench/nslegs.py; OVN's native load
+  balancer) and P5.
 
 Last, in this process and without the sandbox, the worst stall of the API's
 event loop while the largest bodies the limits accept are taken in
@@ -222,6 +225,8 @@ class Bench(IdleLegs, TrafficLegs, TeardownAndProfiles):
             if converged:
                 self._p3(n)
                 self._check_sandbox("P3")
+                self._p5_largest(n)
+                self._check_sandbox("P5 at the largest N")
             else:
                 self.results["p3"].append(
                     {
@@ -237,6 +242,8 @@ class Bench(IdleLegs, TrafficLegs, TeardownAndProfiles):
             self._check_sandbox("P3")
             self._p4(small)
             self._check_sandbox("P4")
+            self._p4_in_namespace()
+            self._check_sandbox("P4 in the namespace")
             self._p5(small)
             self._check_sandbox("P5")
             self._p4_ovn()
@@ -397,6 +404,9 @@ def run_benchmark(
     workdir = Path(workdir or tempfile.mkdtemp(prefix="lbb", dir="/var/tmp"))
     own_sandbox = sandbox is None
     started = time.monotonic()
+    # Taken first: the commit as it was when the figures began, before anything can change the tree.
+    machine = report.machine()
+    say(report.header(machine, time.strftime("%Y-%m-%d %H:%M:%S %z")))
     try:
         if own_sandbox:
             say(
@@ -413,7 +423,7 @@ def run_benchmark(
     finally:
         if own_dir and os.environ.get("LBAGENT_KEEP_BENCH_DIR") is None:
             shutil.rmtree(workdir, ignore_errors=True)
-    results["machine"] = report.machine()
+    results["machine"] = machine
     results["seconds"] = round(time.monotonic() - started, 1)
     results["finished_at"] = time.strftime("%Y-%m-%d %H:%M:%S %z")
     if config.output is not None:
@@ -468,12 +478,7 @@ def main(argv: list[str] | None = None) -> int:
         output=args.output,
     )
     results = run_benchmark(config)
-    machine = results["machine"]
-    say(
-        f"\nlbagent benchmark, {time.strftime('%Y-%m-%d')}: {machine['cpus']} CPUs ({machine['cpu_model']}), "
-        f"{machine['memory_gib']} GiB, Linux {machine['kernel']}; {machine['ovs']}; {machine['ovn']}; "
-        f"{machine['haproxy']}\n"
-    )
+    say("\n" + report.header(results["machine"], results["finished_at"]) + "\n")
     say(report.table(results["rows"]))
     say(f"\nall figures: {args.output}")
     missed = [r["figure"] for r in results["rows"] if r["result"] == "MISSED"]

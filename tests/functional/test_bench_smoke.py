@@ -12,6 +12,7 @@ import math
 
 from bench.report import table
 from bench.run import BenchConfig, run_benchmark
+from devtools.procs import pid_alive
 
 
 def test_benchmark_runs_at_small_n_and_produces_sane_figures(sandbox, prefix, tmp_path):
@@ -50,14 +51,20 @@ def test_benchmark_runs_at_small_n_and_produces_sane_figures(sandbox, prefix, tm
         assert 0 < entry["agent_p50"] <= entry["agent_p99"] < 60, entry
 
     p4 = results["p4"]
-    for leg in ("loadbalancer", "direct", "ovn_lb"):
+    # The agent, direct, the two proxies in the load balancer's namespace, OVN's own load balancer.
+    for leg in ("loadbalancer", "direct", "ns_haproxy", "nginx_stream", "ovn_lb"):
         assert p4[leg]["rps"] > 0 and p4[leg]["errors"] == 0, (leg, p4[leg])
+    for leg in ("ns_haproxy", "nginx_stream"):  # each counted as its own process, and stopped
+        assert p4[leg]["cpu_cores"][leg] > 0 and not pid_alive(p4[leg]["pid"]), (leg, p4[leg])
 
     p5 = results["p5"]
     assert p5["reloads"] == 2 and p5["requests"] > 0, p5
     assert p5["failed"] == 0, p5
     live = p5["live"]  # the same scale-out and -in without a reload
     assert live["reloads"] == 2 and live["requests"] > 0 and live["failed"] == 0, live
+
+    largest = results["p5_largest"]  # the reloads again at the largest N
+    assert largest["n"] == 3 and largest["reloads"] == 2 and largest["failed"] == 0, largest
 
     p6 = results["p6"]
     assert 10 < p6["rss_mb"] < 1000, p6
@@ -67,6 +74,10 @@ def test_benchmark_runs_at_small_n_and_produces_sane_figures(sandbox, prefix, tm
     assert all(not math.isnan(float(entry["p99"])) for entry in results["p3"])
     rendered = table(rows)
     assert rendered.count("\n") == len(rows) + 1 and "P5 failed requests" in rendered
+    figures = [row["figure"] for row in rows]
+    assert "P5 failed requests during 2 reloads, N=3" in figures, figures
+    assert sum(figure.startswith("P4 HTTP req/s via load balancer vs") for figure in figures) == 2, figures
+    assert results["machine"]["commit"] != "unknown", results["machine"]
     assert "median of 2 runs" in rows[0]["note"], rows[0]
     assert (tmp_path / "results.json").exists()
     # Nothing of the run is left: its agents' load balancers, namespaces and links went with it.
