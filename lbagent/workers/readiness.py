@@ -43,6 +43,9 @@ log = logging.getLogger("lbagent.workers.ovn_worker")  # its lines are the worke
 READINESS_INTERVAL = 0.25
 WAITING_FOR_OVN = "waiting for ovn-installed"
 WAITING_FOR_TRAFFIC = "waiting for traffic: its gateway does not answer through its OVN port"
+# Batches of traffic probes out at once: a port that does not answer yet costs its
+# batch the probe's timeout, and the ports installed meanwhile need not wait for it.
+PROBE_BATCHES = 4
 HAPROXY_DOWN = "haproxy not running"
 HAPROXY_RESTARTED = "haproxy restarted: waiting for a pass to re-apply its configuration"
 WAITING_FOR_LEASE = "waiting to learn its role from the OVN Northbound database"
@@ -194,13 +197,26 @@ class ReadinessWatch:
             await self._notify()
         return changed
 
-    async def watch_traffic(self, interval: float = READINESS_INTERVAL) -> None:
-        while True:
-            await asyncio.sleep(interval)
-            try:
-                await self.check_traffic()
-            except Exception as exc:  # the next tick probes again
-                log.warning("action=probe_traffic result=error error=%r", str(exc))
+    async def watch_traffic(self, interval: float = READINESS_INTERVAL, batches: int = PROBE_BATCHES) -> None:
+        """Every `interval`, a batch of the probes due, without waiting for the batches still out
+        (up to `batches` of them): an unanswered probe holds up only its own batch."""
+        running: set[asyncio.Task] = set()
+        try:
+            while True:
+                await asyncio.sleep(interval)
+                if len(running) < batches:
+                    batch = asyncio.create_task(self._check_traffic_logged())
+                    running.add(batch)
+                    batch.add_done_callback(running.discard)
+        finally:
+            for batch in running:
+                batch.cancel()
+
+    async def _check_traffic_logged(self) -> None:
+        try:
+            await self.check_traffic()
+        except Exception as exc:  # the next batch probes again
+            log.warning("action=probe_traffic result=error error=%r", str(exc))
 
     async def watch_readiness(self, interval: float = READINESS_INTERVAL) -> None:
         while True:

@@ -723,3 +723,27 @@ async def test_udp_flows_are_logged_once_the_namespace_is_built_and_until_just_b
     assert worker._host.removed == ["a"]
     await worker.stop()
     assert logs.calls[-1] == ("stop",)
+
+
+async def test_a_probe_that_hangs_holds_up_only_its_own_batch(worker):
+    release = asyncio.Event()
+
+    async def gateway(target):
+        if target.netns == netns_name("a"):
+            await release.wait()  # ovs-vswitchd has not applied its flows yet
+        return True
+
+    worker.traffic = TrafficProbes(gateway, recheck=lambda: 30.0)
+    await apply(worker, state(1, [lb_body("a")]))
+    await _until(lambda: worker.tasks["a"].passes)
+    watch = asyncio.create_task(worker.watch_traffic(0.01))
+    try:
+        await apply(worker, state(2, [lb_body("a"), lb_body("b", ip="198.18.0.13")]))
+        await _until(lambda: worker.tasks["b"].state == "ready")
+        assert worker.tasks["a"].state == "pending"
+        release.set()
+        await _until(lambda: worker.tasks["a"].state == "ready")
+    finally:
+        watch.cancel()
+        await asyncio.gather(watch, return_exceptions=True)
+        await worker.stop()
