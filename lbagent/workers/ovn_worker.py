@@ -527,8 +527,7 @@ class OvnWorker(ReadinessWatch):
             self.tasks.pop(lb_id, None)
             self.runtime.pop(lb_id, None)
             self._waiting_for_ovn.discard(lb_id)
-            if self.traffic is not None:
-                self.traffic.forget(lb_id)
+            self._forget_traffic(lb_id)
             self._derived.forget(lb_id)
         await self._saves.submit(None)
         log.info("lb=%s action=deleted", lb_id)

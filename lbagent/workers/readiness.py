@@ -4,15 +4,15 @@
 balancer `pending` while ovn-controller has not installed its OVS port
 (`external_ids:ovn-installed`), then until its gateway answered through that
 port (`traffic_probes`, when the agent probes), or, with listeners served by
-haproxy, while haproxy is not running (`readiness`). `watch_readiness` turns them `ready`
-without another pass: every READINESS_INTERVAL it reads whether haproxy runs
+haproxy, while haproxy is not running (`readiness`). `watch_readiness` turns
+them `ready` without another pass: every READINESS_INTERVAL it reads whether haproxy runs
 and, only while some load balancer waits for its port, which ports are
 installed (one read of the local OVSDB replica); with nothing waiting and
 haproxy as it was, a tick does nothing per load balancer. `watch_traffic`,
 a loop of its own so that slow probes never hold up the rest, probes the
 load balancers whose probe is due and turns them `ready` at their first
-answer, or `pending` again when a confirmed one stops answering. A port that loses
-ovn-installed later is seen by the next pass (the periodic resync). When a
+answer, or `pending` again when a confirmed one stops answering. A port that
+loses ovn-installed later is seen by the next pass (the periodic resync). When a
 master was started again (it died), the load balancers with haproxy
 listeners stay `pending` until a pass, kicked at once, has re-applied their
 files: a master that could not start on the files on disk starts without them.
@@ -80,10 +80,8 @@ class ReadinessWatch:
         """What keeps a load balancer whose pass succeeded from carrying traffic (None: nothing)."""
         lb, runtime = self._lb(lb_id), self.runtime.get(lb_id)
         self._waiting_for_ovn.discard(lb_id)
-        traffic = self.traffic
         if lb is None or runtime is None or not lb.enabled:
-            if traffic is not None:
-                traffic.forget(lb_id)
+            self._forget_traffic(lb_id)
             return None  # going, or disabled: nothing is meant to serve
         if not self._haproxy_up and any(ls.enabled and ls.kind.through_haproxy for ls in lb.listeners):
             error = self._haproxy_status().get("last_error")
@@ -95,18 +93,21 @@ class ReadinessWatch:
             return WAITING_FOR_LEASE
         observation = runtime.observation
         if role != "active" or observation is None:
-            if traffic is not None:
-                traffic.forget(lb_id)  # its port is not bound here: nothing to probe
+            self._forget_traffic(lb_id)  # its port is not bound here: nothing to probe
             return None
         if not observation.ovn_installed:
             self._waiting_for_ovn.add(lb_id)
-            if traffic is not None:
-                traffic.forget(lb_id)  # installed again, it is probed again
+            self._forget_traffic(lb_id)  # installed again, it is probed again
             return WAITING_FOR_OVN
+        traffic = self.traffic
         if traffic is not None and not traffic.confirmed(lb_id):
             traffic.want(lb_id)
             return WAITING_FOR_TRAFFIC
         return None
+
+    def _forget_traffic(self, lb_id: str) -> None:
+        if self.traffic is not None:
+            self.traffic.forget(lb_id)
 
     def ha_role_changed(self, lb_id: str) -> None:
         """The lease moved to or from this host: readiness follows the role."""
