@@ -82,7 +82,7 @@ OPTION_TYPES: dict[str, frozenset[str]] = {
     "tls_cipher_policy": HTTPS_TYPES,
     "client_certificate": HTTPS_TYPES,
     # access_log and access_log_rate apply to every type: haproxy writes the
-    # lines of tcp, http and https, conntrack's events those of udp (workers.connlog).
+    # lines of tcp, http and https, conntrack's events those of udp and tcp (workers.connlog).
     "rules": HTTP_TYPES,
 }
 

@@ -11,7 +11,7 @@ last the listener's `access_log_rate`.
 `AccessLogReader` turns each line into one record of the agent's log
 (`logger lbagent.access`, `object=access lb=<id> listener=<id> ...`), so the
 agent's `log_format` applies to it, and caps each listener at its rate (its
-`admit` caps the flow lines of UDP listeners too): lines
+`admit` caps the conntrack flow lines of udp and tcp listeners too): lines
 beyond it are dropped and counted in the `dropped` field of the next line let
 through. Only known fields are copied, each re-quoted, so that nothing a client
 sent can pose as another field.
@@ -198,7 +198,7 @@ class AccessLogReader:
             emit(line, dropped)
 
     def admit(self, lb_id: str, listener_id: str, rate: int) -> int | None:
-        """The listener's cap (see `RateCap.admit`), which UDP listeners' flow lines
+        """The listener's cap (see `RateCap.admit`), which the conntrack flow lines
         (`workers.connlog`) go through too, before they are even decoded."""
         return self._cap.admit(f"{lb_id}/{listener_id}", rate)
 

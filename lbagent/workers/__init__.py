@@ -6,5 +6,5 @@ balancer into a host spec, NAT rules and haproxy members. One work queue
 (`queue`, `dispatch`, `controllers`) carries the keys of OvnWorker and of
 the sibling controllers: `subnets`, `pods`, `provider_networks`. `gc` sweeps
 marked orphans; `udp_health` probes UDP listeners' members; `connlog` writes
-UDP listeners' access lines from conntrack events.
+udp and tcp listeners' connection lines from conntrack events.
 """

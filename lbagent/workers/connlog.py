@@ -1,24 +1,26 @@
-"""Access logs of UDP listeners, from the conntrack events of the load balancer's namespace.
+"""Connection logs of udp and tcp listeners, from the conntrack events of the load balancer's namespace.
 
-UDP is balanced by the kernel (DNAT in the namespace), so no haproxy writes
-lines for it: `ConnectionLogs` subscribes to the namespace's conntrack events
-while at least one enabled UDP listener of the load balancer has
-`access_log`, and writes two lines per flow to that listener's VIP:port:
-`event=start` when conntrack creates the flow and `event=end` when it
-forgets it, with the packets and bytes each way and the duration. Both go
-through the same per-listener cap (`AccessLogReader.admit`) and logger
-(`lbagent.access`) as haproxy's lines. An event is matched to a listener and
-capped by its destination alone, read without decoding the rest: only the
-lines that are written cost a full decode.
+Every flow to a listener's VIP:port passes the namespace's DNAT, so conntrack
+there sees each one begin and end. `ConnectionLogs` subscribes to the
+namespace's conntrack events while at least one enabled udp or tcp listener of
+the load balancer has `access_log`, and writes two lines per flow to that
+listener's protocol, VIP and port: `event=start` when conntrack creates the
+flow and `event=end` when it forgets it, with the packets and bytes each way
+and the duration. Both go through the same per-listener cap
+(`AccessLogReader.admit`) and logger (`lbagent.access`) as haproxy's lines. An
+event is matched to a listener and capped by its destination alone, read
+without decoding the rest: only the lines that are written cost a full decode.
 
-When the end line comes is conntrack's business: a UDP flow ends once its
+A udp flow's lines name the member it was sent to (the kernel balances udp);
+a tcp connection's reply comes from haproxy on the host, whose own line, once
+the connection ends, names the backend and server. http and https listeners
+log per request, through haproxy only.
+
+When the end line comes is conntrack's business: a udp flow ends once its
 timeout (`nf_conntrack_udp_timeout`, 30 s, or `..._udp_timeout_stream`, 120 s,
-after answers went both ways) has passed without a datagram, and the kernel's
-garbage collection noticed, which may take tens of seconds more.
-
-TCP listeners are left to haproxy's lines (one per connection, with haproxy's
-own view of it): their conntrack events are skipped, so no connection is
-logged twice.
+after answers went both ways) has passed without a datagram, a closed tcp
+connection after `nf_conntrack_tcp_timeout_time_wait` (120 s), and then when
+the kernel's garbage collection noticed, which may take tens of seconds more.
 
 There is one subscription per load balancer, opened on a namespace thread
 and read by the event loop (the socket is non-blocking and read only when it
@@ -42,7 +44,6 @@ from lbagent.errors import LbAgentError
 from lbagent.haproxy.accesslog import AccessLine, AccessLogReader, emit
 from lbagent.ovnhost.conntrack import ConntrackError, ConntrackEvents, FlowEvent, RawEvent, open_events
 from lbagent.ovnhost.netns import netns_path
-from lbagent.workers import plan
 
 log = logging.getLogger(__name__)
 
@@ -54,26 +55,28 @@ LOST_EVERY = 10.0
 @dataclass(frozen=True)
 class LoggedListener:
     listener_id: str
+    protocol: str  # "udp" | "tcp": what conntrack calls the flows to it
     port: int
     rate: int  # its access_log_rate
 
 
 def logged_listeners(lb) -> list[LoggedListener]:
-    """The enabled UDP listeners of `lb` that want access lines."""
+    """The enabled udp and tcp listeners of `lb` that want connection lines."""
+    if not lb.enabled:
+        return []
     return [
-        LoggedListener(ls.id, ls.listener_port, ls.access_log_rate) for ls in plan.udp_listeners(lb) if ls.access_log
+        LoggedListener(ls.id, ls.kind.transport, ls.listener_port, ls.access_log_rate)
+        for ls in lb.listeners
+        if ls.enabled and ls.access_log and not ls.kind.is_http
     ]
 
 
 def flow_line(lb_id: str, listener: LoggedListener, event: FlowEvent) -> AccessLine:
     """The access line of one flow event of `listener`."""
     original = event.original
-    fields = {
-        "event": event.kind,
-        "proto": event.protocol,
-        "client": f"{original.src}:{original.sport}",
-        "member": f"{event.reply.src}:{event.reply.sport}",
-    }
+    fields = {"event": event.kind, "proto": event.protocol, "client": f"{original.src}:{original.sport}"}
+    if event.protocol == "udp":  # a tcp connection's reply comes from haproxy, not a member
+        fields["member"] = f"{event.reply.src}:{event.reply.sport}"
     if event.kind == "end":
         for direction, counters in (("in", event.sent), ("out", event.received)):
             if counters is not None:
@@ -95,14 +98,14 @@ def namespace_inode(netns: str) -> int | None:
 class _Subscription:
     netns: str
     events: ConntrackEvents
-    # (VIP, port) -> the listener there; a flow to anything else is not logged.
-    listeners: dict[tuple[str, int], LoggedListener] = field(default_factory=dict)
+    # (protocol, VIP, port) -> the listener there; a flow to anything else is not logged.
+    listeners: dict[tuple[str, str, int], LoggedListener] = field(default_factory=dict)
     lost: int = 0  # overflows as last said in the log
     lost_said_at: float = -LOST_EVERY
 
 
 class ConnectionLogs:
-    """The conntrack subscriptions of the load balancers whose UDP listeners log."""
+    """The conntrack subscriptions of the load balancers whose udp or tcp listeners log."""
 
     def __init__(
         self,
@@ -145,7 +148,7 @@ class ConnectionLogs:
             self._subscriptions[lb_id] = subscription
             asyncio.get_running_loop().add_reader(events.fileno(), self._readable, lb_id)
             log.info("lb=%s object=access action=subscribe netns=%s", lb_id, netns)
-        subscription.listeners = {(vip, listener.port): listener for listener in listeners}
+        subscription.listeners = {(listener.protocol, vip, listener.port): listener for listener in listeners}
 
     def forget(self, lb_id: str) -> None:
         """Close the subscription of `lb_id`, if any (before its namespace goes)."""
@@ -186,9 +189,9 @@ class ConnectionLogs:
         # Matched and capped on the destination alone: a flow nobody logs, or a line the
         # cap drops, costs no decoding.
         destination = raw.destination
-        if destination is None or destination.protocol != "udp":
-            return  # tcp: haproxy's lines
-        listener = subscription.listeners.get((destination.address, destination.port))
+        if destination is None:
+            return
+        listener = subscription.listeners.get((destination.protocol, destination.address, destination.port))
         if listener is None:
             return
         dropped = self._access.admit(lb_id, listener.listener_id, listener.rate)

@@ -114,7 +114,7 @@ class OvnWorker(ReadinessWatch):
         # same step that switches to it: the sibling controllers miss no change.
         self.on_accept: list[Callable[[DesiredState], None]] = []
         self.udp_health = udp_health  # UdpHealthChecker, or None: UDP members are then always live
-        self.connection_logs = connection_logs  # ConnectionLogs, or None: UDP listeners write no access lines
+        self.connection_logs = connection_logs  # ConnectionLogs, or None: no connection lines from conntrack
         self._store = store
         self._resync = resync_interval
         self._resync_rate = resync_rate

@@ -1,7 +1,9 @@
-"""access_log on a udp listener with real traffic: a client's datagram through OVN to the VIP
-is a start line with the load balancer's and the listener's ids, the client and the member, and
-once conntrack forgets the flow an end line with its packets and bytes each way; flows to a udp
-listener without access_log write nothing, and turning the option off unsubscribes."""
+"""access_log on udp and tcp listeners with real traffic: a client's datagram through OVN to the
+VIP is a start line with the load balancer's and the listener's ids, the client and the member,
+and once conntrack forgets the flow an end line with its packets and bytes each way; a tcp
+connection through haproxy gets the same two lines from conntrack (without a member: haproxy's
+own line names the server); flows to a udp listener without access_log write nothing, and turning
+the option off unsubscribes."""
 
 from __future__ import annotations
 
@@ -11,11 +13,13 @@ from lbagent.naming import netns_name
 
 from agentproc import wait_until
 from helpers import MAC, VIP, UdpServers, udp_backends_of, wait_bound
-from lbstate import backend, desired, loadbalancer
+from lbstate import backend, desired, loadbalancer, tcp_listener
 
 MEMBER = "198.18.0.21"
 CLIENT = "198.18.0.31"
 LOGGED, QUIET = 5353, 5354
+STREAM = 8080  # the tcp listener, to the member's HTTP server
+BODY = "backend-a"
 # Conntrack forgets a flow this long after its last datagram, then its garbage collection
 # notices, which the kernel paces by itself (up to about a minute).
 FLOW_TIMEOUT = 1
@@ -35,12 +39,17 @@ def udp_listener(listener_id: str, port: int, access_log: bool) -> dict:
 
 
 def lb_state(lb_id: str, access_log: bool) -> dict:
+    groups = {f"bg-{port}": [backend(f"be-{port}", MEMBER, port)] for port in (LOGGED, QUIET)}
     return loadbalancer(
         lb_id,
         VIP,
         MAC,
-        [udp_listener("logged", LOGGED, access_log), udp_listener("quiet", QUIET, False)],
-        {f"bg-{port}": [backend(f"be-{port}", MEMBER, port)] for port in (LOGGED, QUIET)},
+        [
+            udp_listener("logged", LOGGED, access_log),
+            udp_listener("quiet", QUIET, False),
+            tcp_listener("stream", STREAM, "bg-tcp", access_log=access_log),
+        ],
+        {**groups, "bg-tcp": [backend("be-tcp", MEMBER)]},
     )
 
 
@@ -54,12 +63,16 @@ def access_lines(agent, lb_id: str, event: str) -> list[dict[str, str]]:
     return found
 
 
+def ends(agent, lb_id: str, proto: str) -> list[dict[str, str]]:
+    return [line for line in access_lines(agent, lb_id, "end") if line["proto"] == proto]
+
+
 def answered(client, port: int) -> bool:
     return udp_backends_of(client, VIP, port, 1) == {"udp-a": 1}
 
 
-def test_a_udp_flow_is_a_start_and_an_end_line_with_its_bytes(agent_factory, vpc, prefix):
-    member = vpc.add_host("a", MEMBER)
+def test_a_udp_flow_and_a_tcp_connection_are_a_start_and_an_end_line_with_their_bytes(agent_factory, vpc, prefix):
+    member = vpc.add_host("a", MEMBER, http_text=BODY)
     client = vpc.add_host("client", CLIENT)
     lb_id = f"{prefix}-udplog"
     vpc.add_lb_port(lb_id, MAC, VIP)
@@ -70,25 +83,20 @@ def test_a_udp_flow_is_a_start_and_an_end_line_with_its_bytes(agent_factory, vpc
         code, body = agent.refresh(desired(1, lb_state(lb_id, access_log=True)))
         assert code == 200, body
         wait_bound(agent, lb_id)
-        # A test of the lines, not of conntrack's timeouts: the flow ends a second after its answer.
+        # A test of the lines, not of conntrack's timeouts: a flow ends a second after its last packet.
+        timeouts = ("udp_timeout", "tcp_timeout_time_wait", "tcp_timeout_close")
         subprocess.run(
-            [
-                "ip",
-                "netns",
-                "exec",
-                netns_name(lb_id),
-                "sysctl",
-                "-qw",
-                f"net.netfilter.nf_conntrack_udp_timeout={FLOW_TIMEOUT}",
-            ],
+            ["ip", "netns", "exec", netns_name(lb_id), "sysctl", "-qw"]
+            + [f"net.netfilter.nf_conntrack_{name}={FLOW_TIMEOUT}" for name in timeouts],
             check=True,
         )
 
         wait_until(lambda: answered(client, QUIET), 30, "an answer through the quiet listener")
         wait_until(lambda: answered(client, LOGGED), 30, "an answer through the logged listener")
+        assert client.curl(f"http://{VIP}:{STREAM}/").strip() == BODY
         # The answered flow (an earlier datagram lost on the way has its own lines, without an answer).
         end = wait_until(
-            lambda: next((e for e in access_lines(agent, lb_id, "end") if e.get("packets_out") == "1"), None),
+            lambda: next((e for e in ends(agent, lb_id, "udp") if e.get("packets_out") == "1"), None),
             END_WAIT,
             "the end line of the answered flow",
         )
@@ -97,9 +105,23 @@ def test_a_udp_flow_is_a_start_and_an_end_line_with_its_bytes(agent_factory, vpc
         assert (end["packets_in"], end["bytes_in"], end["bytes_out"]) == ("1", str(PAYLOAD_BYTES), str(ANSWER_BYTES))
         assert int(end["duration_ms"]) >= FLOW_TIMEOUT * 1000 - 100, end
         starts = access_lines(agent, lb_id, "start")
-        assert [s["listener"] for s in starts if s["client"] == end["client"]] == ["logged"], starts
-        assert {s["listener"] for s in starts} == {"logged"}, starts  # none for the quiet listener's flows
-        assert {s["member"] for s in starts} == {f"{MEMBER}:{LOGGED}"}, starts
+        udp_starts = [s for s in starts if s["proto"] == "udp"]
+        assert [s["listener"] for s in udp_starts if s["client"] == end["client"]] == ["logged"], starts
+        assert {s["listener"] for s in udp_starts} == {"logged"}, starts  # none for the quiet listener's flows
+        assert {s["member"] for s in udp_starts} == {f"{MEMBER}:{LOGGED}"}, starts
+
+        tcp_end = wait_until(
+            lambda: next(iter(ends(agent, lb_id, "tcp")), None),
+            END_WAIT,
+            "the end line of the tcp connection",
+        )
+        assert tcp_end["listener"] == "stream" and tcp_end["client"].startswith(f"{CLIENT}:"), tcp_end
+        assert "member" not in tcp_end, tcp_end
+        # A handshake, a request and an answer with its body at least, each way.
+        assert int(tcp_end["packets_in"]) >= 3 and int(tcp_end["packets_out"]) >= 3, tcp_end
+        assert int(tcp_end["bytes_out"]) > len(BODY) + 3 * 40, tcp_end
+        tcp_starts = [s for s in starts if s["proto"] == "tcp"]
+        assert [(s["listener"], s["client"]) for s in tcp_starts] == [("stream", tcp_end["client"])], starts
 
         code, body = agent.refresh(desired(2, lb_state(lb_id, access_log=False)))
         assert code == 200, body

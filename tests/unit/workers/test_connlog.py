@@ -1,7 +1,7 @@
-"""UDP listeners' access lines (lbagent.workers.connlog) with a fake conntrack subscription: a
-subscription only while a udp listener logs, opened inside the load balancer's namespace and reopened
-when that namespace is replaced; start and end lines for flows to the listener's VIP:port only,
-through the access log's per-listener cap."""
+"""udp and tcp listeners' connection lines (lbagent.workers.connlog) with a fake conntrack
+subscription: a subscription only while a udp or tcp listener logs, opened inside the load
+balancer's namespace and reopened when that namespace is replaced; start and end lines for flows
+to the listener's protocol, VIP and port only, through the access log's per-listener cap."""
 
 from __future__ import annotations
 
@@ -11,6 +11,7 @@ from types import SimpleNamespace
 
 import pytest
 
+from lbagent.desired.listener_types import listener_kind
 from lbagent.haproxy.accesslog import AccessLogReader, RateCap
 from lbagent.logs import message_fields
 from lbagent.ovnhost.conntrack import ConntrackError, Counters, Destination, FlowEvent, Tuple
@@ -18,7 +19,8 @@ from lbagent.workers.connlog import LOST_EVERY, ConnectionLogs, LoggedListener, 
 from tests.unit.samples import until
 
 VIP = "198.18.0.10"
-LISTENER = LoggedListener("dns", 53, 2)
+LISTENER = LoggedListener("dns", "udp", 53, 2)
+TCP_LISTENER = LoggedListener("db", "tcp", 53, 2)
 
 
 class Raw:
@@ -137,7 +139,7 @@ def udp_lb(*listeners):
 
 
 def udp_listener(listener_id, access_log, enabled=True, listener_type="udp"):
-    kind = SimpleNamespace(through_haproxy=listener_type != "udp")
+    kind = listener_kind(listener_type)
     return SimpleNamespace(
         id=listener_id,
         enabled=enabled,
@@ -148,14 +150,16 @@ def udp_listener(listener_id, access_log, enabled=True, listener_type="udp"):
     )
 
 
-def test_only_enabled_udp_listeners_with_access_log_are_logged():
+def test_only_enabled_udp_and_tcp_listeners_with_access_log_are_logged():
     lb = udp_lb(
         udp_listener("a", True),
         udp_listener("b", False),
         udp_listener("c", True, enabled=False),
         udp_listener("d", True, listener_type="tcp"),
+        udp_listener("e", True, listener_type="http"),  # haproxy's per-request lines only
+        udp_listener("f", True, listener_type="https"),
     )
-    assert logged_listeners(lb) == [LoggedListener("a", 53, 7)]
+    assert logged_listeners(lb) == [LoggedListener("a", "udp", 53, 7), LoggedListener("d", "tcp", 53, 7)]
     lb.enabled = False
     assert logged_listeners(lb) == []
 
@@ -188,13 +192,32 @@ async def test_flows_to_the_listener_get_a_start_and_an_end_line(lines):
     harness.logs.stop()
 
 
-async def test_flows_elsewhere_and_tcp_flows_are_not_logged(lines):
+async def test_flows_elsewhere_or_of_the_other_protocol_are_not_logged(lines):
     harness = Harness()
     await harness.sync()
     harness.opened[0].push(flow("start", port=54), flow("start", protocol="tcp"), flow("start", vip="198.18.0.11"))
     harness.opened[0].push(flow("start"))
     await until(lambda: len(lines) == 1, "the line of the listener's flow")
-    assert lines[0]["client"] == "198.18.1.5:40000"
+    assert lines[0]["client"] == "198.18.1.5:40000" and lines[0]["proto"] == "udp"
+    harness.logs.stop()
+
+
+async def test_a_tcp_connection_gets_a_start_and_an_end_line_without_a_member(lines):
+    harness = Harness()
+    await harness.sync(listeners=(TCP_LISTENER,))
+    harness.opened[0].push(flow("start"), flow("start", protocol="tcp"), flow("end", protocol="tcp"))
+    await until(lambda: len(lines) == 2, "both lines of the tcp connection")
+    start, end = lines
+    assert start == {
+        "object": "access",
+        "lb": "lb-1",
+        "listener": "db",
+        "event": "start",
+        "proto": "tcp",
+        "client": "198.18.1.5:40000",
+    }
+    assert (end["event"], end["proto"], end["bytes_in"], end["bytes_out"]) == ("end", "tcp", "80", "120")
+    assert "member" not in end  # the reply is haproxy's, whose own line names the server
     harness.logs.stop()
 
 
