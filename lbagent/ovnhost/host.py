@@ -216,12 +216,16 @@ class OvnHost:
         else:
             raise ValueError(f"unknown kind of object {kind!r}")
 
-    async def remove(self, lb_id: str, netns: str, names: InterfaceNames, outer: str) -> None:
+    async def remove(
+        self, lb_id: str, netns: str, names: InterfaceNames, outer: str, outer6: str | None = None
+    ) -> None:
         """Remove everything converge() made; safe on partial or absent state.
+        `outer6`: the IPv6 OUTER whose reply rule goes too, if it may have one.
         (Each counted write logs its own line; the namespace is not counted.)"""
         self._nat_states.pop(lb_id, None)
         self._reattach.discard(lb_id)
-        await self._rule_removals.submit(outer)
+        for source in (outer, outer6) if outer6 else (outer,):
+            await self._rule_removals.submit(source)
         await self._ports.delete(names.ovn_host)
         if os.path.exists(netns_path(netns)):  # mounted or a stale file: both go
             # Its veth pairs, host ends included, go with it: the kernel frees

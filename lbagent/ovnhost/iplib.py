@@ -6,6 +6,10 @@ writes and the rarer reads over pyroute2's `IPRoute`, made the first time
 one needs it. Reads return plain values; every write is counted and every
 netlink failure becomes a typed `NetlinkError` naming the operation.
 
+Addresses, routes and policy rules are of either family: a write takes its
+family from the address it names, a read of addresses, routes or rules
+takes the family it wants (IPv4 unless told).
+
 Routes come in two kinds, because they carry different data: a
 `KernelRoute` is a route as the agent writes its own (a load balancer's), in
 a table and out of a link, compared on just what the agent sets; a
@@ -34,6 +38,7 @@ from lbagent.ovnhost import rtnl_socket
 from lbagent.ovnhost.errors import AlreadyExists, LinkNotFound, NetlinkError, translate_netlink
 from lbagent.ovnhost.rtnl_messages import ADDRESS, LINK, ROUTE, decoder
 
+IFA_F_NODAD = 0x02
 IFA_F_NOPREFIXROUTE = 0x200
 IFF_UP = 0x1
 MAIN_TABLE = 254
@@ -55,14 +60,36 @@ class Link:
     alias: str = ""  # IFLA_IFALIAS: the agent's ownership mark on the host ends it made
 
 
+def family_of(address: str) -> int:
+    """AF_INET6 for an IPv6 address or prefix (in the canonical text the agent uses), else AF_INET."""
+    return socket.AF_INET6 if ":" in address else socket.AF_INET
+
+
+def host_prefixlen(family: int) -> int:
+    return 128 if family == socket.AF_INET6 else 32
+
+
+def unspecified(family: int) -> str:
+    return "::" if family == socket.AF_INET6 else "0.0.0.0"
+
+
 @dataclass(frozen=True)
 class Address:
-    """An IPv4 address of a link, with what re-creating it on another link needs."""
+    """An address of a link, with what re-creating it on another link needs.
+
+    IPv6 addresses the agent adds skip duplicate address detection: they are
+    its own (a VIP the region controller assigned, a pair from the agent's
+    prefix), and a tentative address would hold readiness back for a second.
+    """
 
     address: str
     prefixlen: int
     broadcast: str | None = None
     noprefixroute: bool = False
+
+    @property
+    def family(self) -> int:
+        return family_of(self.address)
 
     @property
     def cidr(self) -> str:
@@ -84,7 +111,7 @@ class KernelRoute:
 
 @dataclass(frozen=True)
 class SourceRule:
-    """A policy rule `from <src>/32 lookup <table>` at one priority."""
+    """A policy rule `from <src>/32 (or /128) lookup <table>` at one priority."""
 
     src: str
     table: int
@@ -156,10 +183,11 @@ class Netlink:
     def route_to(self, dst: str, src: str | None = None) -> KernelRoute | None:
         """The route the kernel would use (policy rules included), or None."""
         msg = rtmsg()
-        msg["family"], msg["dst_len"] = socket.AF_INET, 32
+        family = family_of(dst)
+        msg["family"], msg["dst_len"] = family, host_prefixlen(family)
         msg["attrs"] = [("RTA_DST", dst)]
         if src:
-            msg["src_len"] = 32
+            msg["src_len"] = host_prefixlen(family)
             msg["attrs"].append(("RTA_SRC", src))
         try:
             msgs = self._request("get route", dst, msg, RTM_GETROUTE, decoder(ROUTE))
@@ -169,18 +197,18 @@ class Netlink:
             raise
         return _to_route(msgs[0]) if msgs else None
 
-    def _filtered_dump(self, op: str, target: str, msg, msg_type: int):
+    def _filtered_dump(self, op: str, target: str, msg, msg_type: int, family: int):
         """A dump the kernel filters by the header fields and attributes set in
         `msg` (strict checking). pyroute2's own get_addr/get_routes dump
         everything and filter in Python: with a thousand load balancers on the
         host that is a thousand messages decoded to find one or two."""
-        msg["family"] = socket.AF_INET
+        msg["family"] = family
         kind = ADDRESS if msg_type == RTM_GETADDR else ROUTE
         return self._request(op, target, msg, msg_type, decoder(kind), dump=True)
 
-    def addresses(self, index: int) -> set[Address]:
-        """The link's IPv4 addresses with their broadcast and noprefixroute flag."""
-        return {_to_address(m) for m in self._address_dump(index)}
+    def addresses(self, index: int, family: int = socket.AF_INET) -> set[Address]:
+        """The link's addresses of `family` with their broadcast and noprefixroute flag."""
+        return {_to_address(m) for m in self._address_dump(index, family)}
 
     def all_addresses(self) -> set[str]:
         """Every address of either family in this namespace (what an allocation must avoid)."""
@@ -189,44 +217,45 @@ class Netlink:
             found.update(m.get("address") for m in self._call("dump addresses", "", self._ipr.get_addr, family=family))
         return found
 
-    def _address_dump(self, index: int):
+    def _address_dump(self, index: int, family: int):
         msg = ifaddrmsg()
         msg["index"] = index
-        return self._filtered_dump("dump addresses", str(index), msg, RTM_GETADDR)
+        return self._filtered_dump("dump addresses", str(index), msg, RTM_GETADDR, family)
 
-    def routes(self, table: int = MAIN_TABLE) -> set[KernelRoute]:
+    def routes(self, table: int = MAIN_TABLE, family: int = socket.AF_INET) -> set[KernelRoute]:
         """Unicast routes of one table."""
-        return {_to_route(m) for m in self._route_dump(table) if m.get("type") == RTN_UNICAST}
+        return {_to_route(m) for m in self._route_dump(table, family=family) if m.get("type") == RTN_UNICAST}
 
-    def _route_dump(self, table: int, oif: int | None = None):
+    def _route_dump(self, table: int, oif: int | None = None, family: int = socket.AF_INET):
         """The routes of one table (out of `oif`, if given), filtered by the kernel."""
         msg = rtmsg()
         msg["table"] = table if table <= 255 else RT_TABLE_COMPAT
         msg["attrs"] = [("RTA_TABLE", table)] + ([("RTA_OIF", oif)] if oif is not None else [])
         try:
-            msgs = self._filtered_dump("dump routes", f"table {table}", msg, RTM_GETROUTE)
+            msgs = self._filtered_dump("dump routes", f"table {table}", msg, RTM_GETROUTE, family)
         except NetlinkError as exc:
             if exc.code == errno.ENOENT:  # the kernel has no such table (yet): it holds no routes
                 return ()
             raise
         return [m for m in msgs if m.get("RTA_TABLE", table) == table]
 
-    def source_rules(self, priority: int) -> set[SourceRule]:
-        msgs = self._call("dump rules", "", self._ipr.get_rules, family=socket.AF_INET)
+    def source_rules(self, priority: int, family: int = socket.AF_INET) -> set[SourceRule]:
+        msgs = self._call("dump rules", "", self._ipr.get_rules, family=family)
         return {
             SourceRule(m.get("FRA_SRC"), m.get("FRA_TABLE") or m["table"], m.get("FRA_PRIORITY"))
             for m in msgs
-            if m.get("FRA_PRIORITY") == priority and m.get("FRA_SRC") and m["src_len"] == 32
+            if m.get("FRA_PRIORITY") == priority and m.get("FRA_SRC") and m["src_len"] == host_prefixlen(family)
         }
 
-    def rule_priorities(self) -> set[int]:
-        msgs = self._call("dump rules", "", self._ipr.get_rules, family=socket.AF_INET)
+    def rule_priorities(self, family: int = socket.AF_INET) -> set[int]:
+        msgs = self._call("dump rules", "", self._ipr.get_rules, family=family)
         return {m.get("FRA_PRIORITY") for m in msgs}
 
     def add_skip_rules(self, src: str, src_len: int, first: int, target: int) -> None:
         """`not from src/len goto target` at `first`, and a no-op rule at `target`
-        for it to land on; either one already there is left alone."""
-        self._add_rule_once(f"nop at {target}", priority=target, action="FR_ACT_NOP")
+        for it to land on, in the family of `src`; either one already there is left alone."""
+        family = family_of(src)
+        self._add_rule_once(f"nop at {target}", priority=target, action="FR_ACT_NOP", family=family)
         self._add_rule_once(
             f"not from {src}/{src_len} goto {target}",
             priority=first,
@@ -235,6 +264,7 @@ class Netlink:
             flags=FIB_RULE_INVERT,
             action="FR_ACT_GOTO",
             goto=target,
+            family=family,
         )
 
     def _add_rule_once(self, description: str, **rule) -> bool:
@@ -246,31 +276,22 @@ class Netlink:
             return False
         return True
 
-    def delete_rules_at(self, priority: int) -> int:
+    def delete_rules_at(self, priority: int, family: int = socket.AF_INET) -> int:
         deleted = 0
-        while priority in self.rule_priorities():
-            self._call("delete rule", f"at {priority}", self._ipr.rule, "del", write=True, priority=priority)
+        while priority in self.rule_priorities(family):
+            self._call(
+                "delete rule", f"at {priority}", self._ipr.rule, "del", write=True, priority=priority, family=family
+            )
             deleted += 1
         return deleted
 
     def add_source_rule(self, rule: SourceRule) -> bool:
         """Add `rule` unless it is there already; True if it was added."""
-        return self._add_rule_once(
-            f"from {rule.src} lookup {rule.table}", src=rule.src, src_len=32, table=rule.table, priority=rule.priority
-        )
+        return self._add_rule_once(f"from {rule.src} lookup {rule.table}", **_source_rule_args(rule))
 
     def delete_source_rule(self, rule: SourceRule) -> None:
-        self._call(
-            "delete rule",
-            f"from {rule.src} lookup {rule.table}",
-            self._ipr.rule,
-            "del",
-            write=True,
-            src=rule.src,
-            src_len=32,
-            table=rule.table,
-            priority=rule.priority,
-        )
+        target = f"from {rule.src} lookup {rule.table}"
+        self._call("delete rule", target, self._ipr.rule, "del", write=True, **_source_rule_args(rule))
 
     # --- writes ----------------------------------------------------------
 
@@ -304,7 +325,10 @@ class Netlink:
         self._call("set link", link.name, self._ipr.link, "set", index=link.index, write=True, **attrs)
 
     def add_address(self, link: Link, addr: Address) -> None:
-        extra: dict = {"flags": IFA_F_NOPREFIXROUTE} if addr.noprefixroute else {}
+        flags = (IFA_F_NOPREFIXROUTE if addr.noprefixroute else 0) | (
+            IFA_F_NODAD if addr.family == socket.AF_INET6 else 0
+        )
+        extra: dict = {"flags": flags, "family": addr.family} if flags else {}
         if addr.broadcast:
             extra["broadcast"] = addr.broadcast
         self._call(
@@ -396,7 +420,7 @@ def _to_address(msg) -> Address:
 
 
 def _to_route(msg) -> KernelRoute:
-    dst = msg.get("RTA_DST") or "0.0.0.0"
+    dst = msg.get("RTA_DST") or unspecified(msg["family"])
     return KernelRoute(
         dst=f"{dst}/{msg['dst_len']}",
         gateway=msg.get("RTA_GATEWAY"),
@@ -406,8 +430,14 @@ def _to_route(msg) -> KernelRoute:
     )
 
 
+def _source_rule_args(rule: SourceRule) -> dict:
+    family = family_of(rule.src)
+    src_len = host_prefixlen(family)
+    return {"src": rule.src, "src_len": src_len, "table": rule.table, "priority": rule.priority, "family": family}
+
+
 def _route_args(route: KernelRoute) -> dict:
-    args: dict = {"dst": route.dst, "table": route.table}
+    args: dict = {"dst": route.dst, "table": route.table, "family": family_of(route.dst)}
     if route.gateway:
         args["gateway"] = route.gateway
     else:

@@ -10,6 +10,14 @@ requests without reading first (about thirty requests, each a round trip
 through pyroute2, otherwise). Whatever they cannot do is left to the two
 converge functions, which find and finish a partial build like any drift.
 
+A dual-stack load balancer (`LinkSpec.ipv6`) gets the same in IPv6: its VIP
+and default route on the OVN-side veth, an inner/outer pair from the agent's
+IPv6 prefix on the haproxy-side one, the route to INNER6 and the reply path
+from OUTER6. Those are made by the converge steps even in a namespace just
+built (a few reads more, for dual-stack load balancers only). Every other
+load balancer has IPv6 off on its namespace ends and its haproxy-side host
+end, which also takes away any IPv6 address a dual-stack past left there.
+
 The host ends carry the agent's ownership mark as their `ifalias`
 (`LinkSpec.mark`): garbage collection and `lbagent cleanup` touch only links
 that carry it. The build sets it in the requests that bring the host ends up;
@@ -33,14 +41,18 @@ from lbagent.metrics import count_write
 from lbagent.naming import INTERFACE_RE, InterfaceNames
 from lbagent.ovnhost import ethtool
 from lbagent.ovnhost.errors import LinkNotFound, NetlinkError
-from lbagent.ovnhost.iplib import Address, KernelRoute, Link, Netlink, SourceRule
+from lbagent.ovnhost.iplib import Address, KernelRoute, Link, Netlink, SourceRule, family_of, host_prefixlen
 from lbagent.ovnhost.netns import write_sysctl
 from lbagent.ovnhost.rtnl_batch import RtnlBatch, route_via
 from lbagent.ovnhost.rtnl_socket import open_socket
 
 LINK_LOCAL_PREFIX = 16
+# The IPv6 pair's prefix length on its veth: INNER6 and OUTER6 differ in their
+# last bit only, so one /64 holds both whatever [agent] inner_prefix6 is.
+PAIR6_PREFIX = 64
 LOOPBACK_INDEX = 1  # in every namespace
 DEFAULT_ROUTE = "0.0.0.0/0"
+DEFAULT_ROUTE6 = "::/0"
 # haproxy sees real client addresses, so its replies (from OUTER, to anyone)
 # must go back through the load balancer's own veth: one policy rule and one
 # small table per load balancer. The table id comes from OUTER's low 16 bits,
@@ -55,6 +67,22 @@ SKIP_TARGET = RULE_PRIORITY + 999
 LINK_LOCAL_NET = ("169.254.0.0", 16)
 # Any address outside 169.254/16: where the reply path is checked to lead.
 REPLY_PROBE = "198.18.255.254"
+# The same for IPv6: sources outside the unique local block (where
+# [agent] inner_prefix6 must lie) skip the reply rules; the probe is a
+# documentation address (a route lookup sends nothing).
+UNIQUE_LOCAL_NET = ("fc00::", 7)
+REPLY_PROBE6 = "2001:db8:ffff:ffff::fffe"
+# Per family: the default route, the block of pair addresses the reply rules
+# are for, and where a reply is checked to lead.
+FAMILIES: dict[int, tuple[str, tuple[str, int], str]] = {
+    socket.AF_INET: (DEFAULT_ROUTE, LINK_LOCAL_NET, REPLY_PROBE),
+    socket.AF_INET6: (DEFAULT_ROUTE6, UNIQUE_LOCAL_NET, REPLY_PROBE6),
+}
+# IPv6 on an interface of a dual-stack load balancer: no router solicitations
+# or advertisements (its routes are the subnet's), and no duplicate address
+# detection, which would hold its link-local address back for a second.
+# Set in this order: the last one brings IPv6 up with the others in force.
+IPV6_ON = (("accept_dad", "0"), ("accept_ra", "0"), ("router_solicitations", "0"), ("disable_ipv6", "0"))
 
 
 def reply_table(outer: str) -> int:
@@ -63,6 +91,17 @@ def reply_table(outer: str) -> int:
 
 def is_reply_table(table: int) -> bool:
     return table & ~0xFFFF == TABLE_BASE
+
+
+@dataclass(frozen=True)
+class Ipv6Spec:
+    """The IPv6 half of a dual-stack load balancer."""
+
+    vip: str
+    prefixlen: int
+    gateway: str
+    inner: str  # the pair from [agent] inner_prefix6
+    outer: str
 
 
 @dataclass(frozen=True)
@@ -75,11 +114,12 @@ class LinkSpec:
     prefixlen: int
     gateway: str
     mtu: int
-    routes: tuple[tuple[str, str], ...]  # extra (cidr, nexthop) routes of the subnet
+    routes: tuple[tuple[str, str], ...]  # extra (cidr, nexthop) routes of the subnet, of either family
     inner: str
     outer: str
     tx_checksum_off: bool  # integration bridge on the userspace (netdev) datapath
     mark: str = ""  # ifalias of the host ends: the agent's ownership mark ("": left alone)
+    ipv6: Ipv6Spec | None = None  # None: IPv4 only
 
 
 def converge_namespace(spec: LinkSpec, host_netns_fd: int) -> set[str]:
@@ -101,11 +141,20 @@ def converge_namespace(spec: LinkSpec, host_netns_fd: int) -> set[str]:
         _ensure_link(nl, lo, up=True)
         ovn = _ensure_link(nl, ovn, up=True, mtu=spec.mtu, mac=spec.mac)
         haproxy = _ensure_link(nl, haproxy, up=True)
+        _set_ipv6_of_namespace_ends(spec)  # before IPv6 addresses: a link with IPv6 off takes none
         _ensure_addresses(nl, ovn, {Address(spec.vip, spec.prefixlen)})
         _ensure_addresses(nl, haproxy, {Address(spec.inner, LINK_LOCAL_PREFIX)})
-        _ensure_gateway_routes(nl, set(_gateway_routes(spec, ovn.index)))
+        _ensure_gateway_routes(nl, set(_gateway_routes(spec, ovn.index, socket.AF_INET)))
+        if spec.ipv6 is not None:
+            _converge_namespace_ipv6(nl, spec, spec.ipv6, ovn, haproxy)
     _finish_namespace(spec)
     return created
+
+
+def _converge_namespace_ipv6(nl: Netlink, spec: LinkSpec, ipv6: Ipv6Spec, ovn: Link, haproxy: Link) -> None:
+    _ensure_addresses(nl, ovn, {Address(ipv6.vip, ipv6.prefixlen)}, socket.AF_INET6)
+    _ensure_addresses(nl, haproxy, {Address(ipv6.inner, PAIR6_PREFIX)}, socket.AF_INET6)
+    _ensure_gateway_routes(nl, set(_gateway_routes(spec, ovn.index, socket.AF_INET6)), socket.AF_INET6)
 
 
 def build_namespace(spec: LinkSpec, host_netns_fd: int) -> set[str]:
@@ -114,7 +163,7 @@ def build_namespace(spec: LinkSpec, host_netns_fd: int) -> set[str]:
     directly on the host), then addresses and routes; two batches, no reads.
     Returns the namespace ends it created, like `converge_namespace`."""
     names = spec.names
-    _without_ipv6("default")  # the veth ends made next come up without a link-local address
+    _set_ipv6("default", spec.ipv6 is not None)  # the veth ends made next come up with it set
     batch = RtnlBatch()
     with closing(open_socket()) as sock:
         batch.set_up(LOOPBACK_INDEX, "lo")
@@ -124,46 +173,69 @@ def build_namespace(spec: LinkSpec, host_netns_fd: int) -> set[str]:
         ovn, haproxy = _index_of(names.ovn_ns), _index_of(names.haproxy_ns)
         batch.add_address(ovn, names.ovn_ns, spec.vip, spec.prefixlen)
         batch.add_address(haproxy, names.haproxy_ns, spec.inner, LINK_LOCAL_PREFIX)
-        for route in _gateway_routes(spec, ovn):
+        for route in _gateway_routes(spec, ovn, socket.AF_INET):
             batch.replace_route(route)
         batch.send(sock)
+    if spec.ipv6 is not None:
+        with Netlink.open() as nl:
+            _converge_namespace_ipv6(nl, spec, spec.ipv6, _link(nl, names.ovn_ns), _link(nl, names.haproxy_ns))
     _finish_namespace(spec)
     return {names.ovn_ns, names.haproxy_ns}
 
 
-def _gateway_routes(spec: LinkSpec, oif: int) -> list[KernelRoute]:
-    """The namespace's routes via a gateway, the default route first (the
-    subnet's other routes may need it to reach their next hop). A subnet route
-    to 0.0.0.0/0 is the default route: it takes the gateway's place (both
-    would make each pass replace the other)."""
-    routes = dict(spec.routes)
-    default = KernelRoute(DEFAULT_ROUTE, routes.pop(DEFAULT_ROUTE, spec.gateway), oif, None)
+def _gateway_routes(spec: LinkSpec, oif: int, family: int) -> list[KernelRoute]:
+    """The namespace's routes of `family` via a gateway, the default route first
+    (the subnet's other routes may need it to reach their next hop). A subnet
+    route to 0.0.0.0/0 (::/0) is the default route: it takes the gateway's place
+    (both would make each pass replace the other)."""
+    routes = {cidr: nexthop for cidr, nexthop in spec.routes if family_of(cidr) == family}
+    if family == socket.AF_INET:
+        default_route, gateway = DEFAULT_ROUTE, spec.gateway
+    else:
+        assert spec.ipv6 is not None
+        default_route, gateway = DEFAULT_ROUTE6, spec.ipv6.gateway
+    default = KernelRoute(default_route, routes.pop(default_route, gateway), oif, None)
     return [default] + [KernelRoute(cidr, nexthop, oif, None) for cidr, nexthop in sorted(routes.items())]
 
 
-def _without_ipv6(interface: str) -> None:
-    """IPv6 off on `interface` ("default": on those made from now on) of the calling thread's namespace.
+def _set_ipv6(interface: str, on: bool) -> None:
+    """IPv6 on or off on `interface` ("default": on those made from now on) of the calling thread's namespace.
 
-    A load balancer serves IPv4 only. With IPv6 on, each OVN-side veth sends router
+    Off for a load balancer without an IPv6 VIP. With IPv6 on, each OVN-side veth sends router
     solicitations and MLD reports to multicast groups as it comes up, which OVN floods
     to every port of the logical switch: at 2,500 load balancers on one switch,
-    millions of copies through the userspace datapath while it installs their flows."""
+    millions of copies through the userspace datapath while it installs their flows.
+    A dual-stack load balancer needs it (see `IPV6_ON`), and sends no solicitations."""
+    settings = IPV6_ON if on else (("disable_ipv6", "1"),)
     try:
-        changed = write_sysctl(f"net/ipv6/conf/{interface}/disable_ipv6", "1")
+        changed = [key for key, value in settings if write_sysctl(f"net/ipv6/conf/{interface}/{key}", value)]
     except FileNotFoundError:  # a kernel without IPv6
+        if on:
+            raise LinkNotFound("turn ipv6 on", errno.EAFNOSUPPORT, interface) from None
         return
     if changed:
-        count_write("netlink", what=f"ipv6 off on {interface}")
+        count_write("netlink", what=f"ipv6 {'on' if on else 'off'} on {interface}")
+
+
+def _set_ipv6_of_namespace_ends(spec: LinkSpec) -> None:
+    for interface in (spec.names.ovn_ns, spec.names.haproxy_ns):
+        _set_ipv6(interface, spec.ipv6 is not None)
 
 
 def _finish_namespace(spec: LinkSpec) -> None:
-    _without_ipv6(spec.names.ovn_ns)
-    _without_ipv6(spec.names.haproxy_ns)
+    _set_ipv6_of_namespace_ends(spec)
     if spec.tx_checksum_off:
         ethtool.ensure_tx_checksum_off(spec.names.ovn_ns)
     # A fresh namespace does not forward; both directions route through it.
     if write_sysctl("net/ipv4/ip_forward", "1"):
         count_write("netlink", what="ip_forward on")
+
+
+def _link(nl: Netlink, name: str) -> Link:
+    link = nl.link(name)
+    if link is None:
+        raise LinkNotFound("find link", errno.ENODEV, name)
+    return link
 
 
 def _index_of(name: str) -> int:
@@ -187,16 +259,43 @@ def converge_host(spec: LinkSpec) -> None:
         mark = spec.mark or None
         _ensure_link(nl, ovn, up=True, mtu=spec.mtu, alias=mark)
         _ensure_link(nl, haproxy, up=True, alias=mark)
-        # noprefixroute: every load balancer's OUTER lives in 169.254/16 on the
-        # host; only the /32 towards its own INNER may route there.
-        _ensure_addresses(nl, haproxy, {Address(spec.outer, LINK_LOCAL_PREFIX, noprefixroute=True)})
-        route = KernelRoute(f"{spec.inner}/32", None, haproxy.index, spec.outer)
-        used = nl.route_to(spec.inner)
-        if used is None or (used.dst, used.oif, used.prefsrc) != (route.dst, route.oif, route.prefsrc):
-            nl.replace_route(route)
-        # A reply from OUTER to any client must leave through this load balancer.
-        if not _reply_path_ok(nl, spec, haproxy.index):
-            _ensure_reply_path(nl, spec, haproxy.index)
+        _set_ipv6(names.haproxy_host, spec.ipv6 is not None)
+        for pair in _pairs(spec):
+            _converge_host_pair(nl, pair, reply_table(spec.outer), haproxy)
+
+
+def _converge_host_pair(nl: Netlink, pair: _Pair, table: int, haproxy: Link) -> None:
+    """OUTER on the host end, the route to INNER and the reply path, of one family."""
+    # noprefixroute: every load balancer's OUTER lives in the same block on the
+    # host; only the route towards its own INNER may route there.
+    _ensure_addresses(nl, haproxy, {Address(pair.outer, pair.prefixlen, noprefixroute=True)}, pair.family)
+    route = KernelRoute(f"{pair.inner}/{host_prefixlen(pair.family)}", None, haproxy.index, pair.outer)
+    used = nl.route_to(pair.inner)
+    if used is None or (used.dst, used.oif, used.prefsrc) != (route.dst, route.oif, route.prefsrc):
+        nl.replace_route(route)
+    # A reply from OUTER to any client must leave through this load balancer.
+    if not _reply_path_ok(nl, pair, haproxy.index):
+        _ensure_reply_path(nl, pair, table, haproxy.index)
+
+
+@dataclass(frozen=True)
+class _Pair:
+    """One family's inner/outer pair and its prefix length on the veth."""
+
+    inner: str
+    outer: str
+    prefixlen: int
+
+    @property
+    def family(self) -> int:
+        return family_of(self.outer)
+
+
+def _pairs(spec: LinkSpec) -> list[_Pair]:
+    pairs = [_Pair(spec.inner, spec.outer, LINK_LOCAL_PREFIX)]
+    if spec.ipv6 is not None:
+        pairs.append(_Pair(spec.ipv6.inner, spec.ipv6.outer, PAIR6_PREFIX))
+    return pairs
 
 
 def build_host(spec: LinkSpec) -> None:
@@ -207,12 +306,13 @@ def build_host(spec: LinkSpec) -> None:
     names = spec.names
     ovn, haproxy = _index_of(names.ovn_host), _index_of(names.haproxy_host)
     table = reply_table(spec.outer)
+    pair = _pairs(spec)[0]
     batch = RtnlBatch()
     batch.set_up(ovn, names.ovn_host, spec.mark)
     batch.set_up(haproxy, names.haproxy_host, spec.mark)
     batch.add_address(haproxy, names.haproxy_host, spec.outer, LINK_LOCAL_PREFIX, noprefixroute=True)
     batch.replace_route(KernelRoute(f"{spec.inner}/32", None, haproxy, spec.outer))
-    for route in _reply_routes(spec, haproxy, table):
+    for route in _reply_routes(pair, haproxy, table):
         batch.replace_route(route)
     with closing(open_socket()) as sock:
         with _RULES_LOCK:
@@ -220,25 +320,30 @@ def build_host(spec: LinkSpec) -> None:
             batch.add_source_rule(spec.outer, table, RULE_PRIORITY)
             batch.send(sock)
         reply_ok = route_via(sock, REPLY_PROBE, spec.outer) == (spec.inner, haproxy)
-    if not reply_ok:
+    _set_ipv6(names.haproxy_host, spec.ipv6 is not None)
+    if not reply_ok or spec.ipv6 is not None:
         with Netlink.open() as nl:
-            _ensure_reply_path(nl, spec, haproxy)
+            if not reply_ok:
+                _ensure_reply_path(nl, pair, table, haproxy)
+            if spec.ipv6 is not None:
+                _converge_host_pair(nl, _pairs(spec)[1], table, _link(nl, names.haproxy_host))
 
 
-def _reply_routes(spec: LinkSpec, oif: int, table: int) -> list[KernelRoute]:
+def _reply_routes(pair: _Pair, oif: int, table: int) -> list[KernelRoute]:
     """The reply table: INNER on the link, then the default route via INNER."""
+    default_route = FAMILIES[pair.family][0]
     return [
-        KernelRoute(f"{spec.inner}/32", None, oif, spec.outer, table),
-        KernelRoute(DEFAULT_ROUTE, spec.inner, oif, None, table),
+        KernelRoute(f"{pair.inner}/{host_prefixlen(pair.family)}", None, oif, pair.outer, table),
+        KernelRoute(default_route, pair.inner, oif, None, table),
     ]
 
 
-def _reply_path_ok(nl: Netlink, spec: LinkSpec, haproxy: int) -> bool:
+def _reply_path_ok(nl: Netlink, pair: _Pair, haproxy: int) -> bool:
     """Does a reply from OUTER to a client leave via INNER on this load balancer's veth?
     Only its own table routes anything via INNER (pyroute2 reports the table
     of a `get` as the one its request named, so the table cannot be compared)."""
-    reply = nl.route_to(REPLY_PROBE, src=spec.outer)
-    return reply is not None and (reply.gateway, reply.oif) == (spec.inner, haproxy)
+    reply = nl.route_to(FAMILIES[pair.family][2], src=pair.outer)
+    return reply is not None and (reply.gateway, reply.oif) == (pair.inner, haproxy)
 
 
 # Policy rules are host-wide and the shared skip rules belong to all load
@@ -247,51 +352,54 @@ def _reply_path_ok(nl: Netlink, spec: LinkSpec, haproxy: int) -> bool:
 _RULES_LOCK = threading.Lock()
 
 
-def _ensure_reply_path(nl: Netlink, spec: LinkSpec, haproxy: int) -> None:
-    """`haproxy`: the index of the host end of the haproxy-side veth."""
-    table = reply_table(spec.outer)
-    ordered = _reply_routes(spec, haproxy, table)
-    observed = nl.routes(table)
+def _ensure_reply_path(nl: Netlink, pair: _Pair, table: int, haproxy: int) -> None:
+    """`haproxy`: the index of the host end of the haproxy-side veth; `table`: the
+    load balancer's reply table (one number, a table in each family)."""
+    ordered = _reply_routes(pair, haproxy, table)
+    observed = nl.routes(table, pair.family)
     for route in observed - set(ordered):
         nl.delete_route(route)
     for route in ordered:
         if route not in observed:
             nl.replace_route(route)
-    rule = SourceRule(spec.outer, table, RULE_PRIORITY)
+    rule = SourceRule(pair.outer, table, RULE_PRIORITY)
     with _RULES_LOCK:
         # Adds that the kernel refuses as duplicates: no dump of the host's
         # rules, which grow with the number of load balancers.
-        nl.add_skip_rules(*LINK_LOCAL_NET, SKIP_PRIORITY, SKIP_TARGET)
+        nl.add_skip_rules(*FAMILIES[pair.family][1], SKIP_PRIORITY, SKIP_TARGET)
         nl.add_source_rule(rule)
-        if not _reply_path_ok(nl, spec, haproxy):
+        if not _reply_path_ok(nl, pair, haproxy):
             # Still wrong: another rule from OUTER comes first. Only now are
             # all rules read, to remove the stale ones.
-            for stale in {r for r in nl.source_rules(RULE_PRIORITY) if r.src == spec.outer} - {rule}:
+            for stale in {r for r in nl.source_rules(RULE_PRIORITY, pair.family) if r.src == pair.outer} - {rule}:
                 nl.delete_source_rule(stale)
 
 
 def delete_reply_rules(outers: set[str]) -> list[str]:
-    """Remove our policy rules for these OUTER addresses (their tables' routes
-    went with the links)."""
+    """Remove our policy rules for these OUTER addresses, of either family
+    (their tables' routes went with the links)."""
     deleted = []
     with _RULES_LOCK, Netlink.open() as nl:
-        remaining = 0
-        for rule in nl.source_rules(RULE_PRIORITY):
-            if rule.src in outers and is_reply_table(rule.table):
-                nl.delete_source_rule(rule)
-                deleted.append(rule.src)
-            elif is_reply_table(rule.table):
-                remaining += 1
-        if deleted and not remaining:
-            # The shared skip rules go with the last load balancer's rule.
-            nl.delete_rules_at(SKIP_PRIORITY)
-            nl.delete_rules_at(SKIP_TARGET)
+        for family in FAMILIES:
+            remaining, deleted_here = 0, 0
+            for rule in nl.source_rules(RULE_PRIORITY, family):
+                if rule.src in outers and is_reply_table(rule.table):
+                    nl.delete_source_rule(rule)
+                    deleted.append(rule.src)
+                    deleted_here += 1
+                elif is_reply_table(rule.table):
+                    remaining += 1
+            if deleted_here and not remaining:
+                # The shared skip rules go with the family's last load balancer's rule.
+                nl.delete_rules_at(SKIP_PRIORITY, family)
+                nl.delete_rules_at(SKIP_TARGET, family)
     return deleted
 
 
 def reply_rule_sources() -> set[str]:
+    """The OUTER addresses, of either family, that have a reply rule."""
     with Netlink.open() as nl:
-        return {r.src for r in nl.source_rules(RULE_PRIORITY) if is_reply_table(r.table)}
+        return {r.src for family in FAMILIES for r in nl.source_rules(RULE_PRIORITY, family) if is_reply_table(r.table)}
 
 
 SYS_CLASS_NET = "/sys/class/net"
@@ -380,22 +488,27 @@ def _ensure_link(
     return link
 
 
-def _ensure_addresses(nl: Netlink, link: Link, wanted: set[Address]) -> None:
+def _ensure_addresses(nl: Netlink, link: Link, wanted: set[Address], family: int = socket.AF_INET) -> None:
     # Compared without broadcast: the agent gives its links none, and an
-    # address someone gave one is still the address wanted.
-    observed = {replace(a, broadcast=None) for a in nl.addresses(link.index)}
+    # address someone gave one is still the address wanted. IPv6 link-local
+    # addresses are the kernel's.
+    observed = {
+        replace(a, broadcast=None)
+        for a in nl.addresses(link.index, family)
+        if not ipaddress.ip_address(a.address).is_link_local or family == socket.AF_INET
+    }
     for addr in observed - wanted:
         nl.delete_address(link, addr)
     for addr in wanted - observed:
         nl.add_address(link, addr)
 
 
-def _ensure_gateway_routes(nl: Netlink, wanted: set[KernelRoute]) -> None:
+def _ensure_gateway_routes(nl: Netlink, wanted: set[KernelRoute], family: int = socket.AF_INET) -> None:
     # Connected routes belong to the kernel; we own the routes via a gateway.
-    observed = {r for r in nl.routes() if r.gateway is not None}
+    observed = {r for r in nl.routes(family=family) if r.gateway is not None}
     for route in observed - wanted:
         nl.delete_route(route)
-    for route in sorted(wanted - observed, key=lambda r: r.dst != DEFAULT_ROUTE):
+    for route in sorted(wanted - observed, key=lambda r: r.dst not in (DEFAULT_ROUTE, DEFAULT_ROUTE6)):
         nl.replace_route(route)
 
 

@@ -35,7 +35,10 @@ def _mac(raw: bytes) -> str:
     return ":".join(f"{byte:02x}" for byte in raw)
 
 
-def _ipv4(raw: bytes) -> str:
+def _ip(raw: bytes) -> str:
+    """An address of either family: the kernel sends 4 bytes for IPv4, 16 for IPv6."""
+    if len(raw) >= 16:
+        return socket.inet_ntop(socket.AF_INET6, raw[:16])
     return socket.inet_ntoa(raw[:4])
 
 
@@ -84,9 +87,9 @@ ADDRESS = Kind(
     struct.Struct("=BBBBI"),
     ("family", "prefixlen", "flags", "scope", "index"),
     {
-        "IFA_ADDRESS": (1, _ipv4),
-        "IFA_LOCAL": (2, _ipv4),
-        "IFA_BROADCAST": (4, _ipv4),
+        "IFA_ADDRESS": (1, _ip),
+        "IFA_LOCAL": (2, _ip),
+        "IFA_BROADCAST": (4, _ip),
         "IFA_FLAGS": (8, _u32),
     },
 )
@@ -94,11 +97,11 @@ ROUTE = Kind(
     struct.Struct("=BBBBBBBBI"),
     ("family", "dst_len", "src_len", "tos", "table", "proto", "scope", "type", "flags"),
     {
-        "RTA_DST": (1, _ipv4),
+        "RTA_DST": (1, _ip),
         "RTA_OIF": (4, _u32),
-        "RTA_GATEWAY": (5, _ipv4),
+        "RTA_GATEWAY": (5, _ip),
         "RTA_PRIORITY": (6, _u32),
-        "RTA_PREFSRC": (7, _ipv4),
+        "RTA_PREFSRC": (7, _ip),
         "RTA_TABLE": (15, _u32),
     },
 )

@@ -166,7 +166,7 @@ async def test_passes_never_read_all_host_rules_unless_the_reply_path_is_wrong(e
     monkeypatch.setattr(
         iplib.Netlink,
         "source_rules",
-        lambda self, priority: dumps.append(priority) or real_source_rules(self, priority),
+        lambda self, priority, *family: dumps.append(priority) or real_source_rules(self, priority, *family),
     )
     await converge(executors, netns, names, spec(names), rules(names))
     await converge(executors, netns, names, spec(names), rules(names))
