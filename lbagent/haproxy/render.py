@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import hashlib
 import re
+from dataclasses import dataclass
 from pathlib import Path
 
 from lbagent.desired.fields import DEFAULT_DRAIN_TIMEOUT
@@ -138,8 +139,13 @@ def render_base(
     )
 
 
-def render_config(lb, outer: str, members: dict[str, list[Member]], *, inner: str) -> HaproxyConfig:
+def render_config(
+    lb, outer: str, members: dict[str, list[Member]], *, inner: str, outer6: str = "", inner6: str = ""
+) -> HaproxyConfig:
     """One load balancer's file and files: it binds `outer:<listener port>`, its servers are `inner:<mapped port>`.
+
+    A dual-stack load balancer binds `outer6:<listener port>` as well, and
+    reaches its IPv6 members at `inner6:<mapped port>`.
 
     `members` maps backend group id to the group's resolved members. A disabled
     load balancer renders to its header alone (nothing bound, nothing checked).
@@ -148,7 +154,8 @@ def render_config(lb, outer: str, members: dict[str, list[Member]], *, inner: st
     if lb.enabled:
         listeners = [listener for listener in lb.listeners if listener.enabled and listener.kind.through_haproxy]
     drains = {group.id: _drain_timeout(group) for group in lb.backend_groups}
-    views = [_listener_view(lb.id, listener, outer, inner, members, drains) for listener in listeners]
+    pair = _Pairs(outer, inner, outer6, inner6)
+    views = [_listener_view(lb.id, listener, pair, members, drains) for listener in listeners]
     files: dict[str, bytes] = {}
     for listener in listeners:
         if listener.kind.terminates_tls:
@@ -157,9 +164,28 @@ def render_config(lb, outer: str, members: dict[str, list[Member]], *, inner: st
     return HaproxyConfig(_render("loadbalancer.cfg.j2", lb_id=lb.id, listeners=views), files)
 
 
-def render_loadbalancer(lb, outer: str, members: dict[str, list[Member]], *, inner: str) -> str:
+def render_loadbalancer(
+    lb, outer: str, members: dict[str, list[Member]], *, inner: str, outer6: str = "", inner6: str = ""
+) -> str:
     """The text of `render_config` alone."""
-    return render_config(lb, outer, members, inner=inner).text
+    return render_config(lb, outer, members, inner=inner, outer6=outer6, inner6=inner6).text
+
+
+@dataclass(frozen=True)
+class _Pairs:
+    """Where haproxy binds (OUTER) and reaches members (INNER), per family; "" for no IPv6."""
+
+    outer: str
+    inner: str
+    outer6: str
+    inner6: str
+
+    def inner_for(self, member: Member) -> str:
+        if ":" not in member.address:
+            return self.inner
+        if not self.inner6:
+            raise RenderError(f"member {member.key} is IPv6 and the load balancer has no IPv6 address")
+        return self.inner6
 
 
 def _render(template: str, **context) -> str:
@@ -184,8 +210,7 @@ def _drain_timeout(group) -> int | None:
 def _listener_view(
     lb_id: str,
     listener,
-    outer: str,
-    inner: str,
+    pair: _Pairs,
     members: dict[str, list[Member]],
     drains: dict[str, int | None],
 ) -> ListenerView:
@@ -212,7 +237,7 @@ def _listener_view(
             timeouts=backend_timeouts,
             health=health,
             cookie=cookie,
-            servers=_servers(members.get(group_id, []), inner, listener, cookies=cookie is not None),
+            servers=_servers(members.get(group_id, []), pair, listener, cookies=cookie is not None),
             drain_timeout=drains.get(group_id),
         )
 
@@ -224,7 +249,8 @@ def _listener_view(
     return ListenerView(
         frontend=frontend_name(lb_id, listener.id),
         mode=mode,
-        outer=outer,
+        outer=pair.outer,
+        outer6=pair.outer6,
         port=listener.listener_port,
         maxconn=_connection_limit(listener),
         tls=tls_bind(lb_id, listener) if kind.terminates_tls else None,
@@ -232,7 +258,7 @@ def _listener_view(
         acl=_acl(listener.acl),
         request_rate=listener.http_request_rate if http else 0,
         request_rate_per_src=per_src,
-        source_table=(SOURCE_TABLE_SIZE, SOURCE_TABLE_EXPIRE) if per_src else None,
+        source_table=(SOURCE_TABLE_SIZE, SOURCE_TABLE_EXPIRE, "ipv6" if pair.outer6 else "ip") if per_src else None,
         forwardfor=http and bool(listener.x_forwarded_for),
         forwarded_proto=(kind.scheme, listener.listener_port) if http and listener.x_forwarded_proto else None,
         client_cert_headers=kind.terminates_tls and listener.client_certificate is not None,
@@ -313,7 +339,7 @@ def _acl(acl) -> AclView | None:
     return AclView(cidr_lines=lines, reject_listed=kind == "black")
 
 
-def _servers(members: list[Member], inner: str, listener, cookies: bool) -> tuple[ServerView, ...]:
+def _servers(members: list[Member], pair: _Pairs, listener, cookies: bool) -> tuple[ServerView, ...]:
     scheduler = listener.scheduler
     listener_keyword = _lookup(SEND_PROXY, listener.send_proxy, "send_proxy")
     servers = []
@@ -330,7 +356,7 @@ def _servers(members: list[Member], inner: str, listener, cookies: bool) -> tupl
         servers.append(
             ServerView(
                 name=name,
-                address=inner,
+                address=pair.inner_for(member),
                 port=member.mapped_port,
                 weight=_weight(member.weight, scheduler),
                 send_proxy=listener_keyword or _lookup(SEND_PROXY, member.send_proxy, "send_proxy"),

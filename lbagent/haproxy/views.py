@@ -89,6 +89,7 @@ class ListenerView:
     frontend: str
     mode: str
     outer: str
+    outer6: str  # "": bound on `outer` alone
     port: int
     maxconn: int | None  # the listener's own cap; None: the base file's default
     tls: TlsBindView | None
@@ -96,7 +97,9 @@ class ListenerView:
     acl: AclView | None
     request_rate: int  # 0: none
     request_rate_per_src: int
-    source_table: tuple[str, int] | None  # (size, expire seconds) when per-source rates are kept
+    # (size, expire seconds, key type) when per-source rates are kept: `ipv6` keys
+    # take clients of both families (IPv4 ones mapped), `ip` keys IPv4 only.
+    source_table: tuple[str, int, str] | None
     forwardfor: bool
     forwarded_proto: tuple[str, int] | None  # (scheme, port) set in X-Forwarded-Proto and -Port; None: not set
     client_cert_headers: bool  # X-SSL-Client-DN and -Verify set from the client certificate

@@ -324,3 +324,37 @@ def test_preload_compiles_every_template_so_renders_never_read_them_again(monkey
         assert reads == []  # loadbalancer.cfg.j2 and the macros it imports were compiled at preload
     finally:
         templates.environment.cache_clear()
+
+
+# --- dual stack ----------------------------------------------------------------------
+
+INNER6, OUTER6 = "fd4c:4241::4", "fd4c:4241::5"
+
+
+def dual_stack_members(lb):
+    members = sample_members(lb)
+    members["bg-web"].append(Member("be-6", "2001:db8::21", 8000, 1, "off", False, 1030))
+    return members
+
+
+def test_a_dual_stack_load_balancer_binds_both_outers_and_reaches_ipv6_members_on_inner6():
+    lb = sample_lb()
+    text = render_config(lb, OUTER, dual_stack_members(lb), inner=INNER, outer6=OUTER6, inner6=INNER6).text
+    assert f"bind {OUTER}:8001\n    bind {OUTER6}:8001\n" in text
+    assert f" {INNER6}:1030 " in text and " 2001:db8::21" not in text  # members only through the namespace
+    assert f" {INNER}:1028 " in text  # IPv4 members as before
+
+
+def test_an_ipv4_only_load_balancer_renders_as_before_and_refuses_an_ipv6_member():
+    lb = sample_lb()
+    assert render_config(lb, OUTER, sample_members(lb), inner=INNER, outer6="", inner6="").text == render_sample()
+    with pytest.raises(RenderError, match="be-6 is IPv6"):
+        render_config(lb, OUTER, dual_stack_members(lb), inner=INNER)
+
+
+def test_a_dual_stack_config_is_valid_haproxy(tmp_path):
+    lb = sample_lb()
+    config = render_config(lb, "127.0.0.1", dual_stack_members(lb), inner="127.0.0.1", outer6="::1", inner6="::1")
+    result = haproxy_check(*write_checkable(tmp_path, config, lb.id))
+    assert result.returncode == 0, result.stdout + result.stderr
+    assert "WARNING" not in result.stdout + result.stderr

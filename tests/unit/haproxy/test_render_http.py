@@ -174,6 +174,15 @@ def test_feature_is_valid_haproxy(name, tmp_path):
     assert "WARNING" not in result.stdout + result.stderr
 
 
+def test_a_dual_stack_listener_keeps_per_source_rates_for_clients_of_both_families(tmp_path):
+    lb = FEATURES["http_sticky_acl_rates.cfg"]()
+    assert "stick-table type ip " in render(lb).text
+    dual = render_config(lb, "127.0.0.1", sample_members(lb), inner="127.0.0.1", outer6="::1", inner6="::1")
+    assert "stick-table type ipv6 " in dual.text and "stick-table type ip " not in dual.text
+    result = haproxy_check(*write_checkable(tmp_path, dual, lb.id))
+    assert result.returncode == 0, result.stdout + result.stderr
+
+
 # --- rules and redirects ------------------------------------------------------------------
 
 
