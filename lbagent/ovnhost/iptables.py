@@ -23,7 +23,6 @@ import ctypes
 import errno
 import hashlib
 import os
-import tempfile
 from typing import TYPE_CHECKING, NamedTuple
 
 import iptc
@@ -73,6 +72,7 @@ TABLE_ORDER = (TableId(4, "filter"), TableId(6, "filter"), NAT, TableId(6, "nat"
 DUAL_FAMILY_EXTENSIONS = {"libxt_NAT.so": "DNAT", "libxt_HMARK.so": "HMARK"}
 _NFPROTO = {4: iptc.xtables.NFPROTO_IPV4, 6: iptc.xtables.NFPROTO_IPV6}
 _extensions_loaded = False
+_private_copies: list[int] = []  # descriptors of the libraries loaded a second time
 
 
 def load_extensions_for_both_families() -> None:
@@ -98,12 +98,16 @@ def load_extensions_for_both_families() -> None:
         if any(_target_registered(family, target) for family in (4, 6)):
             continue
         xtables(_NFPROTO[4]).find_target(target)  # the library itself, for IPv4
-        with tempfile.TemporaryDirectory(prefix="lbagent-xt-") as private:
-            path = os.path.join(private, library)
-            with open(os.path.join(iptc.xtables._xtables_libdir, library), "rb") as original, open(path, "wb") as copy:
-                copy.write(original.read())
-            xtables._xtables_set_nfproto(_NFPROTO[6])
-            ctypes.CDLL(path)  # its constructor registers the IPv6 variants; the mapping outlives the file
+        # The copy lives in memory (no file system that might be noexec), and
+        # its descriptor stays open: the dynamic loader knows a library by its
+        # path, and a reused descriptor number would name the previous copy.
+        copy = os.memfd_create(library, os.MFD_CLOEXEC)
+        _private_copies.append(copy)
+        with open(os.path.join(iptc.xtables._xtables_libdir, library), "rb") as original:
+            with open(f"/proc/self/fd/{copy}", "wb") as written:
+                written.write(original.read())
+        xtables._xtables_set_nfproto(_NFPROTO[6])
+        ctypes.CDLL(f"/proc/self/fd/{copy}")  # its constructor registers the IPv6 variants
 
 
 def _target_registered(family: Family, target: str) -> bool:
