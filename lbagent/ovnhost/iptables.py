@@ -95,7 +95,9 @@ def load_extensions_for_both_families() -> None:
     _extensions_loaded = True
     xtables = iptc.xtables.xtables
     for library, target in DUAL_FAMILY_EXTENSIONS.items():
-        if any(_target_registered(family, target) for family in (4, 6)):
+        path = os.path.join(iptc.xtables._xtables_libdir or "", library)
+        # (an iptables with a library per family, libipt_X and libip6t_X, needs no copy)
+        if not os.path.exists(path) or any(_target_registered(family, target) for family in (4, 6)):
             continue
         xtables(_NFPROTO[4]).find_target(target)  # the library itself, for IPv4
         # The copy lives in memory (no file system that might be noexec), and
@@ -103,7 +105,7 @@ def load_extensions_for_both_families() -> None:
         # path, and a reused descriptor number would name the previous copy.
         copy = os.memfd_create(library, os.MFD_CLOEXEC)
         _private_copies.append(copy)
-        with open(os.path.join(iptc.xtables._xtables_libdir, library), "rb") as original:
+        with open(path, "rb") as original:
             with open(f"/proc/self/fd/{copy}", "wb") as written:
                 written.write(original.read())
         xtables._xtables_set_nfproto(_NFPROTO[6])
