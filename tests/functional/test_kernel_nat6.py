@@ -159,7 +159,7 @@ SERVER = """
 import socket, sys
 server = socket.socket(socket.AF_INET6, socket.SOCK_STREAM)
 server.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-server.bind((sys.argv[1], 80))
+server.bind((sys.argv[1], int(sys.argv[2])))
 server.listen()
 print("listening", flush=True)
 while True:
@@ -170,52 +170,71 @@ while True:
 
 
 @pytest.fixture
-def processes():
+def serve():
+    """Start a TCP server that answers "<client address> -> <its address>"; stopped afterwards."""
     started: list[subprocess.Popen] = []
-    yield started
-    for process in started:
-        process.kill()
-        process.wait(timeout=WAIT_SECONDS)
+
+    def start(netns: str, address: str, port: int) -> None:
+        server = subprocess.Popen(
+            ["ip", "netns", "exec", netns, sys.executable, "-c", SERVER, address, str(port)],
+            stdout=subprocess.PIPE,
+            text=True,
+        )
+        started.append(server)
+        assert server.stdout is not None
+        ready, _, _ = select.select([server.stdout], [], [], WAIT_SECONDS)
+        assert ready and server.stdout.readline().strip() == "listening"
+
+    yield start
+    for server in started:
+        server.kill()
+        server.wait(timeout=WAIT_SECONDS)
 
 
-async def test_ipv6_traffic_to_the_vip_reaches_outer6(executors, prefix, processes):
-    """client --(o<tag>)--> load balancer namespace --(h<tag>)--> server on OUTER6:
-    a TCP connection to [VIP6]:80 is DNATed to [OUTER6]:80 with the client's
-    address kept, and the reply comes back from the VIP."""
+def fetch(netns: str, address: str, port: int, source: str = "::") -> str:
+    """What the server said, and whom the client thinks it talked to."""
+    connect = (
+        "import socket; "
+        f"s = socket.create_connection(('{address}', {port}), {WAIT_SECONDS}, ('{source}', 0)); "
+        "print(s.recv(200).decode(), s.getpeername()[0])"
+    )
+    return sh(f'ip netns exec {netns} {sys.executable} -c "{connect}"').strip()
+
+
+async def test_ipv6_traffic_through_the_dnat_and_snat(executors, prefix, serve):
+    """client/member --(o<tag>)-- load balancer namespace --(h<tag>)-- "host" with OUTER6.
+    A connection to [VIP6]:80 is DNATed to [OUTER6]:80 with the client's address
+    kept; haproxy's connection to [INNER6]:mapped_port is DNATed to the IPv6
+    member and leaves towards it from the VIP."""
     _, iptc_exec = executors
     tag, made = prefix
     netns = await fresh_namespace(executors, prefix)
-    client, server = f"c-{tag}", f"s-{tag}"
-    for name in (client, server):
+    vpc, host = f"c-{tag}", f"s-{tag}"
+    for name in (vpc, host):
         made.append(name)
         sh(f"ip netns add {name}")
-    sh(f"ip link add o{tag} netns {netns} type veth peer name c{tag} netns {client}")
-    sh(f"ip link add h{tag} netns {netns} type veth peer name s{tag} netns {server}")
-    for ns, dev, address, gateway in (
-        (netns, f"o{tag}", f"{VIP6}/64", None),
-        (netns, f"h{tag}", f"{INNER6}/64", None),
-        (client, f"c{tag}", f"{CLIENT6}/64", None),
-        (server, f"s{tag}", f"{OUTER6}/64", INNER6),
+    sh(f"ip link add o{tag} netns {netns} type veth peer name c{tag} netns {vpc}")
+    sh(f"ip link add h{tag} netns {netns} type veth peer name s{tag} netns {host}")
+    member = "2001:db8:1::21"  # be-6's port on INNER6 leads here (plan below)
+    for ns, dev, addresses, gateway in (
+        (netns, f"o{tag}", (VIP6,), None),
+        (netns, f"h{tag}", (INNER6,), None),
+        (vpc, f"c{tag}", (CLIENT6, member), None),
+        (host, f"s{tag}", (OUTER6,), INNER6),
     ):
-        sh(f"ip netns exec {ns} ip addr add {address} dev {dev} nodad")
+        for address in addresses:
+            sh(f"ip netns exec {ns} ip addr add {address}/64 dev {dev} nodad")
         sh(f"ip netns exec {ns} ip link set {dev} up")
         if gateway:
             sh(f"ip netns exec {ns} ip -6 route add default via {gateway}")
     sh(f"ip netns exec {netns} sysctl -qw net.ipv6.conf.all.forwarding=1")
-    await iptc_exec.run(netns, iptables.write_nat, nat_rules(plan(tag)))
-
-    listening = subprocess.Popen(
-        ["ip", "netns", "exec", server, sys.executable, "-c", SERVER, OUTER6], stdout=subprocess.PIPE, text=True
+    members = (
+        Member("be-4", "198.18.0.21", 8000, 1, "off", False, 1025),
+        Member("be-6", member, 8080, 1, "off", False, 1026),
     )
-    processes.append(listening)
-    assert listening.stdout is not None
-    ready, _, _ = select.select([listening.stdout], [], [], WAIT_SECONDS)
-    assert ready and listening.stdout.readline().strip() == "listening"
+    await iptc_exec.run(netns, iptables.write_nat, nat_rules(plan(tag, members=members)))
 
-    connect = (
-        "import socket; "
-        f"s = socket.create_connection(('{VIP6}', 80), timeout={WAIT_SECONDS}); "
-        "print(s.recv(200).decode(), s.getpeername()[0])"
-    )
-    seen = sh(f'ip netns exec {client} {sys.executable} -c "{connect}"').strip()
-    assert seen == f"{CLIENT6} -> {OUTER6} {VIP6}"
+    serve(host, OUTER6, 80)
+    assert fetch(vpc, VIP6, 80, source=CLIENT6) == f"{CLIENT6} -> {OUTER6} {VIP6}"
+    serve(vpc, member, 8080)
+    assert fetch(host, INNER6, 1026) == f"{VIP6} -> {member} {INNER6}"
