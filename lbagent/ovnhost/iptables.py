@@ -9,34 +9,117 @@ handle before leaving. The nat table is always converged; the filter table
 (UDP access lists) only while a rule wants it or it exists, so that a
 namespace without access lists never gets one, and it is committed first: a
 listener's access list is in force before the rules that open the listener.
+The IPv6 tables (a dual-stack load balancer's family-6 rules) are converged
+like the filter table, only while a rule wants them or they exist, so an
+IPv4-only namespace never gets ip6tables state; the filter tables of both
+families go before the nat tables.
 What reads without libiptc (the table's digest, `nat_state`) may run on any
 namespace thread.
 """
 
 from __future__ import annotations
 
+import ctypes
 import errno
 import hashlib
-from typing import TYPE_CHECKING
+import os
+from typing import TYPE_CHECKING, NamedTuple
 
 import iptc
+import iptc.xtables
 
 from lbagent.metrics import count_write
 from lbagent.ovnhost.errors import IptablesError
 from lbagent.ovnhost.iptdigest import present_tables, table_digest
-from lbagent.ovnhost.nat import HMARK_SEED, PRE_CHAIN, TABLE_HOOKS, NatRule, backend_key_from_comment, comment_hash
+from lbagent.ovnhost.nat import (
+    HMARK_SEED,
+    PRE_CHAIN,
+    TABLE_HOOKS,
+    Family,
+    NatRule,
+    backend_key_from_comment,
+    comment_hash,
+)
 
 if TYPE_CHECKING:
     from lbagent.ovnhost.netns import NamespaceExecutor
 
 COMMIT_ATTEMPTS = 3
+HOST_PREFIX = {4: "32", 6: "128"}  # HMARK hashes the whole source address
 HMARK_SOURCE_ONLY = (
-    ("hmark-src-prefix", "32"),
     ("hmark-dst-prefix", "0"),
     ("hmark-sport-mask", "0"),
     ("hmark-dport-mask", "0"),
     ("hmark-proto-mask", "0"),
 )
+
+
+class TableId(NamedTuple):
+    family: Family
+    name: str
+
+    def __str__(self) -> str:
+        return f"{'ip6tables' if self.family == 6 else 'iptables'} {self.name}"
+
+
+NAT = TableId(4, "nat")
+# The order of a pass: access lists (filter) before the rules that open listeners (nat).
+TABLE_ORDER = (TableId(4, "filter"), TableId(6, "filter"), NAT, TableId(6, "nat"))
+
+
+# Extension libraries that hold separate IPv4 and IPv6 variants of a target,
+# with the target that tells whether a family's variants are registered.
+DUAL_FAMILY_EXTENSIONS = {"libxt_NAT.so": "DNAT", "libxt_HMARK.so": "HMARK"}
+_NFPROTO = {4: iptc.xtables.NFPROTO_IPV4, 6: iptc.xtables.NFPROTO_IPV6}
+_extensions_loaded = False
+_private_copies: list[int] = []  # descriptors of the libraries loaded a second time
+
+
+def load_extensions_for_both_families() -> None:
+    """Register the IPv4 and the IPv6 variants of the targets the agent writes.
+
+    libxtables registers, when it loads an extension library, only the
+    variants of the family current at that moment; a library already loaded
+    is not loaded again for the other family, so whichever family built a
+    DNAT, SNAT or HMARK rule first is the only one that ever can ("can't find
+    target DNAT"; python-iptables' fallback of calling the library's init
+    again aborts the process on the structures already registered). A second
+    copy of the library, loaded from its own path while the other family is
+    current, registers that family's variants from structures of its own.
+    This works only before any rule used the library, so it runs once, before
+    the first table is opened or rule built; a library found already loaded
+    for either family is left as it is."""
+    global _extensions_loaded
+    if _extensions_loaded:
+        return
+    _extensions_loaded = True
+    xtables = iptc.xtables.xtables
+    for library, target in DUAL_FAMILY_EXTENSIONS.items():
+        path = os.path.join(iptc.xtables._xtables_libdir or "", library)
+        # (an iptables with a library per family, libipt_X and libip6t_X, needs no copy)
+        if not os.path.exists(path) or any(_target_registered(family, target) for family in (4, 6)):
+            continue
+        xtables(_NFPROTO[4]).find_target(target)  # the library itself, for IPv4
+        # The copy lives in memory (no file system that might be noexec), and
+        # its descriptor stays open: the dynamic loader knows a library by its
+        # path, and a reused descriptor number would name the previous copy.
+        copy = os.memfd_create(library, os.MFD_CLOEXEC)
+        _private_copies.append(copy)
+        with open(path, "rb") as original:
+            with open(f"/proc/self/fd/{copy}", "wb") as written:
+                written.write(original.read())
+        xtables._xtables_set_nfproto(_NFPROTO[6])
+        ctypes.CDLL(f"/proc/self/fd/{copy}")  # its constructor registers the IPv6 variants
+
+
+def _target_registered(family: Family, target: str) -> bool:
+    """Whether libxtables knows `target` for `family`, without loading anything."""
+    iptc.xtables.xtables._xtables_set_nfproto(_NFPROTO[family])
+    return bool(iptc.xtables.xtables._xtables_find_target(target.encode(), iptc.xtables.XTF_DONT_LOAD))
+
+
+def _present() -> set[TableId]:
+    return {TableId(family, name) for family in (4, 6) for name in present_tables(family)}
 
 
 def sync_nat(rules: list[NatRule]) -> int:
@@ -45,35 +128,38 @@ def sync_nat(rules: list[NatRule]) -> int:
     Only rules with our hash comments are touched in the built-in chains; our
     own chains are ours entirely. Returns the number of rules changed.
     """
-    present = present_tables()
     changes = 0
-    for name in _tables_to_converge(rules, present):
-        changes += _sync_table(name, [rule for rule in rules if rule.table == name])
+    for table_id in _tables_to_converge(rules, _present()):
+        changes += _sync_table(table_id, [rule for rule in rules if _table_of(rule) == table_id])
     return changes
 
 
-def _tables_to_converge(rules: list[NatRule], present: set[str]) -> list[str]:
-    """The filter table before the nat table; a table other than nat only if a rule
-    wants it or it exists (to take our rules out again)."""
-    wanted = {rule.table for rule in rules}
-    return [name for name in ("filter", "nat") if name == "nat" or name in wanted or name in present]
+def _table_of(rule: NatRule) -> TableId:
+    return TableId(rule.family, rule.table)
 
 
-def _sync_table(name: str, rules: list[NatRule]) -> int:
+def _tables_to_converge(rules: list[NatRule], present: set[TableId]) -> list[TableId]:
+    """The filter tables before the nat tables; a table other than IPv4's nat
+    only if a rule wants it or it exists (to take our rules out again)."""
+    wanted = {_table_of(rule) for rule in rules}
+    return [table_id for table_id in TABLE_ORDER if table_id == NAT or table_id in wanted or table_id in present]
+
+
+def _sync_table(table_id: TableId, rules: list[NatRule]) -> int:
     for attempt in range(COMMIT_ATTEMPTS):
-        table = _table(name)
+        table = _table(table_id)
         try:
             table.refresh()
-            changes = _stage(table, name, rules)
+            changes = _stage(table, table_id.name, rules)
             if changes:
                 table.commit()
-                count_write("iptables", changes, what=f"commit {name} table ({changes} rule changes)")
+                count_write("iptables", changes, what=f"commit {table_id} table ({changes} rule changes)")
             return changes
         except iptc.IPTCError as exc:
             # A concurrent writer makes commit fail with EAGAIN: start over.
             if attempt + 1 < COMMIT_ATTEMPTS and _is_eagain(exc):
                 continue
-            raise IptablesError(f"iptables {name}: {exc}") from exc
+            raise IptablesError(f"{table_id}: {exc}") from exc
         finally:
             _release(table)
     raise AssertionError("unreachable")
@@ -85,12 +171,14 @@ def nat_state(rules: list[NatRule]) -> str:
     of the tables a pass converges. It reads the kernel through a plain socket,
     not python-iptables, so any thread in the namespace may take it."""
     wanted = hashlib.sha256(repr(sorted((r.table, r.chain, r.hash) for r in rules)).encode()).hexdigest()
-    present = present_tables()
+    present = _present()
     # A table a rule wants but that does not exist yet is not read (reading it
     # would make it): its name alone stands for its absence.
     digests = [
-        table_digest(name) if name == "nat" or name in present else f"no {name}"
-        for name in _tables_to_converge(rules, present)
+        table_digest(table_id.name, table_id.family)
+        if table_id == NAT or table_id in present
+        else f"no {table_id.family} {table_id.name}"
+        for table_id in _tables_to_converge(rules, present)
     ]
     return ":".join([wanted, *digests])
 
@@ -115,8 +203,19 @@ async def converge_nat(
 
 
 def observed_backend_ports() -> dict[str, int]:
-    """Member key -> port on INNER, read back from the backend DNAT rules' tags."""
-    table = _table(iptc.Table.NAT)
+    """Member key -> port on INNER (or INNER6), read back from the backend DNAT
+    rules' tags in the nat tables of both families (IPv6's only if it exists:
+    reading it would make it)."""
+    ports: dict[str, int] = {}
+    present = _present()
+    for table_id in (NAT, TableId(6, "nat")):
+        if table_id == NAT or table_id in present:
+            ports.update(_backend_ports(table_id))
+    return ports
+
+
+def _backend_ports(table_id: TableId) -> dict[str, int]:
+    table = _table(table_id)
     try:
         table.refresh()
         ports = {}
@@ -129,12 +228,12 @@ def observed_backend_ports() -> dict[str, int]:
                     ports[key] = int(dport)
         return ports
     except iptc.IPTCError as exc:
-        raise IptablesError(f"iptables nat: {exc}") from exc
+        raise IptablesError(f"{table_id}: {exc}") from exc
     finally:
         _release(table)
 
 
-def _table(name: str) -> iptc.Table:
+def _table(table_id: TableId) -> iptc.Table:
     """python-iptables' handle of table `name`, the only one it may consult.
 
     To tell a jump to a chain from a target extension (HMARK, a chain name),
@@ -144,9 +243,11 @@ def _table(name: str) -> iptc.Table:
     the thread is in, and never closes; one the agent has closed (`close()`
     leaves no handle) crashes the process. A jump goes to a chain of its own
     table, the one whose handle is open now, so that is the only table it is
-    told about."""
-    _declare_open(name)
-    return iptc.Table(name, autocommit=False)
+    told about (IPv6 rules ask `Table6`, which is told alike)."""
+    load_extensions_for_both_families()
+    _declare_open(table_id)
+    table_class = iptc.Table6 if table_id.family == 6 else iptc.Table
+    return table_class(table_id.name, autocommit=False)
 
 
 def _release(table: iptc.Table) -> None:
@@ -157,10 +258,15 @@ def _release(table: iptc.Table) -> None:
     _declare_open(None)
 
 
-def _declare_open(name: str | None) -> None:
-    """Tell python-iptables that table `name` is the only one that exists (None: none does)."""
-    iptc.Table.existing_table_names.clear()
-    iptc.Table.existing_table_names.update({table: table == name for table in iptc.Table.ALL})
+def _declare_open(table_id: TableId | None) -> None:
+    """Tell python-iptables that table `table_id` is the only one that exists, in
+    either family (None: none does)."""
+    for table_class in (iptc.Table, iptc.Table6):
+        family = 6 if table_class is iptc.Table6 else 4
+        table_class.existing_table_names.clear()
+        table_class.existing_table_names.update(
+            {name: table_id is not None and table_id == (family, name) for name in table_class.ALL}
+        )
 
 
 def _is_eagain(exc: Exception) -> bool:
@@ -216,7 +322,8 @@ def build_rule(spec: NatRule) -> iptc.Rule:
     # Module options are set with parse(), which is what python-iptables'
     # attribute assignment calls after looking the name up in dir() of the
     # module: a fifth of the cost of building a load balancer's rules.
-    rule = iptc.Rule()
+    load_extensions_for_both_families()
+    rule = iptc.Rule6() if spec.family == 6 else iptc.Rule()
     if spec.in_interface:
         rule.in_interface = spec.in_interface
     if spec.out_interface:
@@ -252,6 +359,7 @@ def build_rule(spec: NatRule) -> iptc.Rule:
         # "--hmark-src-prefix 32", which parses back with the other fields in
         # (python-iptables re-parses what it reads before deleting it: it
         # could never delete such a rule).
+        target.parse("hmark-src-prefix", HOST_PREFIX[spec.family])
         for option, value in HMARK_SOURCE_ONLY:
             target.parse(option, value)
         target.parse("hmark-rnd", HMARK_SEED)

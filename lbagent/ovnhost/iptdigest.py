@@ -8,7 +8,9 @@ counters left out, changes exactly when a rule does. `converge_nat` records it
 after a pass and skips the next one when nothing changed. The same goes for
 the filter table, which holds UDP access lists; a namespace gets one only when
 something first uses it (`present_tables` says which exist without making
-one: asking the kernel for a table's entries would).
+one: asking the kernel for a table's entries would). The IPv6 tables
+(ip6tables) are read alike, over an IPv6 socket (IP6T_SO_GET_*: the same
+numbers and headers, a larger entry).
 """
 
 from __future__ import annotations
@@ -18,50 +20,75 @@ import hashlib
 import os
 import socket
 import struct
+from dataclasses import dataclass
+from typing import Literal
 
 from lbagent.ovnhost.errors import IptablesError
 
-SOL_IP = 0
+# IP6T_SO_GET_INFO and IP6T_SO_GET_ENTRIES have the same numbers, and
+# struct ip6t_getinfo and ip6t_get_entries the same layout.
 IPT_SO_GET_INFO = 64
 IPT_SO_GET_ENTRIES = 65
 TABLE_NAME_LEN = 32
 GETINFO_SIZE = 84  # struct ipt_getinfo
 ENTRIES_HEADER = 40  # struct ipt_get_entries: name, size, then entries aligned to 8
-NEXT_OFFSET = 90  # struct ipt_entry: u16 next_offset after ipt_ip (84), nfcache, target_offset
-VOLATILE = slice(92, 112)  # comefrom (kernel bookkeeping) and the packet/byte counters
+
+
+@dataclass(frozen=True)
+class EntryLayout:
+    """Where a family's table entries keep what the digest needs."""
+
+    address_family: int
+    level: int  # of the socket options
+    names: str  # the /proc file listing the tables that exist
+    tool: str  # for error messages
+    next_offset: int  # of the entry's u16 next_offset, after its ip header, nfcache and target_offset
+    volatile: slice  # comefrom (kernel bookkeeping) and the packet/byte counters (aligned to 8)
+
+
+LAYOUTS = {
+    4: EntryLayout(socket.AF_INET, socket.IPPROTO_IP, "ip_tables_names", "iptables", 90, slice(92, 112)),
+    6: EntryLayout(socket.AF_INET6, socket.IPPROTO_IPV6, "ip6_tables_names", "ip6tables", 142, slice(144, 168)),
+}
 _libc = ctypes.CDLL(None, use_errno=True)
 
 
-def present_tables() -> set[str]:
-    """The iptables tables that exist in the calling thread's namespace."""
-    with open("/proc/thread-self/net/ip_tables_names") as names:
-        return set(names.read().split())
+def present_tables(family: Literal[4, 6] = 4) -> set[str]:
+    """The tables of this family that exist in the calling thread's namespace."""
+    try:
+        with open(f"/proc/thread-self/net/{LAYOUTS[family].names}") as names:
+            return set(names.read().split())
+    except FileNotFoundError:  # a kernel without that family's tables has none
+        return set()
 
 
 def nat_table_digest() -> str:
     return table_digest("nat")
 
 
-def table_digest(table: str) -> str:
-    with socket.socket(socket.AF_INET, socket.SOCK_RAW, socket.IPPROTO_RAW) as sock:
-        info = _getsockopt(sock, table, IPT_SO_GET_INFO, GETINFO_SIZE)
+def table_digest(table: str, family: Literal[4, 6] = 4) -> str:
+    layout = LAYOUTS[family]
+    with socket.socket(layout.address_family, socket.SOCK_RAW, socket.IPPROTO_RAW) as sock:
+        info = _getsockopt(sock, layout, table, IPT_SO_GET_INFO, GETINFO_SIZE)
         size = struct.unpack_from("I", info, 80)[0]
-        blob = _getsockopt(sock, table, IPT_SO_GET_ENTRIES, ENTRIES_HEADER + size, size)
+        blob = _getsockopt(sock, layout, table, IPT_SO_GET_ENTRIES, ENTRIES_HEADER + size, size)
     digest = hashlib.sha256(info[:80])  # hooks and underflows: which rule each chain starts at
     entries = memoryview(blob)[ENTRIES_HEADER:]
     offset = 0
     while offset < size:
-        next_offset = struct.unpack_from("H", entries, offset + NEXT_OFFSET)[0]
+        next_offset = struct.unpack_from("H", entries, offset + layout.next_offset)[0]
         if next_offset <= 0:
-            raise IptablesError(f"iptables {table}: malformed table from the kernel")
+            raise IptablesError(f"{layout.tool} {table}: malformed table from the kernel")
         entry = bytearray(entries[offset : offset + next_offset])
-        entry[VOLATILE] = bytes(VOLATILE.stop - VOLATILE.start)
+        entry[layout.volatile] = bytes(layout.volatile.stop - layout.volatile.start)
         digest.update(entry)
         offset += next_offset
     return digest.hexdigest()
 
 
-def _getsockopt(sock: socket.socket, table: str, option: int, length: int, size: int | None = None) -> bytes:
+def _getsockopt(
+    sock: socket.socket, layout: EntryLayout, table: str, option: int, length: int, size: int | None = None
+) -> bytes:
     """getsockopt with a buffer that carries the table name (and size) in, which Python's cannot."""
     buf = ctypes.create_string_buffer(length)
     name = table.encode()
@@ -69,7 +96,7 @@ def _getsockopt(sock: socket.socket, table: str, option: int, length: int, size:
     if size is not None:
         struct.pack_into("I", buf, TABLE_NAME_LEN, size)
     buflen = ctypes.c_uint32(length)
-    if _libc.getsockopt(sock.fileno(), SOL_IP, option, buf, ctypes.byref(buflen)) != 0:
+    if _libc.getsockopt(sock.fileno(), layout.level, option, buf, ctypes.byref(buflen)) != 0:
         code = ctypes.get_errno()
-        raise IptablesError(f"iptables {table}: reading the table from the kernel: {os.strerror(code)}")
+        raise IptablesError(f"{layout.tool} {table}: reading the table from the kernel: {os.strerror(code)}")
     return buf.raw[: buflen.value]

@@ -9,6 +9,10 @@ Most rules live in the nat table. UDP access lists are filter rules: the nat
 table sees only the first datagram of a flow and is no place to drop
 anything, while the filter table's FORWARD chain sees every datagram a
 listener forwards, so a list that changes applies to flows already under way.
+
+A dual-stack load balancer (a `vip6`) gets the same set of rules again in the
+IPv6 tables (family 6), built from its IPv6 addresses and its IPv6 members;
+an address of one family is never written into a table of the other.
 """
 
 from __future__ import annotations
@@ -34,6 +38,19 @@ TABLE_HOOKS = {"nat": CHAIN_HOOKS, "filter": {ACL_CHAIN: "FORWARD"}}
 # its member across agent restarts and on every host of a load balancer.
 HMARK_SEED = "0x6c62736b"
 
+Family = Literal[4, 6]
+
+
+def family_of(address: str) -> Family:
+    """The family of an address or prefix (already validated)."""
+    return 6 if ":" in address else 4
+
+
+def address_port(address: str, port: int) -> str:
+    """`address:port` as DNAT's to-destination takes it: an IPv6 address in
+    brackets, or its last group would read as the port."""
+    return f"[{address}]:{port}" if family_of(address) == 6 else f"{address}:{port}"
+
 
 @dataclass(frozen=True)
 class NatRule:
@@ -53,6 +70,7 @@ class NatRule:
     hmark_mod: int = 0  # HMARK target: the packet's mark becomes a hash of its source modulo this
     ct_orig_dst: str = ""  # conntrack match: original direction, to this address ...
     ct_orig_dport: int = 0  # ... and port
+    family: Family = 4  # 6: the rule lives in the IPv6 (ip6tables) table of that name
 
     @property
     def hash(self) -> str:
@@ -78,6 +96,7 @@ class NatRule:
                 ("mark", self.mark),
                 ("hmark", f"{self.hmark_mod} {HMARK_SEED}" if self.hmark_mod else ""),
                 ("ct_orig", f"{self.ct_orig_dst}:{self.ct_orig_dport}" if self.ct_orig_dst else ""),
+                ("family", "6" if self.family == 6 else ""),
             )
             if value
         )
@@ -102,9 +121,9 @@ def backend_key_from_comment(comment: str) -> str | None:
     return tag[len(BACKEND_TAG) :] if sep and tag.startswith(BACKEND_TAG) else None
 
 
-def jump_rules(table: str = "nat") -> list[NatRule]:
+def jump_rules(table: str = "nat", family: Family = 4) -> list[NatRule]:
     return [
-        NatRule(chain=hook, tag=f"jump {chain}", target=chain, table=table)
+        NatRule(chain=hook, tag=f"jump {chain}", target=chain, table=table, family=family)
         for chain, hook in TABLE_HOOKS[table].items()
     ]
 
@@ -135,39 +154,92 @@ class NatPlan:
     tcp_ports: tuple[int, ...]  # enabled TCP-class listener ports
     members: tuple[Member, ...]  # every member of every group, unique by key
     udp: tuple[UdpListener, ...] = ()  # the enabled UDP listeners
+    # IPv6 ("" = IPv4 only): the VIP, and the pair haproxy binds and dials from
+    # (OUTER6 on the host, INNER6 in the namespace), like the 169.254 pair.
+    vip6: str = ""
+    inner6: str = ""
+    outer6: str = ""
+
+    def __post_init__(self) -> None:
+        if self.vip6 and not (self.inner6 and self.outer6):
+            raise ValueError(f"an IPv6 VIP needs an IPv6 inner/outer pair: {self.ovn_ns}")
+
+
+@dataclass(frozen=True)
+class Side:
+    """One family of a load balancer: its addresses in that family."""
+
+    family: Family
+    vip: str
+    inner: str
+    outer: str
+
+
+def sides(plan: NatPlan) -> list[Side]:
+    """IPv4 always; IPv6 when the load balancer has an IPv6 VIP."""
+    ipv4 = Side(4, plan.vip, plan.inner, plan.outer)
+    return [ipv4, Side(6, plan.vip6, plan.inner6, plan.outer6)] if plan.vip6 else [ipv4]
+
+
+def inner_address(plan: NatPlan, member: Member) -> str:
+    """Where haproxy reaches `member` (at its mapped port): INNER in the member's family."""
+    return plan.inner6 if family_of(member.address) == 6 else plan.inner
 
 
 def nat_rules(plan: NatPlan) -> list[NatRule]:
-    rules = jump_rules()
+    rules: list[NatRule] = []
+    filters: list[NatRule] = []
+    for side in sides(plan):
+        rules += _nat_table_rules(plan, side)
+        acl = [rule for listener in plan.udp for rule in udp_acl_rules(plan, side, listener)]
+        if acl:
+            filters += jump_rules("filter", side.family) + acl
+    return rules + filters
+
+
+def _nat_table_rules(plan: NatPlan, side: Side) -> list[NatRule]:
+    rules = jump_rules("nat", side.family)
     for port in plan.tcp_ports:
-        rules.append(_tcp_dnat(f"listener tcp/{port}", plan.ovn_ns, plan.vip, port, f"{plan.outer}:{port}"))
+        rules.append(
+            _tcp_dnat(side, f"listener tcp/{port}", plan.ovn_ns, side.vip, port, address_port(side.outer, port))
+        )
     for member in plan.members:
-        rules += backend_rules(plan, member)
+        rules += backend_rules(plan, side, member)
     for listener in plan.udp:
-        rules += udp_listener_rules(plan, listener)
-    rules.append(NatRule(POST_CHAIN, "to vpc", "SNAT", plan.vip, out_interface=plan.ovn_ns))
-    acl = [rule for listener in plan.udp for rule in udp_acl_rules(plan, listener)]
-    if acl:
-        rules += jump_rules("filter") + acl
+        rules += udp_listener_rules(plan, side, listener)
+    rules.append(NatRule(POST_CHAIN, "to vpc", "SNAT", side.vip, out_interface=plan.ovn_ns, family=side.family))
     return rules
 
 
-def _tcp_dnat(tag: str, in_interface: str, dst: str, dport: int, to: str) -> NatRule:
-    return NatRule(PRE_CHAIN, tag, "DNAT", to, in_interface=in_interface, protocol="tcp", dst=dst, dport=dport)
+def _tcp_dnat(side: Side, tag: str, in_interface: str, dst: str, dport: int, to: str) -> NatRule:
+    return NatRule(
+        PRE_CHAIN,
+        tag,
+        "DNAT",
+        to,
+        in_interface=in_interface,
+        protocol="tcp",
+        dst=dst,
+        dport=dport,
+        family=side.family,
+    )
 
 
-def backend_rules(plan: NatPlan, member: Member) -> list[NatRule]:
-    """INNER:mapped_port leads to the member; a health check port of its own
-    has a port on INNER too, tagged like a member so that it is read back alike."""
-    at = f"{member.address}:{member.port}"
-    backend = _tcp_dnat(f"{BACKEND_TAG}{member.key}", plan.haproxy_ns, plan.inner, member.mapped_port, at)
+def backend_rules(plan: NatPlan, side: Side, member: Member) -> list[NatRule]:
+    """INNER:mapped_port leads to the member, in the member's family only; a
+    health check port of its own has a port on INNER too, tagged like a member
+    so that it is read back alike."""
+    if family_of(member.address) != side.family:
+        return []
+    at = address_port(member.address, member.port)
+    backend = _tcp_dnat(side, f"{BACKEND_TAG}{member.key}", plan.haproxy_ns, side.inner, member.mapped_port, at)
     options = options_of(member)
     if options.check_port is None or options.mapped_check_port is None:
         return [backend]
     check = replace(
         backend,
         tag=f"{BACKEND_TAG}{check_port_key(member.key)}",
-        to=f"{member.address}:{options.check_port}",
+        to=address_port(member.address, options.check_port),
         dport=options.mapped_check_port,
     )
     return [backend, check]
@@ -181,19 +253,22 @@ def serving_members(members: tuple[Member, ...]) -> list[Member]:
     return primaries or live
 
 
-def udp_listener_rules(plan: NatPlan, listener: UdpListener) -> list[NatRule]:
+def udp_listener_rules(plan: NatPlan, side: Side, listener: UdpListener) -> list[NatRule]:
     """UDP is balanced by the kernel: new flows pick a member at random in
     proportion to its weight (rule i matches with w_i / (w_i + ... + w_n), the
     last always), or with `source_hash` by a hash of the client's address
     (`mark_blocks`); conntrack keeps a flow on its member. The tag carries a
     hash of the whole set, so any change replaces all of the listener's rules
-    and they are appended again in order."""
-    live = serving_members(listener.members)
+    and they are appended again in order. Each family balances over its own
+    members: a VIP of one family DNATs only to members of that family."""
+    live = serving_members(tuple(m for m in listener.members if family_of(m.address) == side.family))
     material = [(m.address, m.port, m.weight) for m in live]
     source_hash = listener.source_hash and len(live) > 1
     set_tag = _short_hash(("sch", material) if source_hash else material)
     port = listener.port
-    base = NatRule(PRE_CHAIN, "", "DNAT", in_interface=plan.ovn_ns, protocol="udp", dst=plan.vip, dport=port)
+    base = NatRule(
+        PRE_CHAIN, "", "DNAT", in_interface=plan.ovn_ns, protocol="udp", dst=side.vip, dport=port, family=side.family
+    )
     rules = []
     if not source_hash:
         remaining = sum(m.weight for m in live)
@@ -205,7 +280,7 @@ def udp_listener_rules(plan: NatPlan, listener: UdpListener) -> list[NatRule]:
                 replace(
                     base,
                     tag=f"listener udp/{port} {set_tag} {index}",
-                    to=f"{member.address}:{member.port}",
+                    to=address_port(member.address, member.port),
                     probability=probability,
                 )
             )
@@ -215,7 +290,7 @@ def udp_listener_rules(plan: NatPlan, listener: UdpListener) -> list[NatRule]:
     rules.append(replace(base, tag=f"listener udp/{port} {set_tag} hash", target="HMARK", hmark_mod=sum(weights)))
     start = 0
     for index, (member, weight) in enumerate(zip(live, weights, strict=True)):
-        dnat = replace(base, tag=f"listener udp/{port} {set_tag} {index}", to=f"{member.address}:{member.port}")
+        dnat = replace(base, tag=f"listener udp/{port} {set_tag} {index}", to=address_port(member.address, member.port))
         if index == len(live) - 1:  # the rest: whatever mark the hash left
             rules.append(dnat)
         else:
@@ -240,18 +315,24 @@ def mark_blocks(start: int, end: int) -> list[tuple[int, int]]:
     return blocks
 
 
-def udp_acl_rules(plan: NatPlan, listener: UdpListener) -> list[NatRule]:
+def udp_acl_rules(plan: NatPlan, side: Side, listener: UdpListener) -> list[NatRule]:
     """The access list of a UDP listener, in the filter table's FORWARD path:
     datagrams that a client sent to VIP:port (conntrack's original direction,
     before the DNAT that sent them on) from a refused source are dropped. A
     white list returns for each admitted prefix and then drops, so its rules
     must stay in order: like the balancing rules, the tag carries a hash of
-    the whole list."""
+    the whole list.
+
+    Each family's table holds the list's prefixes of that family, under the
+    list's type: a white list of IPv6 prefixes only admits no IPv4 source
+    (the IPv4 table drops them all), a black list of IPv6 prefixes only
+    refuses no IPv4 source (the IPv4 table needs no rule)."""
     acl = listener.acl
     if acl is None:
         return []
     port = listener.port
-    tag = f"acl udp/{port} {acl.type} {_short_hash((acl.type, acl.cidrs))}"
+    cidrs = tuple(cidr for cidr in acl.cidrs if family_of(cidr) == side.family)
+    tag = f"acl udp/{port} {acl.type} {_short_hash((acl.type, cidrs))}"
     base = NatRule(
         ACL_CHAIN,
         tag,
@@ -259,11 +340,12 @@ def udp_acl_rules(plan: NatPlan, listener: UdpListener) -> list[NatRule]:
         table="filter",
         in_interface=plan.ovn_ns,
         protocol="udp",
-        ct_orig_dst=plan.vip,
+        ct_orig_dst=side.vip,
         ct_orig_dport=port,
+        family=side.family,
     )
     listed = "RETURN" if acl.type == "white" else "DROP"
-    rules = [replace(base, tag=f"{tag} {i}", target=listed, src=cidr) for i, cidr in enumerate(acl.cidrs)]
+    rules = [replace(base, tag=f"{tag} {i}", target=listed, src=cidr) for i, cidr in enumerate(cidrs)]
     if acl.type == "white":
         rules.append(replace(base, tag=f"{tag} others"))
     return rules

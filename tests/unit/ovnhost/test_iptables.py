@@ -7,16 +7,21 @@ needs no namespace; the jumps to our chains need the chains and are covered
 by tests/functional/test_kernel_datapath.py.
 """
 
+import ctypes
+
 import iptc
 import pytest
 
 from lbagent.desired.members import Member
-from lbagent.ovnhost import iptables
+from lbagent.ovnhost import iptables, iptdigest
+from lbagent.ovnhost.iptables import TableId
 from lbagent.ovnhost.nat import NatPlan, UdpAcl, UdpListener, nat_rules
 
 MEMBERS = (
     Member("be-1", "198.18.0.21", 8000, 3, "off", False, 1025),
     Member("be-2", "198.18.0.22", 8001, 1, "off", False, 1026),
+    Member("be-3", "2001:db8::21", 8000, 3, "off", False, 1027),
+    Member("be-4", "2001:db8::22", 8001, 1, "off", False, 1028),
 )
 PLAN = NatPlan(
     "oabc0",
@@ -28,12 +33,23 @@ PLAN = NatPlan(
     MEMBERS,
     udp=(
         UdpListener(53, MEMBERS),
-        UdpListener(54, MEMBERS, source_hash=True, acl=UdpAcl("white", ("198.18.0.0/24",))),
-        UdpListener(55, MEMBERS, acl=UdpAcl("black", ("198.18.0.31/32",))),
+        UdpListener(54, MEMBERS, source_hash=True, acl=UdpAcl("white", ("198.18.0.0/24", "2001:db8::/64"))),
+        UdpListener(55, MEMBERS, acl=UdpAcl("black", ("198.18.0.31/32", "2001:db8::31/128"))),
     ),
+    vip6="2001:db8::12",
+    inner6="fd4c:4241::100",
+    outer6="fd4c:4241::101",
 )
 # Every rule but the jumps to our chains, which need the chains to exist.
 RULES = [rule for rule in nat_rules(PLAN) if not rule.target.startswith("LBAGENT-")]
+
+
+@pytest.fixture(autouse=True)
+def no_tables():
+    """python-iptables asks every table it believes exists whether a target is a chain
+    of it, opening (and so making) the tables it has not seen: here, in the host's
+    namespace. Told that none exists, it opens none."""
+    iptables._declare_open(None)
 
 
 def _as_python_iptables_appends(spec, monkeypatch) -> bytes:
@@ -60,12 +76,30 @@ def test_the_rules_cover_every_kind_the_agent_writes():
         ("filter", "DROP", "udp", False, False, False, False),
         ("filter", "DROP", "udp", False, False, True, False),
     }
+    assert kinds == {  # and each kind in both families
+        (r.table, r.target, r.protocol, bool(r.probability), bool(r.mark), bool(r.src), bool(r.out_interface))
+        for r in RULES
+        if r.family == 6
+    }
 
 
 @pytest.mark.parametrize("spec", RULES, ids=lambda r: r.tag)
 def test_a_rule_is_the_bytes_python_iptables_would_append(spec, monkeypatch):
     ours = bytes(iptables.build_rule(spec).rule)
     assert ours == _as_python_iptables_appends(spec, monkeypatch)
+
+
+def test_ipv6_rules_are_ipv6_entries_with_bracketed_destinations():
+    dnat = next(r for r in RULES if r.family == 6 and r.target == "DNAT" and r.protocol == "tcp")
+    rule = iptables.build_rule(dnat)
+    assert isinstance(rule, iptc.Rule6)
+    assert rule.dst == "2001:db8::12/128"
+    assert dnat.to == "[fd4c:4241::101]:80"
+
+
+def test_hmark_hashes_the_whole_source_address_of_its_family():
+    hmarks = {r.family: iptables.build_rule(r).target for r in RULES if r.target == "HMARK"}
+    assert {family: target.hmark_src_prefix for family, target in hmarks.items()} == {4: "32", 6: "128"}
 
 
 def test_the_snat_check_completes_the_target():
@@ -85,8 +119,28 @@ def test_a_failing_extension_check_raises():
         iptables._final_check(rule)
 
 
+FILTER, NAT, FILTER6, NAT6 = (TableId(4, "filter"), TableId(4, "nat"), TableId(6, "filter"), TableId(6, "nat"))
+
+
 def test_the_filter_table_is_converged_first_and_only_when_wanted_or_present():
-    nat_only = [rule for rule in RULES if rule.table == "nat"]
-    assert iptables._tables_to_converge(nat_only, {"nat"}) == ["nat"]  # never made without a list
-    assert iptables._tables_to_converge(RULES, {"nat"}) == ["filter", "nat"]  # the lists first
-    assert iptables._tables_to_converge(nat_only, {"nat", "filter"}) == ["filter", "nat"]  # to take ours out
+    nat_only = [rule for rule in RULES if rule.table == "nat" and rule.family == 4]
+    assert iptables._tables_to_converge(nat_only, {NAT}) == [NAT]  # never made without a list
+    ipv4 = [rule for rule in RULES if rule.family == 4]
+    assert iptables._tables_to_converge(ipv4, {NAT}) == [FILTER, NAT]  # the lists first
+    assert iptables._tables_to_converge(nat_only, {NAT, FILTER}) == [FILTER, NAT]  # to take ours out
+
+
+def test_the_ipv6_tables_are_converged_only_when_wanted_or_present():
+    ipv4 = [rule for rule in RULES if rule.family == 4 and rule.table == "nat"]
+    assert iptables._tables_to_converge(ipv4, {NAT, FILTER}) == [FILTER, NAT]  # no ip6tables state made
+    assert iptables._tables_to_converge(RULES, {NAT}) == [FILTER, FILTER6, NAT, NAT6]  # lists of both first
+    assert iptables._tables_to_converge(ipv4, {NAT, NAT6}) == [NAT, NAT6]  # to take ours out again
+
+
+def test_the_digest_layouts_match_the_kernel_structures():
+    """iptdigest reads entries without libiptc; python-iptables' ctypes structures are the reference."""
+    for family, entry in ((4, iptc.ip4tc.ipt_entry), (6, iptc.ip6tc.ip6t_entry)):
+        layout = iptdigest.LAYOUTS[family]
+        assert layout.next_offset == entry.next_offset.offset
+        assert layout.volatile == slice(entry.comefrom.offset, entry.counters.offset + entry.counters.size)
+        assert layout.volatile.stop == ctypes.sizeof(entry)  # the matches follow

@@ -2,6 +2,7 @@ import hashlib
 
 import pytest
 
+from lbagent.desired.memberoptions import GroupMember, TrafficOptions
 from lbagent.desired.members import Member
 from lbagent.ovnhost.nat import (
     NatPlan,
@@ -9,6 +10,7 @@ from lbagent.ovnhost.nat import (
     UdpAcl,
     UdpListener,
     comment_hash,
+    inner_address,
     mark_blocks,
     nat_rules,
 )
@@ -192,3 +194,150 @@ def test_a_black_list_drops_its_prefixes_only():
 def test_no_access_list_no_filter_rules():
     assert _acl(None) == []
     assert {r.table for r in nat_rules(plan())} == {"nat"}
+
+
+V4 = Member("be-1", "198.18.0.21", 8000, 1, "off", False, 1025)
+V6 = Member("be-6", "2001:db8::21", 8080, 1, "off", False, 1026)
+DUAL = dict(vip6="2001:db8::12", inner6="fd4c:4241::100", outer6="fd4c:4241::101")
+
+
+def _family(rules: list[NatRule], family: int) -> set[tuple]:
+    return {(r.table, r.chain, r.target, r.to, r.dst, r.dport) for r in rules if r.family == family}
+
+
+def test_an_ipv4_only_plan_has_no_ipv6_rules_and_keeps_its_hashes():
+    assert {r.family for r in nat_rules(plan(members=(V4, V6)))} == {4}
+    assert [r.hash for r in nat_rules(plan(members=(V4, V6)))] == [r.hash for r in nat_rules(plan(members=(V4,)))]
+    assert [r.hash for r in nat_rules(plan(members=(V4,), **DUAL)) if r.family == 4] == [
+        r.hash for r in nat_rules(plan(members=(V4,)))
+    ]
+
+
+def test_a_dual_stack_plan_repeats_the_rules_in_ipv6():
+    rules = nat_rules(plan(members=(V4, V6), **DUAL))
+    assert _family(rules, 6) == {
+        ("nat", "PREROUTING", "LBAGENT-PRE", "", "", 0),
+        ("nat", "POSTROUTING", "LBAGENT-POST", "", "", 0),
+        ("nat", "LBAGENT-PRE", "DNAT", "[fd4c:4241::101]:80", "2001:db8::12", 80),
+        ("nat", "LBAGENT-PRE", "DNAT", "[2001:db8::21]:8080", "fd4c:4241::100", 1026),
+        ("nat", "LBAGENT-POST", "SNAT", "2001:db8::12", "", 0),
+    }
+    assert _family(rules, 4) == {
+        ("nat", "PREROUTING", "LBAGENT-PRE", "", "", 0),
+        ("nat", "POSTROUTING", "LBAGENT-POST", "", "", 0),
+        ("nat", "LBAGENT-PRE", "DNAT", "169.254.0.101:80", "198.18.0.12", 80),
+        ("nat", "LBAGENT-PRE", "DNAT", "198.18.0.21:8000", "169.254.0.100", 1025),
+        ("nat", "LBAGENT-POST", "SNAT", "198.18.0.12", "", 0),
+    }
+    assert len({r.hash for r in rules}) == len(rules)  # the jumps of both families are told apart
+    assert [r.in_interface for r in rules if r.dport == 1026] == ["habc0"]
+    assert [r.out_interface for r in rules if r.target == "SNAT"] == ["oabc0", "oabc0"]
+
+
+def test_an_ipv6_vip_needs_its_pair():
+    with pytest.raises(ValueError):
+        plan(vip6="2001:db8::12")
+
+
+def test_a_check_port_of_an_ipv6_member_is_bracketed():
+    options = TrafficOptions(check_port=9000, mapped_check_port=1027)
+    member = GroupMember("be-6", "2001:db8::21", 8080, 1, "off", False, 1026, options=options)
+    rules = nat_rules(plan(members=(member,), **DUAL))
+    assert {(r.family, r.dport, r.to) for r in rules if r.tag.startswith("backend ")} == {
+        (6, 1026, "[2001:db8::21]:8080"),
+        (6, 1027, "[2001:db8::21]:9000"),
+    }
+
+
+def test_haproxy_reaches_a_member_at_inner_of_its_family():
+    dual = plan(members=(V4, V6), **DUAL)
+    assert (inner_address(dual, V4), inner_address(dual, V6)) == ("169.254.0.100", "fd4c:4241::100")
+
+
+def _udp(rules: list[NatRule], family: int) -> list[NatRule]:
+    return [r for r in rules if r.protocol == "udp" and r.family == family and r.table == "nat"]
+
+
+def test_udp_balances_each_family_over_its_own_members():
+    members = (
+        Member("a", "198.18.0.21", 53, 1, "off", False, 0),
+        Member("b", "2001:db8::21", 53, 1, "off", False, 0),
+        Member("c", "198.18.0.22", 53, 3, "off", False, 0),
+        Member("d", "2001:db8::22", 53, 2, "off", False, 0),
+        GroupMember("e", "2001:db8::23", 53, 2, "off", False, 0, options=TrafficOptions(backup=True)),
+    )
+    rules = nat_rules(plan(udp=(UdpListener(53, members),), **DUAL))
+    assert [(r.to, r.probability, r.dst) for r in _udp(rules, 4)] == [
+        ("198.18.0.21:53", "0.250000", "198.18.0.12"),
+        ("198.18.0.22:53", "", "198.18.0.12"),
+    ]
+    assert [(r.to, r.probability, r.dst) for r in _udp(rules, 6)] == [
+        ("[2001:db8::21]:53", "0.333333", "2001:db8::12"),
+        ("[2001:db8::22]:53", "", "2001:db8::12"),
+    ]
+    # the backup serves IPv6 once no IPv6 primary is left, whatever IPv4 has
+    only_backup = nat_rules(plan(udp=(UdpListener(53, members[:1] + members[4:]),), **DUAL))
+    assert [r.to for r in _udp(only_backup, 6)] == ["[2001:db8::23]:53"]
+    assert [r.to for r in _udp(only_backup, 4)] == ["198.18.0.21:53"]
+    # and IPv4 rules stay as an IPv4-only group of the same members had them
+    ipv4_only = nat_rules(plan(udp=(UdpListener(53, (members[0], members[2])),)))
+    assert [r.hash for r in _udp(rules, 4)] == [r.hash for r in _udp(ipv4_only, 4)]
+
+
+def test_an_ipv6_listener_without_ipv6_members_opens_nothing():
+    members = (Member("a", "198.18.0.21", 53, 1, "off", False, 0),)
+    assert _udp(nat_rules(plan(udp=(UdpListener(53, members),), **DUAL)), 6) == []
+
+
+def test_sch_hashes_the_whole_ipv6_source():
+    members = (
+        Member("a", "2001:db8::21", 53, 1, "off", False, 0),
+        Member("b", "2001:db8::22", 53, 2, "off", False, 0),
+        Member("c", "198.18.0.21", 53, 1, "off", False, 0),
+    )
+    rules = nat_rules(plan(udp=(UdpListener(53, members, source_hash=True),), **DUAL))
+    ipv6 = _udp(rules, 6)
+    assert ipv6[0].target == "HMARK" and ipv6[0].hmark_mod == 3
+    assert _members_of(ipv6, range(3)) == ["[2001:db8::21]:53"] + ["[2001:db8::22]:53"] * 2
+    assert [(r.target, r.to) for r in _udp(rules, 4)] == [("DNAT", "198.18.0.21:53")]  # one member: no hash
+
+
+def _acl_by_family(acl: UdpAcl) -> dict[int, list[tuple[str, str, str]]]:
+    members = (Member("a", "198.18.0.21", 53, 1, "off", False, 0), Member("b", "2001:db8::21", 53, 1, "off", False, 0))
+    rules = [r for r in nat_rules(plan(udp=(UdpListener(53, members, acl=acl),), **DUAL)) if r.table == "filter"]
+    return {
+        family: [(r.target, r.src, r.ct_orig_dst) for r in rules if r.family == family and r.chain == "LBAGENT-ACL"]
+        for family in (4, 6)
+    }
+
+
+def test_a_white_list_of_one_family_refuses_every_source_of_the_other():
+    assert _acl_by_family(UdpAcl("white", ("2001:db8:1::/48",))) == {
+        4: [("DROP", "", "198.18.0.12")],
+        6: [("RETURN", "2001:db8:1::/48", "2001:db8::12"), ("DROP", "", "2001:db8::12")],
+    }
+    assert _acl_by_family(UdpAcl("white", ("198.18.1.0/24",))) == {
+        4: [("RETURN", "198.18.1.0/24", "198.18.0.12"), ("DROP", "", "198.18.0.12")],
+        6: [("DROP", "", "2001:db8::12")],
+    }
+
+
+def test_a_black_list_of_one_family_refuses_no_source_of_the_other():
+    assert _acl_by_family(UdpAcl("black", ("2001:db8:1::/48", "198.18.1.0/24"))) == {
+        4: [("DROP", "198.18.1.0/24", "198.18.0.12")],
+        6: [("DROP", "2001:db8:1::/48", "2001:db8::12")],
+    }
+    assert _acl_by_family(UdpAcl("black", ("2001:db8:1::/48",)))[4] == []
+
+
+def test_an_ipv6_prefix_changes_only_the_ipv6_list():
+    before = _acl(UdpAcl("white", ("198.18.0.0/25",)))
+    members = (Member("a", "198.18.0.21", 53, 1, "off", False, 0),)
+    after = [
+        r
+        for r in nat_rules(
+            plan(udp=(UdpListener(53, members, acl=UdpAcl("white", ("198.18.0.0/25", "2001:db8::/64"))),))
+        )
+        if r.table == "filter"
+    ]
+    assert [r.hash for r in after] == [r.hash for r in before]  # no IPv6 VIP: no IPv6 list either
