@@ -5,19 +5,22 @@ uniqueness (ids, ports per transport, certificate ids, rule matches),
 addresses that must lie inside their subnet, and which options each listener
 type may carry. Every problem is reported at the JSON path of the field that
 breaks the rule, never at the enclosing object.
+
+Also the one switch for IPv6 (IPV6_SERVED): the model parses and checks IPv6
+values like IPv4 ones, and until the data path serves them, each is refused here.
 """
 
 from __future__ import annotations
 
 from collections.abc import Callable, Hashable, Iterable, Sequence
 from functools import lru_cache
-from ipaddress import IPv4Address, IPv4Network
+from ipaddress import IPv4Network, IPv6Network, ip_address
 from typing import TYPE_CHECKING, Any
 
 from pydantic import BaseModel
 
 from lbagent.desired.details import Location, json_pointer
-from lbagent.desired.fields import MAX_BACKENDS_PER_LB
+from lbagent.desired.fields import MAX_BACKENDS_PER_LB, family_of
 from lbagent.desired.listener_types import KINDS, OPTION_TYPES
 
 if TYPE_CHECKING:  # the models call these rules from their validators
@@ -25,6 +28,11 @@ if TYPE_CHECKING:  # the models call these rules from their validators
 
 # A problem: where, what, and where the value it repeats was first used (or None).
 Problem = tuple[Location, str, Location | None]
+
+# Whether the agent's data path (addresses, routes, ip6tables, haproxy) serves
+# IPv6. While it does not, every IPv6 value of a body is refused at its path:
+# accepting one would promise a service the load balancer does not give.
+IPV6_SERVED = False
 
 
 class _Problems:
@@ -70,17 +78,69 @@ def _keyed(items: Sequence[BaseModel], at: Location, field: str = "id") -> Itera
 
 
 @lru_cache(maxsize=8192)  # a thousand load balancers on a few subnets: the same pairs every refresh
-def _host_problem(ip: str, network: IPv4Network) -> str | None:
-    address = IPv4Address(ip)
-    if address not in network:
+def _host_problem(ip: str, network: IPv4Network | IPv6Network) -> str | None:
+    address = ip_address(ip)
+    if address not in network:  # an address of the other family is in no network of this one
         return f"must lie inside the subnet {network}"
-    if address in (network.network_address, network.broadcast_address):
+    if isinstance(network, IPv6Network):
+        # IPv6 has no broadcast; its first address is every router's on the link (RFC 4291).
+        if address == network.network_address:
+            return f"must not be the subnet-router anycast address of {network}"
+    elif address in (network.network_address, network.broadcast_address):
         return f"must not be the network or broadcast address of {network}"
     return None
 
 
+def _inside(inner: IPv4Network | IPv6Network, outer: IPv4Network | IPv6Network) -> bool:
+    """`inner.subnet_of(outer)`, and False (not TypeError) across families."""
+    return inner.network_address in outer and inner.prefixlen >= outer.prefixlen
+
+
+def _refuse_ipv6(problems: _Problems, state: DesiredState) -> None:
+    """Reports every IPv6 value of the state at its path (see IPV6_SERVED)."""
+    for index, subnet in enumerate(state.subnets):
+        at = ("subnets", index)
+        for field in ("cidr6", "gateway6"):
+            if field in subnet.model_fields_set:  # an explicit null as well: the document knows no such field
+                problems.add((*at, field), _NOT_YET.format("subnets"))
+        for r, route in enumerate(subnet.routes):
+            if family_of(route.cidr) == 6:
+                problems.add((*at, "routes", r, "cidr"), _NOT_YET.format("prefixes"))
+            if family_of(route.nexthop) == 6:
+                problems.add((*at, "routes", r, "nexthop"), _NOT_YET.format("addresses"))
+    for index, pod in enumerate(state.pods):
+        if family_of(pod.ip) == 6:
+            problems.add(("pods", index, "ip"), _NOT_YET.format("addresses"))
+    for index, lb in enumerate(state.loadbalancers):
+        for location, what in lb._ipv6_values:
+            problems.add(("loadbalancers", index, *location), _NOT_YET.format(what))
+
+
+_NOT_YET = "this version does not accept IPv6 {} yet"
+
+
+def ipv6_values(lb: LoadBalancer) -> list[tuple[Location, str]]:
+    """Where a load balancer holds IPv6 values, relative to it, and what they
+    are (completing "IPv6 ..."): `LoadBalancer._ipv6_values` keeps them."""
+    found: list[tuple[Location, str]] = []
+    if "ip6" in lb.network.model_fields_set:
+        found.append((("network", "ip6"), "addresses for load balancers"))
+    for g, group in enumerate(lb.backend_groups):
+        for b, backend in enumerate(group.backends):
+            if family_of(backend.address) == 6:
+                found.append((("backend_groups", g, "backends", b, "address"), "addresses"))
+    for i, listener in enumerate(lb.listeners):
+        if listener.acl is not None:
+            for c, cidr in enumerate(listener.acl.cidrs):
+                if family_of(cidr) == 6:
+                    found.append((("listeners", i, "acl", "cidrs", c), "prefixes"))
+    return found
+
+
 def check_state(state: DesiredState) -> list[dict[str, str]]:
     problems = _Problems()
+    if not IPV6_SERVED:
+        _refuse_ipv6(problems, state)
     problems.unique(_keyed(state.subnets, ("subnets",)), lambda key: f"subnet id {key!r}")
     problems.unique(_keyed(state.pods, ("pods",)), lambda key: f"pod id {key!r}")
     problems.unique(
@@ -113,6 +173,14 @@ def check_state(state: DesiredState) -> list[dict[str, str]]:
         lambda key: f"address {key[1]} in subnet {key[0]!r}",
     )
     problems.unique(
+        (
+            ((lb.network.subnet_id, lb.network.ip6), ("loadbalancers", i, "network", "ip6"))
+            for i, lb in lbs
+            if lb.network.ip6 is not None
+        ),
+        lambda key: f"address {key[1]} in subnet {key[0]!r}",
+    )
+    problems.unique(
         (((lb.network.subnet_id, lb.network.mac), ("loadbalancers", i, "network", "mac")) for i, lb in lbs),
         lambda key: f"MAC {key[1]} in subnet {key[0]!r}",
     )
@@ -125,17 +193,27 @@ def _vips_by_subnet(state: DesiredState) -> dict[str, dict[str, Location]]:
     for index, lb in enumerate(state.loadbalancers):
         on_subnet = vips.setdefault(lb.network.subnet_id, {})
         on_subnet.setdefault(lb.network.ip, ("loadbalancers", index, "network", "ip"))
+        if lb.network.ip6 is not None:
+            on_subnet.setdefault(lb.network.ip6, ("loadbalancers", index, "network", "ip6"))
     return vips
 
 
 def _check_subnet(problems: _Problems, at: Location, subnet: Subnet, vips: dict[str, Location]) -> None:
-    network = subnet.network
-    problem = _host_problem(subnet.gateway, network)
+    problem = _host_problem(subnet.gateway, subnet.network)
     if problem:
         problems.add((*at, "gateway"), problem)
+    _check_subnet6(problems, at, subnet)
     for index, route in enumerate(subnet.routes):
         route_at = (*at, "routes", index)
-        if route.network.subnet_of(network):
+        family = family_of(route.cidr)
+        if family_of(route.nexthop) != family:
+            problems.add((*route_at, "nexthop"), f"must be an IPv{family} address, like the route's cidr")
+            continue
+        network = subnet.network if family == 4 else subnet.network6
+        if network is None:
+            problems.add((*route_at, "cidr"), "an IPv6 route needs the subnet's cidr6, and this subnet has none")
+            continue
+        if _inside(route.network, network):
             # The subnet is on-link: a route into it takes the place of the link.
             problems.add((*route_at, "cidr"), f"must not lie inside the subnet's own prefix {network}")
         problem = _host_problem(route.nexthop, network)
@@ -146,6 +224,17 @@ def _check_subnet(problems: _Problems, at: Location, subnet: Subnet, vips: dict[
             message = f"next hop {route.nexthop} is a load balancer's own address, which is already used at"
             problems.add((*route_at, "nexthop"), message, vips[route.nexthop])
     problems.unique(_keyed(subnet.routes, (*at, "routes"), "cidr"), lambda key: f"a route to {key}")
+
+
+def _check_subnet6(problems: _Problems, at: Location, subnet: Subnet) -> None:
+    if (subnet.cidr6 is None) != (subnet.gateway6 is None):
+        given, missing = ("cidr6", "gateway6") if subnet.gateway6 is None else ("gateway6", "cidr6")
+        problems.add((*at, missing), f"required with {given}: a subnet has both cidr6 and gateway6 or neither")
+        return
+    if subnet.network6 is not None and subnet.gateway6 is not None:
+        problem = _host_problem(subnet.gateway6, subnet.network6)
+        if problem:
+            problems.add((*at, "gateway6"), problem)
 
 
 def _check_lb_network(problems: _Problems, at: Location, lb: LoadBalancer, state: DesiredState) -> None:
@@ -160,6 +249,19 @@ def _check_lb_network(problems: _Problems, at: Location, lb: LoadBalancer, state
             problem = "must not be the subnet's gateway"
         if problem:
             problems.add((*at, "network", "ip"), problem)
+        if lb.network.ip6 is not None:
+            problem = _ip6_problem(lb.network.ip6, subnet)
+            if problem:
+                problems.add((*at, "network", "ip6"), problem)
+
+
+def _ip6_problem(ip6: str, subnet: Subnet) -> str | None:
+    if subnet.network6 is None:
+        return f"needs a subnet with cidr6, and subnet {subnet.id!r} has none"
+    problem = _host_problem(ip6, subnet.network6)
+    if problem is None and ip6 == subnet.gateway6:
+        problem = "must not be the subnet's gateway6"
+    return problem
 
 
 def own_problems(lb: LoadBalancer) -> list[Problem]:

@@ -1,8 +1,8 @@
 """Single-value rules of api.md ("Values"): the limits and the reusable field types.
 
 Owns every numeric limit of the desired state (one place, below) and the
-Annotated types that lbagent.desired.model composes: ids, names, IPv4 addresses and
-prefixes, MACs, host names, URI paths, cookies, labels, PEM blocks (decoded by
+Annotated types that lbagent.desired.model composes: ids, names, IPv4 and IPv6
+addresses and prefixes, MACs, host names, URI paths, cookies, labels, PEM blocks (decoded by
 lbagent.desired.pem), ports.
 Each type raises ValueError with a message saying what is allowed; it never
 repeats the input, because only the caller knows whether the input may be
@@ -15,8 +15,8 @@ import functools
 import re
 import unicodedata
 from collections.abc import Callable
-from ipaddress import IPv4Address, IPv4Network
-from typing import Annotated, Any
+from ipaddress import IPv4Address, IPv4Network, IPv6Address, IPv6Network
+from typing import Annotated, Any, Literal
 
 from cryptography import x509
 from pydantic import AfterValidator, Field, PlainValidator, Strict, WithJsonSchema
@@ -271,12 +271,19 @@ _PREFIX_LEN = r"(?:[0-9]|[12][0-9]|3[0-2])"
 _CIDR_RE = re.compile(rf"({_DOTTED_QUAD})/({_PREFIX_LEN})")
 
 
-# An IPv6 value where only IPv4 is accepted is said to be so, not called malformed.
+# An IPv6 value in a field that takes only IPv4 (a subnet's cidr and gateway,
+# a load balancer's ip: their IPv6 twins are separate fields) is said to be
+# so, not called malformed.
 _NO_IPV6 = "this version does not accept IPv6 {} yet"
 
 
 def _looks_ipv6(value: str) -> bool:
     return ":" in value
+
+
+def family_of(address: str) -> Literal[4, 6]:
+    """The IP version of a validated address or prefix."""
+    return 6 if _looks_ipv6(address) else 4
 
 
 def parse_ipv4(value: str) -> IPv4Address:
@@ -369,22 +376,211 @@ def _first_octet_range(excluded: IPv4Network) -> str:
     return "(?:" + "|".join(str(n) for n in range(low, low + 2 ** (8 - excluded.prefixlen))) + ")"
 
 
+_HOST_IPV4_SCHEMA = {
+    "pattern": f"^{_NOT_HOST}{_IPV4}$",
+    "description": "a unicast host address: not 0.0.0.0, 127/8, 169.254/16, 224/4 or 240/4",
+}
+_CIDR_SCHEMA = {"pattern": _cidr_pattern(), "description": "an IPv4 prefix whose host bits are zero"}
+_ROUTE_DESTINATION_SCHEMA = {
+    "pattern": "^" + "".join(_prefix_inside(r) for r in ROUTE_EXCLUDED) + _cidr_pattern().removeprefix("^"),
+    "description": "an IPv4 prefix whose host bits are zero, not inside 169.254/16, 127/8 or 224/4",
+}
+
 IPv4 = text_type(_check_ipv4, {"pattern": f"^{_IPV4}$"})
-HostIPv4 = text_type(
-    _check_host_ipv4,
+HostIPv4 = text_type(_check_host_ipv4, _HOST_IPV4_SCHEMA)
+Cidr = text_type(_check_cidr, _CIDR_SCHEMA)
+RouteDestination = text_type(_check_route_destination, _ROUTE_DESTINATION_SCHEMA)
+
+# --- IPv6 -----------------------------------------------------------------------
+
+# Hexadecimal groups only: ipaddress would also take a zone id ("%eth0", which
+# names an interface of whichever host reads it) and a dotted IPv4 tail (the
+# spelling of IPv4-mapped addresses, which are refused anyway).
+_HEXTET = "[0-9A-Fa-f]{1,4}"
+
+
+def _ipv6_syntax(first: str, *, leading_gap: bool) -> str:
+    """IPv6 text whose first group, when written, matches `first`; with
+    `leading_gap`, also the forms that start with "::" (a first group of 0)."""
+    alternatives = [f"{first}(?::{_HEXTET}){{7}}"]
+    for before in range(7):  # groups written between the first one and "::"
+        after = 6 - before  # "::" stands for at least one group, so at most this many follow it
+        tail = f"(?:{_HEXTET}(?::{_HEXTET}){{0,{after - 1}}})?" if after else ""
+        alternatives.append(f"{first}(?::{_HEXTET}){{{before}}}::{tail}")
+    if leading_gap:
+        alternatives.append(f"::(?:{_HEXTET}(?::{_HEXTET}){{0,6}})?")
+    return "(?:" + "|".join(alternatives) + ")"
+
+
+_IPV6 = _ipv6_syntax(_HEXTET, leading_gap=True)
+_IPV6_RE = re.compile(_IPV6)
+# The unicast host addresses left once the refused ranges are out (see
+# _check_host_ipv6) are exactly global unicast 2000::/3 and unique local
+# fc00::/7: a first group of four digits starting with 2, 3, fc or fd.
+_HOST_IPV6 = _ipv6_syntax("(?:[23][0-9A-Fa-f]{3}|[Ff][CDcd][0-9A-Fa-f]{2})", leading_gap=False)
+_IPV6_PREFIX_LEN = "(?:[0-9]|[1-9][0-9]|1[01][0-9]|12[0-8])"
+_IPV6_CIDR_RE = re.compile(rf"({_IPV6})/({_IPV6_PREFIX_LEN})")
+MIN_SUBNET6_PREFIX, MAX_SUBNET6_PREFIX = 64, 120
+_SUBNET6_PREFIX_LEN = "(?:6[4-9]|[7-9][0-9]|1[01][0-9]|120)"
+
+
+def parse_ipv6(value: str) -> IPv6Address:
+    if "%" in value:
+        raise ValueError("must be an IPv6 address without a zone id ('%...')")
+    if not _IPV6_RE.fullmatch(value):
+        raise ValueError("must be an IPv6 address in hexadecimal groups, like 2001:db8::1")
+    try:
+        return IPv6Address(value)
+    except ValueError:  # the regex already holds it to IPv6 syntax; kept as a typed refusal all the same
+        raise ValueError("must be an IPv6 address in hexadecimal groups, like 2001:db8::1") from None
+
+
+@functools.lru_cache(maxsize=65536)
+def _check_host_ipv6(value: str) -> str:
+    ip = parse_ipv6(value)
+    # is_reserved covers ::/8 (with the loopback, the IPv4-compatible and IPv4-mapped
+    # addresses) and every range outside 2000::/3 and fc00::/7 that has no name of its own.
+    if (
+        ip.is_unspecified
+        or ip.is_loopback
+        or ip.is_multicast
+        or ip.is_link_local
+        or ip.is_site_local
+        or ip.is_reserved
+        or ip.ipv4_mapped is not None
+    ):
+        raise ValueError(
+            "must be a unicast host address (global 2000::/3 or unique local fc00::/7; "
+            "not ::, loopback, multicast, link-local, site-local, IPv4-mapped or reserved)"
+        )
+    return str(ip)  # one spelling, so equal addresses compare equal and config files never differ
+
+
+def _parse_cidr6(value: str) -> IPv6Network:
+    match = _IPV6_CIDR_RE.fullmatch(value)
+    if not match:
+        if "%" in value:
+            parse_ipv6(value.partition("/")[0])  # says why
+        raise ValueError("must be an IPv6 prefix like 2001:db8::/64")
+    try:
+        return IPv6Network(value)
+    except ValueError:
+        raise ValueError(f"has host bits set; the prefix is {IPv6Network(value, strict=False)}") from None
+
+
+@functools.lru_cache(maxsize=4096)
+def _check_cidr6(value: str) -> str:
+    return str(_parse_cidr6(value))
+
+
+def _check_subnet_cidr6(value: str) -> str:
+    network = _parse_cidr6(value)
+    if not MIN_SUBNET6_PREFIX <= network.prefixlen <= MAX_SUBNET6_PREFIX:
+        raise ValueError(f"must be an IPv6 prefix of length /{MIN_SUBNET6_PREFIX} to /{MAX_SUBNET6_PREFIX}")
+    return str(network)
+
+
+# The IPv6 twins of ROUTE_EXCLUDED. The agent's own IPv6 pairs lie in
+# [agent] inner_prefix6, which is configuration, not part of the desired state.
+ROUTE_EXCLUDED6 = (IPv6Network("fe80::/10"), IPv6Network("::1/128"), IPv6Network("ff00::/8"))
+
+
+def _check_route_destination6(value: str) -> str:
+    network = _parse_cidr6(value)
+    for excluded in ROUTE_EXCLUDED6:
+        if network.subnet_of(excluded):
+            raise ValueError(f"must not lie inside {excluded} (link-local, loopback or multicast)")
+    return str(network)
+
+
+# --- either family ----------------------------------------------------------------
+# A value with a ':' is IPv6, any other is held to the IPv4 rules (and their messages).
+
+_EITHER_ADDRESS = "must be an IPv4 address in dotted-quad form, like 198.18.0.1, or an IPv6 address, like 2001:db8::1"
+
+
+def _check_host_address(value: str) -> str | None:
+    if _looks_ipv6(value):
+        return _check_host_ipv6(value)
+    if not _DOTTED_QUAD_RE.fullmatch(value):
+        raise ValueError(_EITHER_ADDRESS)
+    _check_host_ipv4(value)
+    return None
+
+
+def _either_prefix(check4: Callable[[str], None], check6: Callable[[str], str]) -> Callable[[str], str | None]:
+    def check(value: str) -> str | None:
+        if _looks_ipv6(value):
+            return check6(value)
+        if "/" not in value or not _DOTTED_QUAD_RE.fullmatch(value.partition("/")[0]):
+            raise ValueError("must be an IPv4 prefix like 198.18.0.0/24 or an IPv6 prefix like 2001:db8::/64")
+        check4(value)
+        return None
+
+    return check
+
+
+_HOST_IPV6_SCHEMA = {
+    "pattern": f"^{_HOST_IPV6}$",
+    "description": "an IPv6 unicast host address in hexadecimal groups: global (2000::/3) or unique local "
+    "(fc00::/7); no zone id",
+}
+_CIDR6_SCHEMA = {
+    "pattern": f"^{_IPV6}/{_IPV6_PREFIX_LEN}$",
+    "description": "an IPv6 prefix in hexadecimal groups whose host bits are zero",
+}
+_ROUTE_DESTINATION6_SCHEMA = {
+    "pattern": (
+        "^(?![Ff][Ee][89ABab][0-9A-Fa-f][:/].*/(?:[1-9][0-9]|1[01][0-9]|12[0-8])$)"  # fe80::/10
+        "(?![Ff]{2}[0-9A-Fa-f]{2}[:/].*/(?:[89]|[1-9][0-9]|1[01][0-9]|12[0-8])$)"  # ff00::/8
+        "(?![0:]*:0{0,3}1/128$)"  # ::1/128
+        f"{_IPV6}/{_IPV6_PREFIX_LEN}$"
+    ),
+    "description": "an IPv6 prefix in hexadecimal groups whose host bits are zero, "
+    "not inside fe80::/10, ::1/128 or ff00::/8",
+}
+
+
+def _either_schema(ipv4: dict[str, str], ipv6: dict[str, str]) -> dict[str, Any]:
+    return {"anyOf": [ipv4, ipv6]}
+
+
+HostIPv6 = text_type(_check_host_ipv6, _HOST_IPV6_SCHEMA)
+SubnetCidr6 = text_type(
+    _check_subnet_cidr6,
     {
-        "pattern": f"^{_NOT_HOST}{_IPV4}$",
-        "description": "a unicast host address: not 0.0.0.0, 127/8, 169.254/16, 224/4 or 240/4",
+        "pattern": f"^{_IPV6}/{_SUBNET6_PREFIX_LEN}$",
+        "description": f"an IPv6 prefix of length /{MIN_SUBNET6_PREFIX} to /{MAX_SUBNET6_PREFIX} in hexadecimal "
+        "groups whose host bits are zero",
     },
 )
-Cidr = text_type(_check_cidr, {"pattern": _cidr_pattern(), "description": "an IPv4 prefix whose host bits are zero"})
-RouteDestination = text_type(
-    _check_route_destination,
-    {
-        "pattern": "^" + "".join(_prefix_inside(r) for r in ROUTE_EXCLUDED) + _cidr_pattern().removeprefix("^"),
-        "description": "an IPv4 prefix whose host bits are zero, not inside 169.254/16, 127/8 or 224/4",
-    },
+HostAddress = text_type(_check_host_address, _either_schema(_HOST_IPV4_SCHEMA, _HOST_IPV6_SCHEMA))
+AnyCidr = text_type(_either_prefix(_check_cidr, _check_cidr6), _either_schema(_CIDR_SCHEMA, _CIDR6_SCHEMA))
+AnyRouteDestination = text_type(
+    _either_prefix(_check_route_destination, _check_route_destination6),
+    _either_schema(_ROUTE_DESTINATION_SCHEMA, _ROUTE_DESTINATION6_SCHEMA),
 )
+
+
+def ipv4_only_schema(schema: Any) -> Any:
+    """`schema` with every either-family value above narrowed to its IPv4 half:
+    the JSON schema of what the agent takes while it does not serve IPv6."""
+    if isinstance(schema, list):
+        return [ipv4_only_schema(item) for item in schema]
+    if not isinstance(schema, dict):
+        return schema
+    branches = schema.get("anyOf")
+    if branches in _EITHER_BRANCHES:
+        narrowed = {key: value for key, value in schema.items() if key != "anyOf"}
+        return {**narrowed, **branches[0]}
+    return {key: ipv4_only_schema(value) for key, value in schema.items()}
+
+
+_EITHER_BRANCHES = [
+    [_HOST_IPV4_SCHEMA, _HOST_IPV6_SCHEMA],
+    [_CIDR_SCHEMA, _CIDR6_SCHEMA],
+    [_ROUTE_DESTINATION_SCHEMA, _ROUTE_DESTINATION6_SCHEMA],
+]
 
 _MAC = r"[0-9A-Fa-f]{2}(?::[0-9A-Fa-f]{2}){5}"
 _MAC_RE = re.compile(_MAC)

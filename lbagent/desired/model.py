@@ -16,14 +16,24 @@ from __future__ import annotations
 import json
 from datetime import UTC, datetime
 from functools import cached_property
-from ipaddress import IPv4Network
+from ipaddress import IPv4Network, IPv6Network, ip_network
 from typing import Any, ClassVar, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, ValidationInfo, field_validator, model_validator
+from pydantic import (
+    BaseModel,
+    ConfigDict,
+    Field,
+    SerializerFunctionWrapHandler,
+    ValidationError,
+    ValidationInfo,
+    field_validator,
+    model_serializer,
+    model_validator,
+)
 
-from lbagent.desired import pem
-from lbagent.desired.crosschecks import Problem, check_state, own_problems
-from lbagent.desired.details import error_details, json_pointer
+from lbagent.desired import crosschecks, pem
+from lbagent.desired.crosschecks import Problem, check_state, ipv6_values, own_problems
+from lbagent.desired.details import Location, error_details, json_pointer
 from lbagent.desired.fields import (
     DEFAULT_ACCESS_LOG_RATE,
     DEFAULT_DRAIN_TIMEOUT,
@@ -44,6 +54,8 @@ from lbagent.desired.fields import (
     MAX_RULES_PER_LISTENER,
     MAX_SUBNETS,
     AccessLogRate,
+    AnyCidr,
+    AnyRouteDestination,
     BridgeSuffix,
     CheckSeconds,
     Cidr,
@@ -54,7 +66,9 @@ from lbagent.desired.fields import (
     DomainPatternOrEmpty,
     DrainTimeoutSeconds,
     Generation,
+    HostAddress,
     HostIPv4,
+    HostIPv6,
     Hostname,
     HostnameOrEmpty,
     HttpCodes,
@@ -73,12 +87,13 @@ from lbagent.desired.fields import (
     ProbePayload,
     Rate,
     RiseFall,
-    RouteDestination,
     SlowStartSeconds,
+    SubnetCidr6,
     TimeoutSeconds,
     UplinkName,
     UriPath,
     Weight,
+    ipv4_only_schema,
 )
 from lbagent.desired.ha import HighAvailability
 from lbagent.desired.listener_types import (
@@ -110,32 +125,58 @@ class _Model(BaseModel):
     NOT_YET_ACCEPTED: ClassVar[dict[str, str]] = {}
 
 
+class _DualStackModel(_Model):
+    # Its fields that only hold IPv6: left out of the JSON schema while the
+    # agent does not serve IPv6 (crosschecks.IPV6_SERVED).
+    IPV6_FIELDS: ClassVar[frozenset[str]] = frozenset()
+
+    @model_serializer(mode="wrap")
+    def _omit_absent_ipv6(self, handler: SerializerFunctionWrapHandler) -> dict[str, Any]:
+        # An IPv4-only object dumps as it did before there were IPv6 fields, so
+        # the dump parses again while IPv6 is refused, and fingerprints keep.
+        data: dict[str, Any] = handler(self)
+        for field in self.IPV6_FIELDS:
+            if data.get(field, "") is None:
+                del data[field]
+        return data
+
+
 # --- network -------------------------------------------------------------------
 
 
 class Route(_Model):
     """A route of the subnet; one to 0.0.0.0/0 replaces the gateway as the default route."""
 
-    cidr: RouteDestination
-    nexthop: HostIPv4
+    # IPv4 or IPv6, cidr and nexthop of one family; one to ::/0 replaces the
+    # gateway6 as the IPv6 default route. Not said in the docstring: that is the
+    # document's description, which speaks of IPv4 only while IPv6 is not served.
+
+    cidr: AnyRouteDestination
+    nexthop: HostAddress
 
     @cached_property
-    def network(self) -> IPv4Network:
-        return IPv4Network(self.cidr)
+    def network(self) -> IPv4Network | IPv6Network:
+        return ip_network(self.cidr)
 
 
-class Subnet(_Model):
-    NOT_YET_ACCEPTED = {"cidr6": "IPv6 subnets", "gateway6": "IPv6 subnets"}
+class Subnet(_DualStackModel):
+    IPV6_FIELDS = frozenset({"cidr6", "gateway6"})
 
     id: Id
     cidr: Cidr
     gateway: HostIPv4
+    cidr6: SubnetCidr6 | None = None  # with gateway6, or neither
+    gateway6: HostIPv6 | None = None
     mtu: Mtu = DEFAULT_MTU
     routes: list[Route] = many(MAX_ROUTES_PER_SUBNET)
 
     @cached_property
     def network(self) -> IPv4Network:
         return IPv4Network(self.cidr)
+
+    @cached_property
+    def network6(self) -> IPv6Network | None:
+        return None if self.cidr6 is None else IPv6Network(self.cidr6)
 
 
 class CustomInterface(_Model):
@@ -169,7 +210,7 @@ class Pod(_Model):
     id: Id
     namespace: Namespace
     name: Name = ""
-    ip: HostIPv4
+    ip: HostAddress
     labels: Labels = Field(default_factory=dict)
     ready: bool = False
     ports: list[PodPort] = many(MAX_PORTS_PER_POD)
@@ -180,7 +221,7 @@ class Pod(_Model):
 
 class Backend(_Model):
     id: Id
-    address: HostIPv4
+    address: HostAddress
     port: Port
     weight: Weight = DEFAULT_WEIGHT
     send_proxy: SendProxy = "off"
@@ -229,7 +270,7 @@ class StickySession(_Model):
 class Acl(_Model):
     # No default: guessing wrong turns a white list into a black list.
     type: Literal["black", "white"]
-    cidrs: list[Cidr] = many(MAX_ACL_CIDRS)
+    cidrs: list[AnyCidr] = many(MAX_ACL_CIDRS)
 
 
 class Redirect(_Model):
@@ -351,11 +392,12 @@ class Listener(_Model):
 # --- load balancers and the whole state -----------------------------------------
 
 
-class Network(_Model):
-    NOT_YET_ACCEPTED = {"ip6": "IPv6 addresses for load balancers"}
+class Network(_DualStackModel):
+    IPV6_FIELDS = frozenset({"ip6"})
 
     subnet_id: Id
     ip: HostIPv4
+    ip6: HostIPv6 | None = None  # in the subnet's cidr6: the load balancer serves on both addresses
     mac: Mac
 
 
@@ -379,6 +421,11 @@ class LoadBalancer(_Model):
     def backend_group(self, group_id: str) -> BackendGroup:
         """The group with that id; KeyError if there is none."""
         return self._groups_by_id[group_id]
+
+    @cached_property
+    def _ipv6_values(self) -> list[tuple[Location, str]]:
+        # Like _own_problems: once per instance, whether or not the agent serves IPv6 by then.
+        return ipv6_values(self)
 
     @cached_property
     def _own_problems(self) -> list[Problem]:
@@ -464,5 +511,14 @@ def parse_desired_state(data: object) -> DesiredState:
 
 
 def json_schema() -> dict[str, Any]:
-    """JSON schema of the POST /v1/refresh body (for the OpenAPI document)."""
-    return DesiredState.model_json_schema()
+    """JSON schema of the POST /v1/refresh body (for the OpenAPI document): what
+    this agent takes, so without IPv6 while it does not serve IPv6."""
+    schema = DesiredState.model_json_schema()
+    if crosschecks.IPV6_SERVED:
+        return schema
+    for model in (Subnet, Network):
+        properties = schema["$defs"][model.__name__]["properties"]
+        for field in model.IPV6_FIELDS:
+            del properties[field]
+    narrowed: dict[str, Any] = ipv4_only_schema(schema)
+    return narrowed
