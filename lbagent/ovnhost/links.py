@@ -229,6 +229,8 @@ def _finish_namespace(spec: LinkSpec) -> None:
     # A fresh namespace does not forward; both directions route through it.
     if write_sysctl("net/ipv4/ip_forward", "1"):
         count_write("netlink", what="ip_forward on")
+    if spec.ipv6 is not None and write_sysctl("net/ipv6/conf/all/forwarding", "1"):
+        count_write("netlink", what="ipv6 forwarding on")
 
 
 def _link(nl: Netlink, name: str) -> Link:

@@ -84,6 +84,7 @@ def assert_ipv6_path(netns: str, names) -> None:
     assert f"{INNER6}/64" in pair and "tentative" not in pair, pair
     routes = sh(f"ip netns exec {netns} ip -6 route")
     assert "default via 2001:db8::1" in routes and "2001:db8:1::/64 via 2001:db8::fe" in routes, routes
+    assert sh(f"ip netns exec {netns} sysctl -n net.ipv6.conf.all.forwarding").strip() == "1"
     for key in ("accept_ra", "router_solicitations", "accept_dad"):  # no solicitations into OVN
         assert sh(f"ip netns exec {netns} sysctl -n net.ipv6.conf.{names.ovn_ns}.{key}").strip() == "0"
     host_end = sh(f"ip -6 addr show dev {names.haproxy_host}")
