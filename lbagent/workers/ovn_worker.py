@@ -31,7 +31,7 @@ import functools
 import ipaddress
 import json
 import logging
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Iterator
 from dataclasses import dataclass, replace
 
 from lbagent.config import DEFAULT_INNER_PREFIX6, DEFAULT_RESYNC_RATE
@@ -459,7 +459,10 @@ class OvnWorker(ReadinessWatch):
         if runtime.rendered is None or runtime.rendered[0] != fingerprint:
             # On a thread: a load balancer at the server budget renders for
             # tens of milliseconds, which the event loop must not stand still for.
-            rendered = await self._renders.run(render_config, lb, allocation.outer, members, inner=allocation.inner)
+            pair6 = {"outer6": allocation.outer6 or "", "inner6": allocation.inner6 or ""} if lb.network.ip6 else {}
+            rendered = await self._renders.run(
+                render_config, lb, allocation.outer, members, inner=allocation.inner, **pair6
+            )
             runtime.rendered = (fingerprint, rendered)
         return runtime.rendered[1]
 
@@ -514,9 +517,8 @@ class OvnWorker(ReadinessWatch):
         await self._handoff.remove(lb_id)
         if allocation is not None:
             async with self._pass_slots:
-                await self._host.remove(
-                    lb_id, netns_name(lb_id), interface_names(lb_id, allocation.salt), allocation.outer
-                )
+                names = interface_names(lb_id, allocation.salt)
+                await self._host.remove(lb_id, netns_name(lb_id), names, allocation.outer, allocation.outer6)
 
     async def _teardown(self, lb_id: str) -> bool:
         await self._remove_data_path(lb_id)
@@ -544,6 +546,16 @@ class OvnWorker(ReadinessWatch):
     async def _save_state_alone(self, teardown: None) -> None:
         await self._save_state([teardown])
 
+    def _reply_rule_sources(self) -> Iterator[str]:
+        """The OUTER addresses whose reply rules are in use: each allocation's, and
+        its OUTER6 while its load balancer has an IPv6 VIP or is being removed
+        (a load balancer that lost its VIP6 leaves that rule to garbage collection)."""
+        for lb_id, allocation in self.allocations.items():
+            yield allocation.outer
+            lb = self._lb(lb_id)
+            if allocation.outer6 and (lb is None or lb.network.ip6 is not None):
+                yield allocation.outer6
+
     def in_use(self) -> Inventory:
         """The marked objects that known load balancers (desired or being deleted) use."""
         ids = set(self.tasks) | set(self.allocations)
@@ -553,7 +565,7 @@ class OvnWorker(ReadinessWatch):
             links=frozenset(n for ns in names for n in (ns.ovn_host, ns.haproxy_host)),
             ovs_ports=frozenset(ns.ovn_host for ns in names),
             haproxy=frozenset(ids),
-            reply_rules=frozenset(a.outer for a in self.allocations.values()),
+            reply_rules=frozenset(self._reply_rule_sources()),
         )
 
     # --- waiting and shutdown ------------------------------------------------

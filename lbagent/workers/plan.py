@@ -13,7 +13,7 @@ from lbagent.desired.memberoptions import GroupMember, TrafficOptions, check_por
 from lbagent.desired.members import Member
 from lbagent.naming import interface_names, netns_name
 from lbagent.ovnhost.host import HostSpec
-from lbagent.ovnhost.links import LinkSpec
+from lbagent.ovnhost.links import Ipv6Spec, LinkSpec
 from lbagent.ovnhost.nat import NatPlan, UdpAcl, UdpListener, nat_rules
 from lbagent.state import Allocation
 
@@ -55,7 +55,12 @@ def selected_pods(selector, pods) -> list[Target]:
 
 
 def group_targets(lb, pods) -> dict[str, list[Target]]:
+    """The members of each group. A load balancer without an IPv6 VIP has no
+    IPv6 source to reach an IPv6 member from: the pods it selects are taken
+    in its own family only (its backends are checked so when they arrive)."""
     groups = {}
+    if lb.network.ip6 is None:
+        pods = [pod for pod in pods if ":" not in pod.ip]
     for group in lb.backend_groups:
         from_group = {"slow_start": group.slow_start, "check_port": group.health_check_port}
         targets = [
@@ -115,6 +120,7 @@ def host_spec(
     unhealthy = unhealthy or {}
     names = interface_names(lb.id, allocation.salt)
     network = ipaddress.IPv4Network(subnet.cidr)
+    ipv6 = ipv6_spec(lb, subnet, allocation)
     links = LinkSpec(
         names=names,
         mac=lb.network.mac.lower(),
@@ -126,6 +132,7 @@ def host_spec(
         inner=allocation.inner,
         outer=allocation.outer,
         tx_checksum_off=tx_checksum_off,
+        ipv6=ipv6,
     )
     tcp_ports = tuple(
         sorted(
@@ -156,5 +163,16 @@ def host_spec(
         tcp_ports,
         tuple(unique.values()),
         udp,
+        **({"vip6": ipv6.vip, "inner6": ipv6.inner, "outer6": ipv6.outer} if ipv6 is not None else {}),
     )
     return HostSpec(lb.id, netns_name(lb.id), links, tuple(nat_rules(nat)))
+
+
+def ipv6_spec(lb, subnet, allocation: Allocation) -> Ipv6Spec | None:
+    """The IPv6 half of a dual-stack load balancer; None for an IPv4-only one."""
+    if lb.network.ip6 is None:
+        return None
+    if subnet.network6 is None or subnet.gateway6 is None or allocation.inner6 is None or allocation.outer6 is None:
+        # The desired state's checks and the allocation at apply make this impossible.
+        raise ValueError(f"load balancer {lb.id} has ip6 without an IPv6 subnet or pair")
+    return Ipv6Spec(lb.network.ip6, subnet.network6.prefixlen, subnet.gateway6, allocation.inner6, allocation.outer6)

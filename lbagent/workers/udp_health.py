@@ -51,9 +51,10 @@ class Probe:
     fall: int
 
 
-def _open_socket(kind: str) -> socket.socket:
+def _open_socket(kind: str, address: str) -> socket.socket:
     # Called on a thread inside the namespace: the socket stays bound to it.
-    sock = socket.socket(socket.AF_INET, socket.SOCK_DGRAM if kind == "udp" else socket.SOCK_STREAM)
+    family = socket.AF_INET6 if ":" in address else socket.AF_INET
+    sock = socket.socket(family, socket.SOCK_DGRAM if kind == "udp" else socket.SOCK_STREAM)
     sock.setblocking(False)
     return sock
 
@@ -153,7 +154,7 @@ class UdpHealthChecker:
         """One probe: "ok", or why it failed."""
         loop = asyncio.get_running_loop()
         try:
-            sock = await self._namespaces.run(probe.netns, _open_socket, probe.kind)
+            sock = await self._namespaces.run(probe.netns, _open_socket, probe.kind, probe.address)
         except Exception as exc:  # the namespace is being rebuilt: no verdict yet counts as a failure
             log.debug("health probe could not open a socket in %s: %s", probe.netns, exc)
             return "timeout"
