@@ -177,3 +177,13 @@ class StateStore:
         finally:
             os.close(dir_fd)
         STATE_WRITES.inc()
+
+
+def ipv6_addresses(vip6: str | None, allocation: Allocation | None) -> dict[str, str | None]:
+    """Status's `vip6`, `inner6` and `outer6` of a load balancer: the pair only with the VIP it serves."""
+    served = vip6 is not None and allocation is not None
+    return {
+        "vip6": vip6,
+        "inner6": allocation.inner6 if served and allocation else None,
+        "outer6": allocation.outer6 if served and allocation else None,
+    }

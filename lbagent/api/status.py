@@ -17,6 +17,7 @@ from lbagent.desired.memberoptions import options_of
 from lbagent.haproxy.health import ServerHealth, drain_remaining, reason_of, since_of
 from lbagent.haproxy.render import server_name
 from lbagent.metrics import write_counts
+from lbagent.state import ipv6_addresses
 
 if TYPE_CHECKING:  # the agent builds the views; only their shape is needed here
     from lbagent.agent import LoadBalancerView
@@ -134,6 +135,7 @@ def loadbalancer_status(
         "vip": lb.network.ip if lb is not None else None,
         "inner": allocation.inner if allocation else None,
         "outer": allocation.outer if allocation else None,
+        **ipv6_addresses(lb.network.ip6 if lb is not None else None, allocation),
         "interfaces": {"ovn": [names.ovn_ns, names.ovn_host], "haproxy": [names.haproxy_ns, names.haproxy_host]}
         if names
         else None,

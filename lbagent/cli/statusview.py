@@ -18,7 +18,7 @@ from lbagent.cli.natcounters import read_counters
 from lbagent.config import Config
 from lbagent.naming import netns_name
 from lbagent.ovnhost.netns import netns_exists
-from lbagent.state import StateFileError, StateStore
+from lbagent.state import StateFileError, StateStore, ipv6_addresses
 
 STATE_COLORS = {
     "ready": "green",
@@ -97,6 +97,7 @@ def offline_status(config: Config, why: str) -> dict:
                 "vip": lb.get("network", {}).get("ip"),
                 "inner": allocation.inner if allocation else None,
                 "outer": allocation.outer if allocation else None,
+                **ipv6_addresses(lb.get("network", {}).get("ip6"), allocation),
                 "listeners": [
                     {
                         "id": ls.get("id"),
@@ -204,7 +205,7 @@ def render_status(document: dict, source: str, color: bool = False, detail: bool
                 lb["id"],
                 lb["state"],
                 (lb.get("ha") or {}).get("role", "-"),  # "-": served by this host alone
-                lb.get("vip"),
+                " ".join(filter(None, (lb.get("vip"), lb.get("vip6")))),
                 f"{lb.get('inner')}/{lb.get('outer')}",
                 listeners,
                 backends,
@@ -243,6 +244,8 @@ def render_detail(lb: dict, color: bool = False) -> list[str]:
         f"  netns {lb.get('netns')}{'' if present is None else (' (present)' if present else ' (absent)')}"
         f"  ovs_port {lb.get('ovs_port') or '-'}  ovn_installed={lb.get('ovn_installed', '-')}",
     ]
+    if lb.get("vip6"):
+        lines.append(f"  ipv6: vip {lb['vip6']}  inner/outer {lb.get('inner6')}/{lb.get('outer6')}")
     if lb.get("ha"):
         ha = lb["ha"]
         lines.append(
