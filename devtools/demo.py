@@ -1,11 +1,12 @@
 """The demo: `python -m devtools.demo up|down` (what `make demo` / `make demo-down` run).
 
-`up` builds, under /var/tmp/lbagent-demo, a private OVS/OVN sandbox and a VPC
-(the same `devtools` code the functional tests use) with two HTTP backends and
-a client namespace, starts the agent against that sandbox, pushes
-examples/demo-state.json to it and shows the load balancer answering round
-robin from the client. `down` undoes all of it, and only it: the agent and
-every process are stopped by the pids recorded in the demo directory.
+`up` builds, under /var/tmp/lbagent-demo, a private OVS/OVN sandbox and a
+dual-stack VPC (the same `devtools` code the functional tests use) with two
+HTTP backends and a client namespace, starts the agent against that sandbox,
+pushes examples/demo-state.json to it and shows the load balancer answering
+round robin from the client, on its IPv4 VIP and then on its IPv6 one. `down`
+undoes all of it, and only it: the agent and every process are stopped by the
+pids recorded in the demo directory.
 
 This module owns the demo directory and its layout, the agent's demo
 configuration and token, and the agent process of the demo.
@@ -38,7 +39,9 @@ API_HOST, API_PORT = "127.0.0.1", 9680
 BACKENDS = {"backend-a": "198.18.0.21", "backend-b": "198.18.0.22"}
 BACKEND_PORT = 8000
 CLIENT = ("client", "198.18.0.31")
+CLIENT6 = "2001:db8:0:1::31"
 CURLS = 6
+CURLS6 = 2  # the same backends, reached from the client's IPv6 address
 
 
 class DemoError(WaitAborted):
@@ -105,16 +108,25 @@ def _up(paths: DemoPaths, desired: dict[str, Any]) -> None:
     sandbox = OvnSandbox(paths.sandbox)
     sandbox.start()
 
-    say(f"==> VPC {subnet['cidr']} (gateway {subnet['gateway']}): backends and a client")
-    vpc = Vpc(sandbox, PREFIX, subnet["cidr"], subnet["gateway"], state_file=paths.vpc_state)
+    say(f"==> VPC {subnet['cidr']} and {subnet['cidr6']} (gateways {subnet['gateway']}, {subnet['gateway6']})")
+    vpc = Vpc(
+        sandbox,
+        PREFIX,
+        subnet["cidr"],
+        subnet["gateway"],
+        cidr6=subnet["cidr6"],
+        gateway6=subnet["gateway6"],
+        state_file=paths.vpc_state,
+    )
     for name, ip in BACKENDS.items():
         vpc.add_host(name, ip, http_text=name, http_port=BACKEND_PORT)
         say(f"    {PREFIX}-{name:<10} {ip}:{BACKEND_PORT} answers {name!r}")
-    client = vpc.add_host(*CLIENT)
-    say(f"    {client.netns:<15} {client.ip}")
+    client = vpc.add_host(*CLIENT, ip6=CLIENT6)
+    say(f"    {client.netns:<15} {client.ip} {client.ip6}")
     for lb in desired["loadbalancers"]:
-        port = vpc.add_lb_port(lb["id"], lb["network"]["mac"], lb["network"]["ip"])
-        say(f"    logical switch port {port} for VIP {lb['network']['ip']}")
+        network = lb["network"]
+        port = vpc.add_lb_port(lb["id"], network["mac"], network["ip"], ip6=network.get("ip6", ""))
+        say(f"    logical switch port {port} for VIPs {network['ip']} {network.get('ip6', '')}")
 
     token = _write_agent_config(paths, sandbox)
     say(f"==> starting the agent: {lbagent_bin()} run --config {paths.config}")
@@ -218,12 +230,15 @@ def _api(method: str, path: str, token: str, body: bytes | None = None, timeout:
 
 
 def _curl_listeners(client: VpcHost, lb: dict[str, Any]) -> None:
-    vip = lb["network"]["ip"]
+    vips = [(lb["network"]["ip"], CURLS)]
+    if lb["network"].get("ip6"):
+        vips.append((f"[{lb['network']['ip6']}]", CURLS6))
     for listener in lb.get("listeners", []):
-        url = f"http://{vip}:{listener['listener_port']}/"
-        say(f"==> {CURLS} x curl {url} from {client.netns}")
-        for i in range(1, CURLS + 1):
-            say(f"    {i}: {client.curl(url).strip()}")
+        for vip, count in vips:
+            url = f"http://{vip}:{listener['listener_port']}/"
+            say(f"==> {count} x curl {url} from {client.netns}")
+            for i in range(1, count + 1):
+                say(f"    {i}: {client.curl(url).strip()}")
 
 
 def _lbagent(command: str, paths: DemoPaths, env: dict[str, str] | None = None, timeout: float = 120) -> str:
@@ -232,10 +247,12 @@ def _lbagent(command: str, paths: DemoPaths, env: dict[str, str] | None = None, 
 
 def _print_next_steps(paths: DemoPaths, client: VpcHost, desired: dict[str, Any]) -> None:
     vip = desired["loadbalancers"][0]["network"]["ip"]
+    vip6 = desired["loadbalancers"][0]["network"].get("ip6", "-")
     port = desired["loadbalancers"][0]["listeners"][0]["listener_port"]
     say(f"""
 The demo is up. Next steps:
   curl the VIP from the client:  ip netns exec {client.netns} curl -s http://{vip}:{port}/
+  and its IPv6 VIP:              ip netns exec {client.netns} curl -sg http://[{vip6}]:{port}/
   agent status:                  {lbagent_bin()} status --config {paths.config}
   API (token in {paths.token}):
       curl -s -H "Authorization: Bearer $(cat {paths.token})" http://{API_HOST}:{API_PORT}/v1/status
