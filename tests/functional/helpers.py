@@ -48,10 +48,16 @@ def web_lb(lb_id, backends=("a", "b"), listeners=None):
 # -- many fresh connections or flows from one client, counted per answering backend --
 
 UDP_PORT = 5353
+# Both families on one socket where the namespace has IPv6, IPv4 alone where it has not.
 UDP_SERVER = (
     "import socket, sys\n"
-    "s = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)\n"
-    "s.bind(('0.0.0.0', int(sys.argv[2])))\n"
+    "try:\n"
+    "    s = socket.socket(socket.AF_INET6, socket.SOCK_DGRAM)\n"
+    "    s.setsockopt(socket.IPPROTO_IPV6, socket.IPV6_V6ONLY, 0)\n"
+    "    s.bind(('::', int(sys.argv[2])))\n"
+    "except OSError:\n"
+    "    s = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)\n"
+    "    s.bind(('0.0.0.0', int(sys.argv[2])))\n"
     "while True:\n"
     "    data, peer = s.recvfrom(2048)\n"
     "    s.sendto(sys.argv[1].encode() + b' ' + data, peer)\n"
@@ -60,7 +66,8 @@ UDP_SERVER = (
 UDP_CLIENT = (
     "import socket, sys\n"
     "for _ in range(int(sys.argv[3])):\n"
-    "    s = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)  # a new source port: a new flow\n"
+    "    family = socket.AF_INET6 if ':' in sys.argv[1] else socket.AF_INET\n"
+    "    s = socket.socket(family, socket.SOCK_DGRAM)  # a new source port: a new flow\n"
     "    s.settimeout(2)\n"
     "    s.sendto(b'hello', (sys.argv[1], int(sys.argv[2])))\n"
     "    try:\n"
