@@ -23,7 +23,7 @@ from lbagent.desired.model import DesiredState, parse_desired_state
 from lbagent.errors import InvalidDesiredState
 from lbagent.haproxy.manager import HaproxyManager
 from lbagent.haproxy.render import server_name
-from lbagent.metrics import set_lb_states, track_queue
+from lbagent.metrics import set_lb_states, set_vips, track_queue
 from lbagent.naming import interface_names, netns_name
 from lbagent.ovnhost.bridges import ProviderBridges
 from lbagent.ovnhost.host import OvnHost
@@ -359,3 +359,5 @@ class Agent:
 
     def update_gauges(self) -> None:
         set_lb_states(t.state for t in self.worker.tasks.values())
+        desired = self.worker.desired
+        set_vips(lb.network.ip6 is not None for lb in (desired.loadbalancers if desired is not None else []))

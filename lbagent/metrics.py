@@ -76,6 +76,16 @@ def set_lb_states(states) -> None:
         LOADBALANCERS.labels(state).set(count)
 
 
+VIPS = Gauge("lbagent_vips", "VIPs of the desired load balancers, by address family", ["family"])
+
+
+def set_vips(has_ipv6) -> None:
+    """`has_ipv6`: per desired load balancer, whether it has an IPv6 VIP beside its IPv4 one."""
+    flags = list(has_ipv6)
+    VIPS.labels("ipv4").set(len(flags))
+    VIPS.labels("ipv6").set(sum(flags))
+
+
 # --- OVSDB sessions ------------------------------------------------------------
 
 _ovsdb_lock = threading.Lock()  # called from the OVSDB IDL's own thread

@@ -85,7 +85,7 @@ async def cleanup_host(config: Config, progress: Progress = _quiet) -> list[str]
     marks = NamespaceMarks(config.agent.host)
     report += await _in_threads(_remove_namespace, sorted(marks.marked()), progress, "orphan namespaces")
     marks.remove_all()
-    outers = {a.outer for a in allocations.values()}
+    outers = {a.outer for a in allocations.values()} | {a.outer6 for a in allocations.values() if a.outer6}
     report += [f"removed policy rule from {o}" for o in await asyncio.to_thread(links.delete_reply_rules, outers)]
     if store.path.exists():
         store.path.unlink()

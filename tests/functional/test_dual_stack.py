@@ -112,6 +112,12 @@ def test_clients_of_either_family_reach_backends_of_either_family(agent_factory,
         refresh(agent, 1, dual_stack(lb_id, listeners, {"bg-v4": v4, "bg-v6": v6, "bg-udp": udp_members}))
         status = wait_bound(agent, lb_id)
         assert status["vip6"] == VIP6 and status["inner6"] and status["outer6"], status
+        code, metrics = agent.request("GET", "/metrics")
+        assert code == 200 and 'lbagent_vips{family="ipv6"} 1.0' in metrics, metrics
+        assert f"{VIP} {VIP6}" in agent.cli("status").stdout
+        assert (
+            f"ipv6: vip {VIP6}  inner/outer {status['inner6']}/{status['outer6']}" in agent.cli("status", lb_id).stdout
+        )
 
         assert get(client, f"http://[{VIP6}]:80/")[0] == "backend-a"  # IPv6 client, IPv4 backend
         first, seen = get(client, f"http://[{VIP6}]:81/")  # IPv6 client, IPv6 backend
