@@ -120,3 +120,11 @@ def test_ovsdb_sessions_count_reconnects(monkeypatch):
     metrics.note_ovsdb_session()
     assert metrics.OVSDB_CONNECTIONS._value.get() == connects + 3
     assert metrics.OVSDB_RECONNECTS._value.get() == reconnects + 2
+
+
+def test_vips_are_counted_by_family():
+    metrics.set_vips([True, False, False])
+    assert metrics.VIPS.labels("ipv4")._value.get() == 3
+    assert metrics.VIPS.labels("ipv6")._value.get() == 1
+    metrics.set_vips([])
+    assert metrics.VIPS.labels("ipv6")._value.get() == 0

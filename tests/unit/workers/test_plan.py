@@ -1,3 +1,5 @@
+import pytest
+
 from lbagent.desired.model import LoadBalancer, Pod, PodSelector, Subnet
 from lbagent.state import Allocation
 from lbagent.workers.plan import Target, group_targets, host_spec, members_by_group, selected_pods
@@ -98,3 +100,66 @@ def test_a_udp_listener_access_list_becomes_filter_rules():
 def test_unhealthy_members_leave_the_hash_too():
     rules = _udp_rules(_udp_lb(scheduler="sch"), unhealthy={"dns": {"be-1"}})
     assert [(r.target, r.to) for r in rules] == [("DNAT", "198.18.0.22:53")]
+
+
+# --- dual stack ----------------------------------------------------------------------
+
+DUAL_SUBNET = Subnet(
+    id="net-1", cidr="198.18.0.0/24", gateway="198.18.0.1", cidr6="2001:db8:0:1::/64", gateway6="2001:db8:0:1::1"
+)
+PAIR6 = Allocation("169.254.0.100", "169.254.0.101", inner6="fd4c:4241::4", outer6="fd4c:4241::5")
+
+
+def _web_lb(ip6=None):
+    network = {"subnet_id": "net-1", "ip": "198.18.0.12", "mac": "00:22:0a:00:00:12"}
+    if ip6:
+        network["ip6"] = ip6
+    return LoadBalancer.model_validate(
+        {
+            "id": "lb-1",
+            "network": network,
+            "listeners": [{"id": "web", "listener_type": "http", "listener_port": 80, "backend_group_id": "bg-1"}],
+            "backend_groups": [
+                {"id": "bg-1", "pod_selector": {"namespace": "shop", "labels": {"app": "web"}, "port": "http"}}
+            ],
+        }
+    )
+
+
+def test_a_load_balancer_without_ip6_takes_only_ipv4_pods():
+    pods = [pod("p1", "198.18.0.21"), pod("p2", "2001:db8:0:1::22")]
+    assert [t.address for t in group_targets(_web_lb(), pods)["bg-1"]] == ["198.18.0.21"]
+    dual = group_targets(_web_lb("2001:db8:0:1::12"), pods)["bg-1"]
+    assert [t.address for t in dual] == ["198.18.0.21", "2001:db8:0:1::22"]
+
+
+def test_a_dual_stack_host_spec_carries_the_ipv6_half_and_its_nat_rules():
+    lb = _web_lb("2001:db8:0:1::12")
+    targets = group_targets(lb, [pod("p1", "198.18.0.21"), pod("p2", "2001:db8:0:1::22")])
+    members = members_by_group(targets, {"bg-1/p1": 1025, "bg-1/p2": 1026})
+    spec = host_spec(lb, DUAL_SUBNET, PAIR6, members, True)
+    ipv6 = spec.links.ipv6
+    assert ipv6 is not None
+    assert (ipv6.vip, ipv6.prefixlen, ipv6.gateway, ipv6.inner, ipv6.outer) == (
+        "2001:db8:0:1::12",
+        64,
+        "2001:db8:0:1::1",
+        "fd4c:4241::4",
+        "fd4c:4241::5",
+    )
+    assert {(r.family, r.to) for r in spec.nat if r.target == "DNAT"} == {
+        (4, "169.254.0.101:80"),
+        (4, "198.18.0.21:8080"),  # each member in its own family only
+        (6, "[fd4c:4241::5]:80"),
+        (6, "[2001:db8:0:1::22]:8080"),
+    }
+    assert host_spec(_web_lb(), DUAL_SUBNET, PAIR6, members, True).links.ipv6 is None
+
+
+def test_ip6_without_an_ipv6_subnet_or_pair_is_refused_rather_than_half_built():
+    lb = _web_lb("2001:db8:0:1::12")
+    ipv4_subnet = Subnet(id="net-1", cidr="198.18.0.0/24", gateway="198.18.0.1")
+    with pytest.raises(ValueError, match="has ip6 without"):
+        host_spec(lb, ipv4_subnet, PAIR6, {}, True)
+    with pytest.raises(ValueError, match="has ip6 without"):
+        host_spec(lb, DUAL_SUBNET, Allocation("169.254.0.100", "169.254.0.101"), {}, True)

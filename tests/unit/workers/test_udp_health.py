@@ -105,3 +105,22 @@ def test_the_group_health_check_port_is_probed_instead_of_the_members_own(answer
     assert health == {"be-1": "down"} and unhealthy == {"dns": {"be-1"}}
     assert reason_of(health["be-1"]) == "connect_refused"
     assert since_of(health["be-1"]) is not None
+
+
+def test_an_ipv6_member_is_probed_over_ipv6():
+    with socket.socket(socket.AF_INET6, socket.SOCK_DGRAM) as server:
+        server.bind(("::1", 0))
+        port = server.getsockname()[1]
+        checker = UdpHealthChecker(HostNamespaces(), lambda lb_id: None)
+        ipv6 = Probe("ns", "udp", "::1", port, b"ping", b"pong", 1.0, 2.0, 1, 1)
+
+        async def answer() -> None:
+            loop = asyncio.get_running_loop()
+            server.setblocking(False)
+            data, peer = await loop.sock_recvfrom(server, 512)
+            await loop.sock_sendto(server, b"pong" if data == b"ping" else b"?", peer)
+
+        async def both() -> list[str]:
+            return await asyncio.gather(checker.check_once(ipv6), answer())
+
+        assert asyncio.run(both())[0] == "ok"
