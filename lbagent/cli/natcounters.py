@@ -1,9 +1,11 @@
 """The packet counters of one load balancer's NAT rules, read from its namespace (for `lbagent status ID`).
 
 The agent's rules live in the chains LBAGENT-PRE/LBAGENT-POST of the legacy
-nat table in netns `lb-<id>`, each with a comment `<hash>:<tag>`. The CLI
-reads them with `iptables-legacy-save -c` (its `[packets:bytes]` prefix is
-stable to parse); the agent itself never forks for this.
+nat table in netns `lb-<id>` (and, for a dual-stack load balancer, of the
+legacy ip6tables nat table), each with a comment `<hash>:<tag>`. The CLI
+reads them with `iptables-legacy-save -c` and `ip6tables-legacy-save -c`
+(their `[packets:bytes]` prefix is stable to parse); the agent itself never
+forks for this.
 """
 
 from __future__ import annotations
@@ -68,12 +70,22 @@ def _option_values(words: list[str]) -> dict[str, str]:
 
 
 def read_counters(netns: str) -> list[CountedRule]:
-    """Counted rules in `netns`; RuntimeError saying why when they cannot be read."""
-    command = ["ip", "netns", "exec", netns, "iptables-legacy-save", "-c", "-t", "nat"]
+    """Counted rules in `netns`, IPv4 then IPv6; RuntimeError saying why when they cannot be read.
+
+    The IPv6 nat table is read only when it exists: asking for it would make
+    it, in a namespace the agent keeps without one."""
+    rules = parse_save(_run(netns, "iptables-legacy-save", "-c", "-t", "nat"))
+    if "nat" in _run(netns, "cat", "/proc/net/ip6_tables_names").split():
+        rules += parse_save(_run(netns, "ip6tables-legacy-save", "-c", "-t", "nat"))
+    return rules
+
+
+def _run(netns: str, *argv: str) -> str:
+    command = ["ip", "netns", "exec", netns, *argv]
     try:
         result = subprocess.run(command, capture_output=True, text=True, timeout=TIMEOUT, check=False)
     except (OSError, subprocess.TimeoutExpired) as exc:
         raise RuntimeError(f"cannot run {' '.join(command)}: {exc}") from None
     if result.returncode != 0:
         raise RuntimeError(f"{' '.join(command)}: {result.stderr.strip() or f'exit {result.returncode}'}")
-    return parse_save(result.stdout)
+    return result.stdout

@@ -115,9 +115,9 @@ def test_clients_of_either_family_reach_backends_of_either_family(agent_factory,
         code, metrics = agent.request("GET", "/metrics")
         assert code == 200 and 'lbagent_vips{family="ipv6"} 1.0' in metrics, metrics
         assert f"{VIP} {VIP6}" in agent.cli("status").stdout
-        assert (
-            f"ipv6: vip {VIP6}  inner/outer {status['inner6']}/{status['outer6']}" in agent.cli("status", lb_id).stdout
-        )
+        detail = agent.cli("status", lb_id).stdout
+        assert f"ipv6: vip {VIP6}  inner/outer {status['inner6']}/{status['outer6']}" in detail
+        assert f"[{status['outer6']}]:80" in detail  # the IPv6 NAT rules and their counters
 
         assert get(client, f"http://[{VIP6}]:80/")[0] == "backend-a"  # IPv6 client, IPv4 backend
         first, seen = get(client, f"http://[{VIP6}]:81/")  # IPv6 client, IPv6 backend
