@@ -20,6 +20,7 @@ from typing import Any
 from lbagent.config import Config
 from lbagent.desired.ha import host_problems
 from lbagent.desired.model import DesiredState, parse_desired_state
+from lbagent.desired.own_prefix import own_prefix_problems
 from lbagent.errors import InvalidDesiredState
 from lbagent.haproxy.manager import HaproxyManager
 from lbagent.haproxy.render import server_name
@@ -236,8 +237,9 @@ class Agent:
 
     def check_host(self, desired: DesiredState) -> None:
         """InvalidDesiredState if this agent cannot serve `desired` (`ha` without
-        [ovn] nb, or naming other hosts only)."""
+        [ovn] nb, or naming other hosts only; IPv6 addresses in its own prefix)."""
         problems = host_problems(desired.loadbalancers, self.host_name, self.ha is not None)
+        problems += own_prefix_problems(desired, self.config.agent.inner_prefix6)
         if problems:
             raise InvalidDesiredState(problems)
 

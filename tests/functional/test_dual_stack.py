@@ -109,6 +109,11 @@ def test_clients_of_either_family_reach_backends_of_either_family(agent_factory,
     with UdpServers(UDP_PORT) as udp:
         udp.start(member, "udp-a")
         agent = agent_factory()
+        # A backend in the agent's own IPv6 prefix would be another load balancer's OUTER6.
+        inside = dual_stack(lb_id, listeners[:1], {"bg-v4": [backend("be-4", "fd4c:4241::7")]})
+        code, body = agent.refresh(desired(1, inside, subnets=[SUBNET]))
+        assert code == 400, body
+        assert [d["path"] for d in body["details"]] == ["/loadbalancers/0/backend_groups/0/backends/0/address"], body
         refresh(agent, 1, dual_stack(lb_id, listeners, {"bg-v4": v4, "bg-v6": v6, "bg-udp": udp_members}))
         status = wait_bound(agent, lb_id)
         assert status["vip6"] == VIP6 and status["inner6"] and status["outer6"], status
