@@ -16,10 +16,25 @@ from bench.traffic import BACKEND_PORT  # noqa: E402
 from lbstate import backend, loadbalancer, tcp_listener  # noqa: E402
 
 SUBNET = {"id": "net-1", "cidr": "198.18.0.0/16", "gateway": "198.18.0.1", "mtu": 1442}
+# The same subnet with its IPv6 prefix, posted only while the IPv6 leg runs: the IPv4 figures are
+# of a subnet (and load balancers) without one.
+SUBNET6 = {**SUBNET, "cidr6": "2001:db8:0:1::/64", "gateway6": "2001:db8:0:1::1"}
 BACKEND_HOSTS = {"b1": "198.18.0.21", "b2": "198.18.0.22", "b3": "198.18.0.23", "b4": "198.18.0.24"}
 SPARE_HOSTS = {"s1": "198.18.0.25", "s2": "198.18.0.26"}
 CLIENT = ("client", "198.18.0.31")
 FIRST_VIP = ipaddress.IPv4Address("198.18.4.1")
+FIRST_VIP6 = ipaddress.IPv6Address("2001:db8:0:1::4:1")
+
+
+def ip6_of(ip: str) -> str:
+    """A VPC host's IPv6 address: its IPv4 address's last octet, as written, in SUBNET6's prefix
+    (198.18.0.21 → 2001:db8:0:1::21), so the two addresses of a host are told apart at a glance."""
+    return f"2001:db8:0:1::{ip.rsplit('.', 1)[1]}"
+
+
+BACKEND_HOSTS6 = {name: ip6_of(ip) for name, ip in BACKEND_HOSTS.items()}
+SPARE_HOSTS6 = {name: ip6_of(ip) for name, ip in SPARE_HOSTS.items()}
+CLIENT6 = ip6_of(CLIENT[1])
 OVN_LB_VIP = "198.19.0.10"
 LISTENER_PORTS = (80, 81)
 PROFILE_DIR = Path("/var/tmp/lbagent-bench-profiles")
@@ -45,6 +60,7 @@ class BenchConfig:
     p1_only: bool = False  # for profiling convergence: no P2-P6
     p1_runs: int = 3  # floor-then-agent pairs at each N up to P1_REPEAT_UP_TO; the median pair is the figure
     profile: bool = False
+    ipv6: bool = True  # the IPv6 leg: dual-stack P1, P3 with an IPv6 backend, P4 with an IPv6 client
     output: Path | None = REPO / "bench" / "results.json"
 
     def __post_init__(self) -> None:
@@ -73,8 +89,17 @@ def four_backends() -> list[dict]:
     return [backend(f"be-{k}", ip, BACKEND_PORT) for k, ip in enumerate(BACKEND_HOSTS.values(), 1)]
 
 
-def lb_body(prefix: str, index: int, members: list[dict] | None = None, **listener) -> dict:
+def vip6_of(index: int) -> str:
+    return str(FIRST_VIP6 + index)
+
+
+def lb_body(prefix: str, index: int, members: list[dict] | None = None, dual_stack: bool = False, **listener) -> dict:
+    """Load balancer `index`: its two listeners on `members` (the four backends); `dual_stack`
+    gives it its IPv6 VIP as well (the subnet posted must then be SUBNET6)."""
     vip = FIRST_VIP + index
     mac = "0a:5a:" + ":".join(f"{b:02x}" for b in vip.packed)
     listeners = [tcp_listener(f"l{port}", port, **listener) for port in LISTENER_PORTS]
-    return loadbalancer(lb_id(prefix, index), str(vip), mac, listeners, {"bg-1": members or four_backends()})
+    body = loadbalancer(lb_id(prefix, index), str(vip), mac, listeners, {"bg-1": members or four_backends()})
+    if dual_stack:
+        body["network"]["ip6"] = vip6_of(index)
+    return body

@@ -20,8 +20,8 @@ from bench.common import (
     P3_POLL_SAMPLE,
     P5_RELOAD_LIMIT,
     SPARE_HOSTS,
+    SPARE_HOSTS6,
     four_backends,
-    lb_body,
     say,
 )
 from bench.measure import (
@@ -39,9 +39,14 @@ from lbstate import backend
 
 
 class TrafficLegs:
-    def _p3(self, n: int, resize: bool = False) -> None:
+    def _p3(self, n: int, resize: bool = False) -> dict:
+        """P3's figures at N=n: each change replaces the fourth backend of the first load balancer
+        with a spare. In the IPv6 leg (`dual_stack`) the spare comes in by its IPv6 address and the
+        client polls the IPv6 VIP."""
+        family = "ip6" if self.dual_stack else "ip"
+        spares = SPARE_HOSTS6 if self.dual_stack else SPARE_HOSTS
         if resize:
-            self.lbs = [lb_body(self.prefix, i) for i in range(n)]
+            self.lbs = [self._lb(i) for i in range(n)]
             say(f"==> P3 at N={n}: the agent now holds {n} load balancers")
             self._post_accepted()
             wait_for(
@@ -58,8 +63,8 @@ class TrafficLegs:
             f"==> P3 N={n}: {changes} POSTs that replace one backend of {self.lbs[0]['id']}, "
             "each timed to the first answer from the new backend"
         )
-        vip = self.lbs[0]["network"]["ip"]
-        wait_for(lambda vip=vip: self.pool.call(http_text, vip, 80) in BACKEND_HOSTS, 30, f"{vip}:80 answering")
+        vip = self.lbs[0]["network"][family]
+        wait_for(lambda vip=vip: self.pool.call(http_text, vip, 80) in BACKEND_HOSTS, 30, f"{vip} port 80 answering")
         poller = Poller(self.pool, vip, 80)
         # How long one round of requests (one per client) takes on the data path
         # alone at this N: the resolution of every latency below, and part of each.
@@ -69,12 +74,14 @@ class TrafficLegs:
         poll_ms = (time.monotonic() - poll_started) / rounds * 1000
         latencies, posts, missed, posted_at = [], [], 0, []
         # Profiled at the largest N only: that is where the POST and the reload grow.
-        profile = self._profile_start(f"p3-n{n}", changes * 1.5) if n == self.config.ns[-1] else None
+        profile = (
+            self._profile_start(f"p3-n{n}", changes * 1.5) if n == self.config.ns[-1] and not self.dual_stack else None
+        )
         try:
             for k in range(1, changes + 1):
                 spare = "s1" if k % 2 else "s2"
-                members = four_backends()[:3] + [backend(f"be-x{k}", SPARE_HOSTS[spare], BACKEND_PORT)]
-                self.lbs[0] = lb_body(self.prefix, 0, members)
+                members = four_backends()[:3] + [backend(f"be-x{k}", spares[spare], BACKEND_PORT)]
+                self.lbs[0] = self._lb(0, members)
                 body = self._body()
                 poller.watch_for(spare)
                 posted_at.append(time.time())
@@ -91,7 +98,7 @@ class TrafficLegs:
                         break
         finally:
             poller.close()
-        self.lbs[0] = lb_body(self.prefix, 0)
+        self.lbs[0] = self._lb(0)
         self._post_accepted()
         if not missed:
             wait_for(
@@ -121,12 +128,12 @@ class TrafficLegs:
             entry["p50"] = entry["p99"] = float("inf")
         if profile is not None:
             entry["profile"] = self._profile_finish(profile)
-        self.results["p3"].append(entry)
         say(
             f"    p50 {entry['p50'] * 1000:.0f} ms, p99 {entry['p99'] * 1000:.0f} ms (POST p50 "
             f"{entry['post_p50'] * 1000:.0f} ms to 202; {poller.failures} failed polls of {poller.requests}; "
             f"{missed} not seen within {P3_CHANGE_LIMIT:.0f} s)"
         )
+        return entry
 
     def _p4(self, n: int) -> None:
         vip = self.lbs[0]["network"]["ip"]
@@ -134,16 +141,24 @@ class TrafficLegs:
         self._p4_leg("loadbalancer", [(vip, 80)] * 4)
         self._p4_leg("direct", [(ip, BACKEND_PORT) for ip in BACKEND_HOSTS.values()])
 
-    def _p4_leg(self, leg: str, targets: list[tuple[str, int]], more: dict[str, list[int]] | None = None) -> None:
-        """One leg of P4: keep-alive load on `targets`, and where the machine's cores went meanwhile."""
+    def _p4_leg(
+        self,
+        leg: str,
+        targets: list[tuple[str, int]],
+        more: dict[str, list[int]] | None = None,
+        into: dict | None = None,
+    ) -> None:
+        """One leg of P4: keep-alive load on `targets`, and where the machine's cores went meanwhile.
+        Its figures go to `into`[leg], results["p4"][leg] by default."""
         seconds, conns = self.config.wrk_seconds, self.config.connections
         say(f"==> P4 {leg}: {conns} keep-alive connections for {seconds:.0f} s")
         split = CpuSplit({**self._processes(), **(more or {})})
         result = run_load(self.client, targets, seconds, conns, pool=self.pool)
-        self.results["p4"][leg] = {**result.as_dict(), "cpu_cores": split.finish()}
+        figures = {**result.as_dict(), "cpu_cores": split.finish()}
+        (self.results["p4"] if into is None else into)[leg] = figures
         say(
             f"    {result.rps:,.0f} requests/s ({result.errors} errors); cores busy: "
-            + ", ".join(f"{k} {v:.2f}" for k, v in self.results["p4"][leg]["cpu_cores"].items())
+            + ", ".join(f"{k} {v:.2f}" for k, v in figures["cpu_cores"].items())
         )
 
     def _p4_in_namespace(self) -> None:
@@ -241,7 +256,7 @@ class TrafficLegs:
         """A listener timeout alternates (a change only a reload applies) while a fifth backend comes
         and goes; the load balancer is left as it was found."""
         result = self._changes_under_load(n, "reloads", "lbagent_haproxy_reloads_total", reload=True)
-        self.lbs[0] = lb_body(self.prefix, 0)
+        self.lbs[0] = self._lb(0)
         self._post(wait=P5_RELOAD_LIMIT)
         return result
 
@@ -261,7 +276,7 @@ class TrafficLegs:
                 if k % 2 == 0:
                     members.append(backend("be-p5", SPARE_HOSTS["s1"], BACKEND_PORT))
                 listener = {"timeouts": {"client_idle": 60 + k % 2}} if reload else {}
-                self.lbs[0] = lb_body(self.prefix, 0, members, **listener)
+                self.lbs[0] = self._lb(0, members, **listener)
                 before = metric(self.agent, counter) or 0
                 self._post_accepted()
                 try:

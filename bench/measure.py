@@ -208,10 +208,10 @@ class Poller:
 _LOG_TIME = re.compile(r"^(\d{4}-\d\d-\d\d \d\d:\d\d:\d\d,\d{3}) ")
 
 
-def median_run(runs: list[dict[str, Any]]) -> dict[str, Any]:
-    """The run whose agent/floor ratio is the median (the upper one of an even
-    count); a run that did not converge counts as the slowest."""
-    ranked = sorted(runs, key=lambda run: math.inf if run.get("ratio") is None else run["ratio"])
+def median_run(runs: list[dict[str, Any]], key: str = "ratio") -> dict[str, Any]:
+    """The run whose `key` (the agent/floor ratio) is the median (the upper one
+    of an even count); a run without it (not converged) counts as the slowest."""
+    ranked = sorted(runs, key=lambda run: math.inf if run.get(key) is None else run[key])
     return ranked[len(ranked) // 2]
 
 

@@ -133,26 +133,17 @@ def evaluate(results: dict[str, Any]) -> list[dict[str, Any]]:
             met = met and entry["p99"] <= 1.5 * small["p99"]
         row(
             f"P3 backend change → traffic, N={entry['n']}",
-            f"p50 {_ms(entry['p50'])}, p99 {_ms(entry['p99'])}",
+            _p3_measured(entry),
             target,
             met,
-            f"{entry['changes']} changes; POST answered 202 in {_ms(entry['post_p50'])} p50"
-            + (
-                f"; in haproxy after {_ms(entry['agent_p50'])} p50, {_ms(entry['agent_p99'])} p99"
-                if "agent_p50" in entry
-                else ""
-            )
-            + (
-                f"; the poller's resolution (a round of its {entry.get('poll_clients', 1)} requests) "
-                f"{entry['poll_ms']:.0f} ms"
-                if "poll_ms" in entry
-                else ""
-            )
-            + (f", {entry['missed']} never seen" if entry["missed"] else ""),
+            _p3_note(entry),
         )
     p4 = results.get("p4")
     if p4:
         for args in p4_rows(p4):
+            row(*args)
+    if "ipv6" in results:
+        for args in ipv6_rows(results):
             row(*args)
     for key in ("p5", "p5_largest"):
         p5 = results.get(key)
@@ -184,6 +175,124 @@ def evaluate(results: dict[str, Any]) -> list[dict[str, Any]]:
             "≤ 150 MB",
             p6["rss_mb"] <= 150,
             f"peak during convergence {p6['peak_rss_mb']:.0f} MB",
+        )
+    return rows
+
+
+def _p3_measured(entry: dict[str, Any]) -> str:
+    return f"p50 {_ms(entry['p50'])}, p99 {_ms(entry['p99'])}"
+
+
+def _p3_note(entry: dict[str, Any]) -> str:
+    return (
+        f"{entry['changes']} changes; POST answered 202 in {_ms(entry['post_p50'])} p50"
+        + (
+            f"; in haproxy after {_ms(entry['agent_p50'])} p50, {_ms(entry['agent_p99'])} p99"
+            if "agent_p50" in entry
+            else ""
+        )
+        + (
+            f"; the poller's resolution (a round of its {entry.get('poll_clients', 1)} requests) "
+            f"{entry['poll_ms']:.0f} ms"
+            if "poll_ms" in entry
+            else ""
+        )
+        + (f", {entry['missed']} never seen" if entry["missed"] else "")
+    )
+
+
+# The IPv6 leg's goals: against the IPv4 figures of the same run.
+P1_DUAL_STACK_TARGET = 1.3  # the dual-stack P1 may take this many times the IPv4 P1 of the same N
+P4_IPV6_TARGET = 0.9  # of the IPv4 client's requests/s through the same agent
+
+
+def median_seconds(entry: dict[str, Any]) -> float | None:
+    """A P1 entry's agent time: the median of its runs' (the upper one of an even count; a run
+    that did not converge counts as the slowest), the entry's own without runs; None when the
+    median run did not converge."""
+    runs = entry.get("runs")
+    if not runs:
+        return entry.get("agent_seconds")
+    seconds = sorted((run["agent_seconds"] if isinstance(run, dict) else run for run in runs), key=_none_last)
+    return seconds[len(seconds) // 2]
+
+
+def _none_last(value: float | None) -> float:
+    return float("inf") if value is None else value
+
+
+def ipv6_rows(results: dict[str, Any]) -> list[tuple[str, str, str, bool | None, str]]:
+    """The IPv6 leg's rows: P1 of dual-stack load balancers against the IPv4 P1 of the same N,
+    P3 with an IPv6 backend, P4 from an IPv6 client against the IPv4 client's agent leg."""
+    v6 = results["ipv6"]
+    n = v6["n"]
+    error = v6.get("error")
+    rows: list[tuple[str, str, str, bool | None, str]] = []
+
+    # P1: both sides as the median of their runs, so one slow second of the VM decides neither.
+    p1_target = f"≤ {P1_DUAL_STACK_TARGET}× IPv4 P1"
+    ipv4 = next((entry for entry in results.get("p1", []) if entry["n"] == n), None)
+    v4_seconds = median_seconds(ipv4) if ipv4 else None
+    p1 = v6.get("p1")
+    figure = f"P1 dual-stack cold convergence, N={n}"
+    if p1 is None or p1.get("agent_seconds") is None:
+        measured = "not measured" if p1 is None else f"not converged: {p1.get('ready_at_timeout')} of {n} ready"
+        rows.append((figure, measured, p1_target, False, error or ""))
+    else:
+        ds_seconds = median_seconds(p1)
+        runs = p1.get("runs", [])
+        spread = f"median of {len(runs)} runs (" + ", ".join(_s(r) for r in runs) + "); " if len(runs) > 1 else ""
+        note = (
+            spread + f"all ovn-installed {_s(p1.get('ovn_installed_seconds'))}; agent CPU {_s(p1.get('cpu_seconds'))}"
+        )
+        if ds_seconds is None or not v4_seconds:
+            rows.append((figure, f"{_s(ds_seconds)} (no IPv4 P1 to compare)", p1_target, False, note))
+        else:
+            ratio = ds_seconds / v4_seconds
+            rows.append(
+                (
+                    figure,
+                    f"{_s(ds_seconds)} ({ratio:.2f}× IPv4 {_s(v4_seconds)})",
+                    p1_target,
+                    ratio <= P1_DUAL_STACK_TARGET,
+                    note,
+                )
+            )
+
+    p3 = v6.get("p3")
+    figure = f"P3 IPv6 backend change → traffic, N={p3['n'] if p3 else '?'}"
+    if p3 is None:
+        rows.append((figure, "not measured", "p99 < 1 s", False, error or "the dual-stack P1 came first"))
+    else:
+        ipv4_p3 = next((e for e in results.get("p3", []) if e["n"] == p3["n"] and "skipped" not in e), None)
+        context = f"; IPv4 backend p99 {_ms(ipv4_p3['p99'])}" if ipv4_p3 else ""
+        rows.append(
+            (
+                figure,
+                _p3_measured(p3),
+                "p99 < 1 s",
+                p3["p99"] < 1.0 and p3["missed"] == 0,
+                "polled on the IPv6 VIP; " + _p3_note(p3) + context,
+            )
+        )
+
+    p4, v4_leg = v6.get("p4"), results.get("p4", {}).get("loadbalancer")
+    p4_target = f"≥ {P4_IPV6_TARGET}× IPv4 client"
+    figure = f"P4 IPv6 client HTTP req/s via load balancer, N={results.get('p4', {}).get('n', '?')}"
+    if p4 is None or not v4_leg or not v4_leg.get("rps"):
+        why = error or ("the IPv4 agent leg was not measured" if p4 is not None else "not run")
+        rows.append((figure, "not measured" if p4 is None else f"{p4['rps']:,.0f}", p4_target, False, why))
+    else:
+        ratio = p4["rps"] / v4_leg["rps"]
+        rows.append(
+            (
+                figure,
+                f"{p4['rps']:,.0f} ({ratio:.2f}× IPv4 {v4_leg['rps']:,.0f})",
+                p4_target,
+                ratio >= P4_IPV6_TARGET,
+                f"{p4['tool']}, {p4.get('connections', '?')} keep-alive connections, {p4['errors']} errors; "
+                "the four IPv4 backends behind the IPv6 VIP",
+            )
         )
     return rows
 

@@ -24,6 +24,14 @@ through tests/functional/agentproc.py, default resync interval):
   the load balancer's namespace, bench/nslegs.py; OVN's native load
   balancer) and P5.
 
+Then, unless --no-ipv6, the IPv6 leg at the smallest N (bench/v6legs.py): the
+subnet gets its IPv6 prefix 2001:db8:0:1::/64 (every host and load balancer
+port has an address in it from the start) and every load balancer an IPv6
+VIP from 2001:db8:0:1::4:1 upward; P1 of those dual-stack load balancers
+with fresh agents, against the IPv4 P1 of the same N; P3 where the backend
+changed in is an IPv6 one, polled on the IPv6 VIP; P4's agent leg from the
+client's IPv6 address, against the IPv4 agent leg.
+
 Last, in this process and without the sandbox, the worst stall of the API's
 event loop while the largest bodies the limits accept are taken in
 (bench/loopstall.py).
@@ -48,13 +56,17 @@ from typing import Any
 from bench import floor, loopstall, report
 from bench.common import (
     BACKEND_HOSTS,
+    BACKEND_HOSTS6,
     CLIENT,
+    CLIENT6,
     OVN_LB_VIP,
     P1_REPEAT_UP_TO,
     PROFILE_DIR,
     REPO,
     SPARE_HOSTS,
+    SPARE_HOSTS6,
     SUBNET,
+    SUBNET6,
     BenchConfig,
     lb_body,
     say,
@@ -71,6 +83,7 @@ from bench.measure import (
 )
 from bench.teardown import TeardownAndProfiles
 from bench.traffic import BACKEND_PORT, Backends, NetnsPool, http_text, set_sysctl_in
+from bench.v6legs import Ipv6Legs
 from devtools.sandbox import INTEGRATION_BRIDGE, OvnSandbox, wait_for, which
 from devtools.topology import Vpc, lb_port_name
 
@@ -85,7 +98,7 @@ from lbstate import desired
 # the benchmark
 
 
-class Bench(IdleLegs, TrafficLegs, TeardownAndProfiles):
+class Bench(IdleLegs, TrafficLegs, Ipv6Legs, TeardownAndProfiles):
     def __init__(self, sandbox: OvnSandbox, prefix: str, workdir: Path, config: BenchConfig):
         self.sandbox, self.prefix, self.workdir, self.config = sandbox, prefix, Path(workdir), config
         self.results: dict[str, Any] = {
@@ -99,6 +112,7 @@ class Bench(IdleLegs, TrafficLegs, TeardownAndProfiles):
                 "reloads": config.reloads,
                 "wrk_seconds": config.wrk_seconds,
                 "connections": config.connections,
+                "ipv6": config.ipv6,
             },
         }
         self.vpc: Vpc | None = None
@@ -109,6 +123,7 @@ class Bench(IdleLegs, TrafficLegs, TeardownAndProfiles):
         self.agent: AgentProcess | None = None
         self.generation = 0
         self.lbs: list[dict] = []
+        self.dual_stack = False  # while the IPv6 leg runs: the subnet and load balancers posted have IPv6 too
         self.floor_plan: list[floor.FloorLb] = []
 
     # -- the whole run ----------------------------------------------------------
@@ -128,15 +143,18 @@ class Bench(IdleLegs, TrafficLegs, TeardownAndProfiles):
         return self.results
 
     def _setup(self) -> None:
+        v6 = self.config.ipv6
         say(
-            f"==> VPC {SUBNET['cidr']} ({self.prefix}): 4 backends, 2 spares, a client "
-            f"({self.backends.kind} backends, {'wrk' if which('wrk') else 'Python'} load)"
+            f"==> VPC {SUBNET['cidr']}{' and ' + SUBNET6['cidr6'] if v6 else ''} ({self.prefix}): 4 backends, "
+            f"2 spares, a client ({self.backends.kind} backends, {'wrk' if which('wrk') else 'Python'} load)"
         )
-        self.vpc = Vpc(self.sandbox, self.prefix, SUBNET["cidr"], SUBNET["gateway"])
+        six = {"cidr6": SUBNET6["cidr6"], "gateway6": SUBNET6["gateway6"]} if v6 else {}
+        self.vpc = Vpc(self.sandbox, self.prefix, SUBNET["cidr"], SUBNET["gateway"], **six)
+        hosts6 = {**BACKEND_HOSTS6, **SPARE_HOSTS6} if v6 else {}
         for name, ip in {**BACKEND_HOSTS, **SPARE_HOSTS}.items():
-            host = self.vpc.add_host(name, ip)
+            host = self.vpc.add_host(name, ip, ip6=hosts6.get(name, ""))
             self.backends.start(self.vpc, host, name)
-        self.client = self.vpc.add_host(*CLIENT)
+        self.client = self.vpc.add_host(*CLIENT, ip6=CLIENT6 if v6 else "")
         # Many short connections from one address: let it reuse TIME_WAIT ports.
         set_sysctl_in(self.client, "net.ipv4.tcp_tw_reuse", "1")
         set_sysctl_in(self.client, "net.ipv4.ip_local_port_range", "10000 65000")
@@ -151,7 +169,9 @@ class Bench(IdleLegs, TrafficLegs, TeardownAndProfiles):
         for start in range(0, count, chunk):
             args: list[str] = []
             for index in range(start, min(count, start + chunk)):
-                body = lb_body(self.prefix, index)
+                # With the IPv6 leg every port has its IPv6 address from the start: the ports are
+                # the same for both P1s, and OVN is not asked to change them in between.
+                body = lb_body(self.prefix, index, dual_stack=self.config.ipv6)
                 name = lb_port_name(body["id"])
                 self.vpc.lb_ports[body["id"]] = self.vpc.switch  # Vpc.cleanup() deletes them
                 args += [
@@ -162,7 +182,7 @@ class Bench(IdleLegs, TrafficLegs, TeardownAndProfiles):
                     "--",
                     "lsp-set-addresses",
                     name,
-                    f"{body['network']['mac']} {body['network']['ip']}",
+                    " ".join(body["network"][key] for key in ("mac", "ip", "ip6") if key in body["network"]),
                 ]
             self.sandbox.nbctl(*args[1:], timeout=300)
         self.sandbox.nbctl("--wait=sb", "sync", timeout=300)
@@ -223,7 +243,7 @@ class Bench(IdleLegs, TrafficLegs, TeardownAndProfiles):
         if largest:
             self._p2_p6(n)
             if converged:
-                self._p3(n)
+                self.results["p3"].append(self._p3(n))
                 self._check_sandbox("P3")
                 self._p5_largest(n)
                 self._check_sandbox("P5 at the largest N")
@@ -238,7 +258,7 @@ class Bench(IdleLegs, TrafficLegs, TeardownAndProfiles):
         if smallest:
             # P3 at the small N, then the data path (P4, P5) with an agent that has little else to do.
             small = self.config.p3_small
-            self._p3(small, resize=True)
+            self.results["p3"].append(self._p3(small, resize=True))
             self._check_sandbox("P3")
             self._p4(small)
             self._check_sandbox("P4")
@@ -248,6 +268,9 @@ class Bench(IdleLegs, TrafficLegs, TeardownAndProfiles):
             self._check_sandbox("P5")
             self._p4_ovn()
         self._retire_agent()
+        if smallest and self.config.ipv6:  # with fresh agents of its own, after the IPv4 legs' one
+            self._ipv6_leg(n)
+            self._check_sandbox("the IPv6 leg")
 
     def _p1(self, n: int, entry: dict) -> None:
         """P1 at this N: a floor, then a fresh agent; at small N that pair is
@@ -291,15 +314,16 @@ class Bench(IdleLegs, TrafficLegs, TeardownAndProfiles):
         )
 
     def _p1_agent(self, n: int, entry: dict, attempt: int = 0, profiled: bool = True) -> None:
-        say(f"==> P1 agent, N={n}: a fresh agent, one POST of {n} load balancers")
-        base = self.workdir / (f"agent-{n}-{attempt}" if attempt else f"agent-{n}")
+        kind = "dual-stack" if self.dual_stack else "agent"
+        say(f"==> P1 {kind}, N={n}: a fresh agent, one POST of {n} load balancers")
+        base = self.workdir / (f"{kind}-{n}-{attempt}" if attempt else f"{kind}-{n}")
         self.agent = AgentProcess(base, self.sandbox.ovs_db, host=f"{self.prefix}-gw{n}", env=self.sandbox.env)
         self.agent.start()
-        self.lbs = [lb_body(self.prefix, i) for i in range(n)]
+        self.lbs = [self._lb(i) for i in range(n)]
         watch = AgentWatch(self.agent, self.sandbox).start(want_bound=n)
         profile = (
             self._profile_start(f"p1-n{n}", min(self.config.converge_timeout, 120))
-            if profiled and n == self.config.ns[-1]
+            if profiled and n == self.config.ns[-1] and not self.dual_stack
             else None
         )
         cpu_before = cpu_seconds(self.agent)
@@ -342,9 +366,10 @@ class Bench(IdleLegs, TrafficLegs, TeardownAndProfiles):
             entry["timeline"] = watch.samples
             if profile is not None:
                 entry["profile"] = self._profile_finish(profile, stop=True)
+        floor_seconds = entry.get("floor_seconds")  # the dual-stack P1 is held to the IPv4 one, not a floor
         entry["ratio"] = (
-            round(entry["agent_seconds"] / entry["floor_seconds"], 2)
-            if entry["agent_seconds"] is not None and entry["floor_seconds"]
+            round(entry["agent_seconds"] / floor_seconds, 2)
+            if entry["agent_seconds"] is not None and floor_seconds
             else None
         )
         if entry["agent_seconds"] is None:
@@ -354,18 +379,33 @@ class Bench(IdleLegs, TrafficLegs, TeardownAndProfiles):
             )
             return
         for index in sorted({0, n // 2, n - 1}):
-            vip = self.lbs[index]["network"]["ip"]
-            wait_for(lambda vip=vip: self.pool.call(http_text, vip, 80) in BACKEND_HOSTS, 30, f"{vip}:80 answering")
+            network = self.lbs[index]["network"]
+            for vip in (network["ip"], network.get("ip6")):
+                if vip:
+                    wait_for(
+                        lambda vip=vip: self.pool.call(http_text, vip, 80) in BACKEND_HOSTS,
+                        30,
+                        f"{vip} port 80 answering",
+                    )
         say(
-            f"    agent {entry['agent_seconds']:.2f} s ({entry['agent_seconds'] / entry['floor_seconds']:.1f}× "
-            f"the floor); all ports ovn-installed at {entry['ovn_installed_seconds']:.1f} s; agent CPU "
+            f"    agent {entry['agent_seconds']:.2f} s"
+            + (f" ({entry['ratio']:.1f}× the floor)" if entry["ratio"] is not None else "")
+            + f"; all ports ovn-installed at {entry['ovn_installed_seconds']:.1f} s; agent CPU "
             f"{entry['cpu_seconds']:.1f} s; peak RSS {entry['peak_rss_mb']:.0f} MB"
         )
+
+    @property
+    def subnet(self) -> dict:
+        return SUBNET6 if self.dual_stack else SUBNET
+
+    def _lb(self, index: int, members: list[dict] | None = None, **listener) -> dict:
+        """Load balancer `index` as the running leg posts it (dual-stack in the IPv6 leg)."""
+        return lb_body(self.prefix, index, members, dual_stack=self.dual_stack, **listener)
 
     def _body(self) -> bytes:
         """The next generation's complete desired state, encoded (the region controller's work)."""
         self.generation += 1
-        return json.dumps(desired(self.generation, *self.lbs, subnets=[SUBNET])).encode()
+        return json.dumps(desired(self.generation, *self.lbs, subnets=[self.subnet])).encode()
 
     def _post(self, wait: float | None = 60, body: bytes | None = None) -> tuple[int, Any]:
         path = "/v1/refresh" + (f"?wait={wait:g}" if wait is not None else "")
@@ -446,6 +486,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--no-policy-rules", action="store_true", help="skip bench/policy_rules.py")
     parser.add_argument("--p1-only", action="store_true", help="measure P1 only (profiling convergence)")
     parser.add_argument(
+        "--no-ipv6", action="store_true", help="skip the IPv6 leg (dual-stack P1, IPv6 backend P3, IPv6 client P4)"
+    )
+    parser.add_argument(
         "--p1-runs",
         type=int,
         default=3,
@@ -473,6 +516,7 @@ def main(argv: list[str] | None = None) -> int:
         converge_timeout=args.converge_timeout,
         policy_rules=not args.no_policy_rules,
         p1_only=args.p1_only,
+        ipv6=not args.no_ipv6,
         p1_runs=args.p1_runs,
         profile=args.profile,
         output=args.output,

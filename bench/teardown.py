@@ -14,7 +14,6 @@ from bench import floor
 from bench.common import (
     PROFILE_DIR,
     RETIRE_BY_AGENT,
-    SUBNET,
     lb_id,
     say,
 )
@@ -46,7 +45,7 @@ class TeardownAndProfiles:
                 self.generation += 1
                 started = time.monotonic()
                 code, _ = agent.request(
-                    "POST", "/v1/refresh?wait=300", desired(self.generation, subnets=[SUBNET]), timeout=360
+                    "POST", "/v1/refresh?wait=300", desired(self.generation, subnets=[self.subnet]), timeout=360
                 )
                 if code == 200:
                     self.results.setdefault("teardown_seconds", {})[str(count)] = round(time.monotonic() - started, 2)

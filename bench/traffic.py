@@ -103,7 +103,7 @@ http {{
     scgi_temp_path {dir}/scgi;
     server {{
         listen {port} reuseport backlog=4096;
-        location / {{ default_type text/plain; return 200 "{text}\\n"; }}
+{listen6}        location / {{ default_type text/plain; return 200 "{text}\\n"; }}
     }}
 }}
 """
@@ -127,7 +127,9 @@ class Backends:
         directory = self.workdir / f"nginx-{host.name}"
         directory.mkdir(parents=True, exist_ok=True)
         conf = directory / "nginx.conf"
-        conf.write_text(NGINX_CONF.format(dir=directory, port=BACKEND_PORT, text=text))
+        # A host with an IPv6 address serves on it too (nginx's bare port is IPv4 only).
+        listen6 = f"        listen [::]:{BACKEND_PORT} reuseport backlog=4096;\n" if host.ip6 else ""
+        conf.write_text(NGINX_CONF.format(dir=directory, port=BACKEND_PORT, text=text, listen6=listen6))
         with open(directory / "stderr.log", "wb") as err:
             proc = subprocess.Popen(
                 [
@@ -214,6 +216,12 @@ def run_load(
     return _python_load(pool, targets, seconds, connections)
 
 
+def http_url(ip: str, port: int) -> str:
+    """The URL of `/` at ip:port, an IPv6 address in brackets (RFC 3986)."""
+    host = f"[{ip}]" if ":" in ip else ip
+    return f"http://{host}:{port}/"
+
+
 WRK_NUMBERS = {
     "requests": re.compile(r"(\d+) requests in ([\d.]+)(m?s)"),
     "socket": re.compile(r"Socket errors: connect (\d+), read (\d+), write (\d+), timeout (\d+)"),
@@ -242,7 +250,7 @@ def _wrk(client: VpcHost, targets: list[tuple[str, int]], seconds: float, connec
             argv += ["-H", "Connection: close"]
         procs.append(
             subprocess.Popen(
-                argv + [f"http://{ip}:{port}/"],
+                argv + [http_url(ip, port)],
                 stdin=subprocess.DEVNULL,
                 stdout=subprocess.PIPE,
                 stderr=subprocess.STDOUT,

@@ -1,9 +1,10 @@
 """The benchmark's code path (`make bench`, bench/run.py) at N=3 with short durations.
 
 Not a performance test: it keeps the benchmark working. Every figure must be
-produced and sane; only P5 (no request may fail during reloads) and the P2
-write counts (a converged agent writes nothing) are held to their targets,
-the others depend on the machine.
+produced and sane, the IPv6 leg's (dual-stack load balancers) included; only
+P5 (no request may fail during reloads) and the P2 write counts (a converged
+agent writes nothing) are held to their targets, the others depend on the
+machine.
 """
 
 from __future__ import annotations
@@ -66,6 +67,15 @@ def test_benchmark_runs_at_small_n_and_produces_sane_figures(sandbox, prefix, tm
     largest = results["p5_largest"]  # the reloads again at the largest N
     assert largest["n"] == 3 and largest["reloads"] == 2 and largest["failed"] == 0, largest
 
+    v6 = results["ipv6"]  # dual-stack load balancers, IPv6 backends and an IPv6 client
+    assert "error" not in v6 and v6["n"] == 3, v6
+    assert v6["p1"]["agent_seconds"] > 0 and len(v6["p1"]["runs"]) == 2, v6["p1"]
+    assert v6["p1"]["agent_seconds"] == max(v6["p1"]["runs"]), v6["p1"]  # the upper median of two
+    p3v6 = v6["p3"]
+    assert p3v6["n"] == 2 and p3v6["missed"] == 0 and len(p3v6["latencies"]) == 2, p3v6
+    assert 0 < p3v6["p50"] <= p3v6["p99"] < 60 and 0 < p3v6["agent_p50"] < 60, p3v6
+    assert v6["p4"]["rps"] > 0 and v6["p4"]["errors"] == 0, v6["p4"]
+
     p6 = results["p6"]
     assert 10 < p6["rss_mb"] < 1000, p6
 
@@ -77,6 +87,12 @@ def test_benchmark_runs_at_small_n_and_produces_sane_figures(sandbox, prefix, tm
     figures = [row["figure"] for row in rows]
     assert "P5 failed requests during 2 reloads, N=3" in figures, figures
     assert sum(figure.startswith("P4 HTTP req/s via load balancer vs") for figure in figures) == 2, figures
+    for figure in (
+        "P1 dual-stack cold convergence, N=3",
+        "P3 IPv6 backend change → traffic, N=2",
+        "P4 IPv6 client HTTP req/s via load balancer, N=2",
+    ):
+        assert figure in figures, figures
     assert results["machine"]["commit"] != "unknown", results["machine"]
     assert "median of 2 runs" in rows[0]["note"], rows[0]
     assert (tmp_path / "results.json").exists()
