@@ -22,6 +22,7 @@ import pytest
 
 from devtools.sandbox import MissingTools, OvnSandbox, required_tools, skip_reason, which
 from devtools.topology import Vpc
+from lbagent.ovnhost.netns import NamespaceExecutor
 
 from agentproc import AgentProcess
 from helpers import MAC, VIP
@@ -66,6 +67,15 @@ def vpc(sandbox: OvnSandbox, prefix: str):
         yield v
     finally:
         v.cleanup()
+
+
+@pytest.fixture
+async def executors():
+    """The namespace and iptables threads of the kernel-only tests (no OVS), shut down afterwards."""
+    ns, iptc = NamespaceExecutor("t-netns", 2), NamespaceExecutor("t-iptc", 1)
+    yield ns, iptc
+    ns.shutdown()
+    iptc.shutdown()
 
 
 @pytest.fixture

@@ -3,14 +3,44 @@
 from __future__ import annotations
 
 import collections
+import contextlib
+import os
+import secrets
 import subprocess
 import sys
 import urllib.parse
+from collections.abc import Iterator
+
+from lbagent.naming import InterfaceNames, interface_names
+from lbagent.ovnhost import links
+from lbagent.ovnhost.netns import delete_netns
 
 from agentproc import wait_until
 from lbstate import backend, loadbalancer, tcp_listener
 
 VIP, MAC = "198.18.0.12", "00:22:0a:00:00:12"
+
+
+@contextlib.contextmanager
+def kernel_lb(tag: str, outers: set[str]) -> Iterator[tuple[str, InterfaceNames, str]]:
+    """(id, interface names, namespace) of a load balancer of a kernel-only test (no OVS), whose
+    links, namespace and reply rules from `outers` are removed afterwards, pass or fail."""
+    lb_id = tag + secrets.token_hex(4)
+    names = interface_names(lb_id)
+    netns = "lb-" + lb_id
+    try:
+        yield lb_id, names, netns
+    finally:
+        for name in (names.ovn_host, names.haproxy_host):
+            subprocess.run(["ip", "link", "del", name], capture_output=True)
+        links.delete_reply_rules(outers)
+        if os.path.exists(f"/run/netns/{netns}"):
+            delete_netns(netns)
+
+
+def sh(cmd: str) -> str:
+    """A shell command's output; CalledProcessError if it fails."""
+    return subprocess.run(cmd, shell=True, check=True, capture_output=True, text=True).stdout
 
 
 def answers(client, url: str, count: int) -> collections.Counter:

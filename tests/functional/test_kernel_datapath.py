@@ -4,47 +4,27 @@ veths, addresses, routes, NAT rules; converging twice writes nothing."""
 import dataclasses
 import logging
 import os
-import secrets
-import subprocess
 
 import pytest
 
 from lbagent.desired.members import Member
 from lbagent.metrics import write_counts
-from lbagent.naming import interface_names
 from lbagent.ovnhost import iplib, iptables, links
 from lbagent.ovnhost.host import HostSpec, OvnHost
 from lbagent.ovnhost.links import LinkSpec
 from lbagent.ovnhost.nat import NatPlan, nat_rules
-from lbagent.ovnhost.netns import NamespaceExecutor, delete_netns, netns_exists
+from lbagent.ovnhost.netns import netns_exists
 from lbagent.ovnhost.ovs import PortState
+
+from helpers import kernel_lb, sh
 
 pytestmark = pytest.mark.skipif(os.geteuid() != 0, reason="needs root")
 
 
-def sh(cmd: str) -> str:
-    return subprocess.run(cmd, shell=True, check=True, capture_output=True, text=True).stdout
-
-
-@pytest.fixture
-async def executors():
-    ns, iptc = NamespaceExecutor("t-netns", 2), NamespaceExecutor("t-iptc", 1)
-    yield ns, iptc
-    ns.shutdown()
-    iptc.shutdown()
-
-
 @pytest.fixture
 def lb():
-    lb_id = "tk" + secrets.token_hex(4)
-    names = interface_names(lb_id)
-    netns = "lb-" + lb_id
-    yield lb_id, names, netns
-    for name in (names.ovn_host, names.haproxy_host):
-        subprocess.run(["ip", "link", "del", name], capture_output=True)
-    links.delete_reply_rules({"169.254.0.101"})
-    if os.path.exists(f"/run/netns/{netns}"):
-        delete_netns(netns)
+    with kernel_lb("tk", {"169.254.0.101"}) as made:
+        yield made
 
 
 def spec(names, gateway="198.18.0.1", mtu=1442):

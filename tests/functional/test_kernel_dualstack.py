@@ -4,28 +4,23 @@ from OUTER6, built in a new namespace or converged step by step; a second pass w
 drift is repaired, and a load balancer that loses its IPv6 VIP loses all of it."""
 
 import os
-import secrets
 import socket
-import subprocess
 
 import pytest
 
 from lbagent.metrics import write_counts
-from lbagent.naming import interface_names
 from lbagent.ovnhost import links
 from lbagent.ovnhost.host import HostSpec, OvnHost
 from lbagent.ovnhost.links import Ipv6Spec, LinkSpec
-from lbagent.ovnhost.netns import NamespaceExecutor, delete_netns, netns_exists
+from lbagent.ovnhost.netns import netns_exists
+
+from helpers import kernel_lb, sh
 
 pytestmark = pytest.mark.skipif(os.geteuid() != 0, reason="needs root")
 
 OUTER, INNER = "169.254.0.103", "169.254.0.102"
 INNER6, OUTER6 = "fd4c:4241:ffff::2", "fd4c:4241:ffff::3"
 IPV6 = Ipv6Spec("2001:db8::12", 64, "2001:db8::1", INNER6, OUTER6)
-
-
-def sh(cmd: str) -> str:
-    return subprocess.run(cmd, shell=True, check=True, capture_output=True, text=True).stdout
 
 
 class FakeOvs:
@@ -39,26 +34,17 @@ class FakeOvs:
 
 
 @pytest.fixture
-async def host():
-    ns_exec, iptc_exec = NamespaceExecutor("t6-netns", 2), NamespaceExecutor("t6-iptc", 1)
+async def host(executors):
+    ns_exec, iptc_exec = executors
     ovn_host = OvnHost(FakeOvs(), ns_exec, iptc_exec)
     yield ovn_host, ns_exec
     ovn_host.ovsdb.shutdown()
-    ns_exec.shutdown()
-    iptc_exec.shutdown()
 
 
 @pytest.fixture
 def lb():
-    lb_id = "t6" + secrets.token_hex(4)
-    names = interface_names(lb_id)
-    netns = "lb-" + lb_id
-    yield lb_id, names, netns
-    for name in (names.ovn_host, names.haproxy_host):
-        subprocess.run(["ip", "link", "del", name], capture_output=True)
-    links.delete_reply_rules({OUTER, OUTER6})
-    if os.path.exists(f"/run/netns/{netns}"):
-        delete_netns(netns)
+    with kernel_lb("t6", {OUTER, OUTER6}) as made:
+        yield made
 
 
 def spec(names, ipv6: Ipv6Spec | None = IPV6) -> LinkSpec:

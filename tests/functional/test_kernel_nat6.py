@@ -16,7 +16,9 @@ from lbagent.desired.members import Member
 from lbagent.metrics import write_counts
 from lbagent.ovnhost import iptables
 from lbagent.ovnhost.nat import NatPlan, UdpAcl, UdpListener, nat_rules
-from lbagent.ovnhost.netns import NamespaceExecutor, delete_netns
+from lbagent.ovnhost.netns import delete_netns
+
+from helpers import sh
 
 pytestmark = pytest.mark.skipif(os.geteuid() != 0, reason="needs root")
 
@@ -28,18 +30,6 @@ MEMBERS = (
     Member("be-7", "2001:db8:2::22", 8080, 2, "off", False, 1027),
 )
 WAIT_SECONDS = 10
-
-
-def sh(cmd: str) -> str:
-    return subprocess.run(cmd, shell=True, check=True, capture_output=True, text=True).stdout
-
-
-@pytest.fixture
-async def executors():
-    ns, iptc = NamespaceExecutor("t6-netns", 1), NamespaceExecutor("t6-iptc", 1)
-    yield ns, iptc
-    ns.shutdown()
-    iptc.shutdown()
 
 
 @pytest.fixture
