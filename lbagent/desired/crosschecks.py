@@ -32,7 +32,7 @@ Problem = tuple[Location, str, Location | None]
 # Whether the agent's data path (addresses, routes, ip6tables, haproxy) serves
 # IPv6. While it does not, every IPv6 value of a body is refused at its path:
 # accepting one would promise a service the load balancer does not give.
-IPV6_SERVED = False
+IPV6_SERVED = True
 
 
 class _Problems:

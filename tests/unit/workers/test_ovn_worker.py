@@ -81,6 +81,23 @@ async def test_every_load_balancer_gets_an_ipv6_pair_that_avoids_host_addresses(
     await worker.stop()
 
 
+def dual_stack_state(generation: int, with_ip6: bool) -> dict:
+    body = state(generation, [lb_body("a"), lb_body("b", ip="198.18.0.13")])
+    body["subnets"][0].update(cidr6="2001:db8:0:1::/64", gateway6="2001:db8:0:1::1")
+    if with_ip6:
+        body["loadbalancers"][0]["network"]["ip6"] = "2001:db8:0:1::12"
+    return body
+
+
+async def test_the_ipv6_reply_rule_is_in_use_only_while_its_load_balancer_has_ip6(tmp_path):
+    worker = dual_worker(tmp_path)
+    await apply(worker, dual_stack_state(1, with_ip6=True))
+    a, b = worker.allocations["a"], worker.allocations["b"]
+    assert worker.in_use().reply_rules == {a.outer, a.outer6, b.outer}
+    await apply(worker, dual_stack_state(2, with_ip6=False))  # garbage collection may take a's
+    assert worker.in_use().reply_rules == {a.outer, b.outer}
+
+
 async def test_a_state_file_without_ipv6_pairs_gets_them_and_keeps_the_rest(tmp_path):
     body = state(1, [lb_body("a")])
     old = Allocation("169.254.0.200", "169.254.0.201", 3, {"be-1": 1030})
