@@ -515,6 +515,8 @@ def json_schema() -> dict[str, Any]:
     this agent takes, so without IPv6 while it does not serve IPv6."""
     schema = DesiredState.model_json_schema()
     if crosschecks.IPV6_SERVED:
+        # The one IPv6 rule across fields that JSON Schema can say (crosschecks checks it).
+        schema["$defs"]["Subnet"]["dependentRequired"] = {"cidr6": ["gateway6"], "gateway6": ["cidr6"]}
         return schema
     for model in (Subnet, Network):
         properties = schema["$defs"][model.__name__]["properties"]

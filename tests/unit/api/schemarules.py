@@ -29,6 +29,11 @@ CROSS_FIELD = re.compile(
     r"|must lie inside the subnet "
     r"|must not be the network or broadcast address of "
     r"|must not be the subnet's gateway"
+    # the IPv6 twins, met only while the agent serves IPv6 (lbagent.desired.crosschecks.IPV6_SERVED)
+    r"|must not be the subnet-router anycast address of "
+    r"|needs a subnet with cidr6, "
+    r"|an IPv6 route needs the subnet's cidr6"
+    r"|must be an IPv[46] address, like the route's cidr"
     r"|(the load balancers )?needs? [0-9]+ haproxy servers, more than the "  # the server budget
     r"|must not lie inside the subnet's own prefix "
     r"|redirects to the very request it answers "

@@ -404,6 +404,9 @@ def test_once_ipv6_is_served_the_schema_takes_a_dual_stack_body() -> None:
     validator = _validator()
     validator.validate(dual_stack())
     validator.validate(EXAMPLE)
+    no_gateway6 = dual_stack()
+    del no_gateway6["subnets"][0]["gateway6"]
+    assert not validator.is_valid(no_gateway6)
     for path, value in [
         (BACKEND, "fe80::1"),
         (BACKEND, "::ffff:c612:15"),
