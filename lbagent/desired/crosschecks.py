@@ -298,6 +298,15 @@ def own_problems(lb: LoadBalancer) -> list[Problem]:
     )
     _check_backend_count(problems, groups)
     _check_kernel_balanced_groups(problems, listeners, groups)
+    if lb.network.ip6 is None:
+        # Its namespace has no IPv6 address to reach an IPv6 member from.
+        for g, group in groups:
+            for b, backend in enumerate(group.backends):
+                if family_of(backend.address) == 6:
+                    problems.add(
+                        (*at, "backend_groups", g, "backends", b, "address"),
+                        "is IPv6, and the load balancer has no network.ip6 to reach it from",
+                    )
     group_ids = {group.id for group in lb.backend_groups}
     for index, listener in listeners:
         _check_listener(problems, (*at, "listeners", index), listener, group_ids)

@@ -34,6 +34,8 @@ CROSS_FIELD = re.compile(
     r"|needs a subnet with cidr6, "
     r"|an IPv6 route needs the subnet's cidr6"
     r"|must be an IPv[46] address, like the route's cidr"
+    r"|is IPv6, and the load balancer has no network\.ip6"
+    r"|must not lie in .*, the agent's own prefix for its IPv6 pairs"
     r"|(the load balancers )?needs? [0-9]+ haproxy servers, more than the "  # the server budget
     r"|must not lie inside the subnet's own prefix "
     r"|redirects to the very request it answers "

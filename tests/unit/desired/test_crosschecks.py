@@ -285,3 +285,25 @@ def test_slow_start_on_groups_only_haproxy_listeners_use_is_accepted():
     doc = with_changes(lambda doc: doc["loadbalancers"][0]["backend_groups"][0].update(slow_start=900))
     assert parse_desired_state(doc).loadbalancers[0].backend_groups[0].slow_start == 900
     parse_desired_state(with_udp_group(0))
+
+
+# --- families of backends ----------------------------------------------------------
+
+
+def with_ipv6_backend(ip6: str | None) -> dict[str, Any]:
+    def change(doc):
+        doc["subnets"][0].update(cidr6="2001:db8:0:1::/64", gateway6="2001:db8:0:1::1")
+        if ip6 is not None:
+            doc["loadbalancers"][0]["network"]["ip6"] = ip6
+        doc["loadbalancers"][0]["backend_groups"][0]["backends"][0]["address"] = "2001:db8:0:1::21"
+
+    return with_changes(change)
+
+
+def test_an_ipv6_backend_needs_the_load_balancers_ip6():
+    found = details_of(with_ipv6_backend(None))
+    assert found == {
+        "/loadbalancers/0/backend_groups/0/backends/0/address": "is IPv6, and the load balancer has no "
+        "network.ip6 to reach it from"
+    }
+    assert parse_desired_state(with_ipv6_backend("2001:db8:0:1::12")).loadbalancers[0].network.ip6
