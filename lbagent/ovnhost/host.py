@@ -162,10 +162,10 @@ class OvnHost:
         await self._namespaces.run(None, links.converge_host, spec.links)
         return created
 
-    async def read_allocation(self, lb_id: str) -> tuple[str, str, str, dict[str, int]] | None:
+    async def read_allocation(self, lb_id: str) -> tuple[str, str, str, dict[str, int], tuple[str, str] | None] | None:
         """What an existing namespace says about its allocation: (tag, inner,
-        outer, ports). Used when the state file is lost, so an adopted load
-        balancer keeps its addresses and backend ports."""
+        outer, ports, the IPv6 pair if it serves IPv6). Used when the state file
+        is lost, so an adopted load balancer keeps its addresses and backend ports."""
         netns = netns_name(lb_id)
         if not netns_exists(netns):
             return None
@@ -180,7 +180,9 @@ class OvnHost:
         if not outer:
             return None
         ports = await self._iptc.run(netns, iptables.observed_backend_ports)
-        return names.tag, inside[haproxy_ns], outer, ports
+        inner6 = await self._namespaces.run(netns, links.ipv6_address, haproxy_ns)
+        outer6 = await self._namespaces.run(None, links.ipv6_address, names.haproxy_host) if inner6 else ""
+        return names.tag, inside[haproxy_ns], outer, ports, (inner6, outer6) if inner6 and outer6 else None
 
     async def inventory(self) -> Inventory:
         """Everything on this host that carries our marks."""

@@ -514,6 +514,16 @@ def _ensure_gateway_routes(nl: Netlink, wanted: set[KernelRoute], family: int = 
         nl.replace_route(route)
 
 
+def ipv6_address(name: str) -> str:
+    """The first IPv6 address of link `name`, link-local ones aside, in the calling
+    thread's namespace; "" if it has none (or there is no such link)."""
+    with Netlink.open() as nl:
+        link = nl.link(name)
+        addresses = nl.addresses(link.index, socket.AF_INET6) if link is not None else set()
+    found = sorted(a.address for a in addresses if not ipaddress.ip_address(a.address).is_link_local)
+    return found[0] if found else ""
+
+
 def read_namespace_links() -> dict[str, str]:
     """Inside a load balancer's namespace: our link names -> their IPv4 address."""
     found = {}

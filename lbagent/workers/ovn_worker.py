@@ -187,11 +187,13 @@ class OvnWorker(ReadinessWatch):
             found = await self._host.read_allocation(lb_id)
             if found is None:
                 continue
-            tag, inner, outer, ports = found
+            tag, inner, outer, ports, pair6 = found
             salt = next((n for n in range(max_salt) if interface_names(lb_id, n).tag == tag), None)
             if salt is None:
                 continue
-            self.allocations[lb_id] = Allocation(inner, outer, salt, ports)
+            inner6, outer6 = pair6 if pair6 is not None else (None, None)
+            allocation = Allocation(inner, outer, salt, ports, inner6=inner6, outer6=outer6)
+            self.allocations[lb_id] = self._inside_prefix6(lb_id, allocation)
             adopted.append(lb_id)
             log.info("lb=%s action=adopt inner=%s outer=%s ports=%d", lb_id, inner, outer, len(ports))
         return adopted

@@ -30,7 +30,7 @@ SUBNET = {
 VIP, VIP6, MAC = "198.18.0.12", "2001:db8:0:1::12", "00:22:0a:00:00:12"
 MEMBER, MEMBER6 = "198.18.0.21", "2001:db8:0:1::21"
 CLIENT, CLIENT6 = "198.18.0.31", "2001:db8:0:1::31"
-UDP_PORT = 5353
+UDP_PORT, UDP_LISTED = 5353, 5354
 
 
 @pytest.fixture
@@ -52,6 +52,10 @@ def hosts(vpc6, prefix):
     lb_id = f"{prefix}-ds"
     vpc6.add_lb_port(lb_id, MAC, VIP, ip6=VIP6)
     return lb_id, member, client
+
+
+def udp_listener(listener_id: str, port: int, group: str, **fields) -> dict:
+    return {"id": listener_id, "listener_type": "udp", "listener_port": port, "backend_group_id": group, **fields}
 
 
 def http(listener_id: str, port: int, group: str, **fields) -> dict:
@@ -92,6 +96,8 @@ def test_clients_of_either_family_reach_backends_of_either_family(agent_factory,
     cert, key = self_signed_certificate("dual.example.com")
     v4, v6 = [backend("be-4", MEMBER)], [backend("be-6", MEMBER6)]
     udp_members = [backend("u-4", MEMBER, UDP_PORT), backend("u-6", MEMBER6, UDP_PORT)]
+    listed_members = [backend("l-4", MEMBER, UDP_LISTED), backend("l-6", MEMBER6, UDP_LISTED)]
+    black6 = {"type": "black", "cidrs": [f"{CLIENT6}/128"]}
     listeners = [
         http("h4", 80, "bg-v4"),
         http("h6", 81, "bg-v6", x_forwarded_for=True),
@@ -103,18 +109,22 @@ def test_clients_of_either_family_reach_backends_of_either_family(agent_factory,
             "backend_group_id": "bg-v6",
             "certificates": [{"id": "dual", "certificate": cert, "private_key": key}],
         },
-        {"id": "u", "listener_type": "udp", "listener_port": UDP_PORT, "backend_group_id": "bg-udp"},
-        http("black6", 84, "bg-v4", acl={"type": "black", "cidrs": [f"{CLIENT6}/128"]}),
+        udp_listener("u", UDP_PORT, "bg-udp"),
+        http("black6", 84, "bg-v4", acl=black6),
+        http("white6", 85, "bg-v4", acl={"type": "white", "cidrs": [f"{CLIENT6}/128"]}),
+        udp_listener("u-black6", UDP_LISTED, "bg-listed", acl=black6),
     ]
-    with UdpServers(UDP_PORT) as udp:
+    groups = {"bg-v4": v4, "bg-v6": v6, "bg-udp": udp_members, "bg-listed": listed_members}
+    with UdpServers(UDP_PORT) as udp, UdpServers(UDP_LISTED) as listed:
         udp.start(member, "udp-a")
+        listed.start(member, "udp-a")
         agent = agent_factory()
         # A backend in the agent's own IPv6 prefix would be another load balancer's OUTER6.
         inside = dual_stack(lb_id, listeners[:1], {"bg-v4": [backend("be-4", "fd4c:4241::7")]})
         code, body = agent.refresh(desired(1, inside, subnets=[SUBNET]))
         assert code == 400, body
         assert [d["path"] for d in body["details"]] == ["/loadbalancers/0/backend_groups/0/backends/0/address"], body
-        refresh(agent, 1, dual_stack(lb_id, listeners, {"bg-v4": v4, "bg-v6": v6, "bg-udp": udp_members}))
+        refresh(agent, 1, dual_stack(lb_id, listeners, groups))
         status = wait_bound(agent, lb_id)
         assert status["vip6"] == VIP6 and status["inner6"] and status["outer6"], status
         code, metrics = agent.request("GET", "/metrics")
@@ -137,6 +147,10 @@ def test_clients_of_either_family_reach_backends_of_either_family(agent_factory,
 
         assert refused(client, f"http://[{VIP6}]:84/")  # the black-listed IPv6 client
         assert get(client, f"http://{VIP}:84/")[0] == "backend-a"  # the same client over IPv4
+        assert get(client, f"http://[{VIP6}]:85/")[0] == "backend-a"  # the white-listed IPv6 client
+        assert refused(client, f"http://{VIP}:85/")  # and over IPv4, not listed
+        assert udp_backends_of(client, VIP6, UDP_LISTED, 2) == {"error": 2}
+        assert udp_backends_of(client, VIP, UDP_LISTED, 2) == {"udp-a": 2}
 
 
 def ip(*args: str) -> str:
@@ -151,13 +165,17 @@ def test_restart_drift_and_deletion_of_a_dual_stack_load_balancer(agent_factory,
     before = wait_bound(agent, lb_id)
     assert get(client, f"http://[{VIP6}]:81/")[0] == "backend-a"
 
-    agent.stop()
-    agent.start()
-    refresh(agent, 2, lb)
-    after = wait_bound(agent, lb_id)
-    assert (after["inner6"], after["outer6"]) == (before["inner6"], before["outer6"])
-    assert [b["mapped_port"] for b in after["backends"]] == [b["mapped_port"] for b in before["backends"]]
-    assert get(client, f"http://[{VIP6}]:81/")[0] == "backend-a"
+    # A restart, then one that lost the state file: the pair and the ports are read back from the host.
+    for lose_state, generation in ((False, 2), (True, 3)):
+        agent.stop()
+        if lose_state:
+            (agent.state_dir / "state.json").unlink()
+        agent.start()
+        refresh(agent, generation, lb)
+        after = wait_bound(agent, lb_id)
+        assert (after["inner6"], after["outer6"]) == (before["inner6"], before["outer6"]), lose_state
+        assert [b["mapped_port"] for b in after["backends"]] == [b["mapped_port"] for b in before["backends"]]
+        assert get(client, f"http://[{VIP6}]:81/")[0] == "backend-a"
 
     netns, ovn_ns = netns_name(lb_id), after["interfaces"]["ovn"][0]
     subprocess.run(["ip", "-n", netns, "-6", "addr", "del", f"{VIP6}/64", "dev", ovn_ns], check=True)
@@ -165,7 +183,7 @@ def test_restart_drift_and_deletion_of_a_dual_stack_load_balancer(agent_factory,
     assert refused(client, f"http://[{VIP6}]:81/")
     wait_until(lambda: not refused(client, f"http://[{VIP6}]:81/"), 30, "the IPv6 VIP and its rules repaired")
 
-    refresh(agent, 3)
+    refresh(agent, 4)
     wait_until(lambda: netns not in ip("netns", "list"), 30, "the namespace removed")
     assert f"from {after['outer6']} " not in ip("-6", "rule")
     assert after["outer6"] not in ip("-6", "addr") and after["inner6"] not in ip("-6", "route")
