@@ -169,14 +169,11 @@ def check_state(state: DesiredState) -> list[dict[str, str]]:
     # Two load balancers on one subnet cannot share an address or a MAC.
     lbs = list(enumerate(state.loadbalancers))
     problems.unique(
-        (((lb.network.subnet_id, lb.network.ip), ("loadbalancers", i, "network", "ip")) for i, lb in lbs),
-        lambda key: f"address {key[1]} in subnet {key[0]!r}",
-    )
-    problems.unique(
         (
-            ((lb.network.subnet_id, lb.network.ip6), ("loadbalancers", i, "network", "ip6"))
+            ((lb.network.subnet_id, address), ("loadbalancers", i, "network", field))
+            for field in ("ip", "ip6")
             for i, lb in lbs
-            if lb.network.ip6 is not None
+            if (address := getattr(lb.network, field)) is not None
         ),
         lambda key: f"address {key[1]} in subnet {key[0]!r}",
     )
