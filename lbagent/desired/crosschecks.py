@@ -4,10 +4,9 @@ References (a listener's backend group, a load balancer's subnet),
 uniqueness (ids, ports per transport, certificate ids, rule matches),
 addresses that must lie inside their subnet, and which options each listener
 type may carry. Every problem is reported at the JSON path of the field that
-breaks the rule, never at the enclosing object.
-
-Also the one switch for IPv6 (IPV6_SERVED): the model parses and checks IPv6
-values like IPv4 ones, and until the data path serves them, each is refused here.
+breaks the rule, never at the enclosing object. IPv6 values (cidr6,
+gateway6, ip6, and the backends, pods, routes and access lists of either
+family) are held to the same rules as IPv4 ones.
 """
 
 from __future__ import annotations
@@ -28,11 +27,6 @@ if TYPE_CHECKING:  # the models call these rules from their validators
 
 # A problem: where, what, and where the value it repeats was first used (or None).
 Problem = tuple[Location, str, Location | None]
-
-# Whether the agent's data path (addresses, routes, ip6tables, haproxy) serves
-# IPv6. While it does not, every IPv6 value of a body is refused at its path:
-# accepting one would promise a service the load balancer does not give.
-IPV6_SERVED = True
 
 
 class _Problems:
@@ -96,51 +90,8 @@ def _inside(inner: IPv4Network | IPv6Network, outer: IPv4Network | IPv6Network) 
     return inner.network_address in outer and inner.prefixlen >= outer.prefixlen
 
 
-def _refuse_ipv6(problems: _Problems, state: DesiredState) -> None:
-    """Reports every IPv6 value of the state at its path (see IPV6_SERVED)."""
-    for index, subnet in enumerate(state.subnets):
-        at = ("subnets", index)
-        for field in ("cidr6", "gateway6"):
-            if field in subnet.model_fields_set:  # an explicit null as well: the document knows no such field
-                problems.add((*at, field), _NOT_YET.format("subnets"))
-        for r, route in enumerate(subnet.routes):
-            if family_of(route.cidr) == 6:
-                problems.add((*at, "routes", r, "cidr"), _NOT_YET.format("prefixes"))
-            if family_of(route.nexthop) == 6:
-                problems.add((*at, "routes", r, "nexthop"), _NOT_YET.format("addresses"))
-    for index, pod in enumerate(state.pods):
-        if family_of(pod.ip) == 6:
-            problems.add(("pods", index, "ip"), _NOT_YET.format("addresses"))
-    for index, lb in enumerate(state.loadbalancers):
-        for location, what in lb._ipv6_values:
-            problems.add(("loadbalancers", index, *location), _NOT_YET.format(what))
-
-
-_NOT_YET = "this version does not accept IPv6 {} yet"
-
-
-def ipv6_values(lb: LoadBalancer) -> list[tuple[Location, str]]:
-    """Where a load balancer holds IPv6 values, relative to it, and what they
-    are (completing "IPv6 ..."): `LoadBalancer._ipv6_values` keeps them."""
-    found: list[tuple[Location, str]] = []
-    if "ip6" in lb.network.model_fields_set:
-        found.append((("network", "ip6"), "addresses for load balancers"))
-    for g, group in enumerate(lb.backend_groups):
-        for b, backend in enumerate(group.backends):
-            if family_of(backend.address) == 6:
-                found.append((("backend_groups", g, "backends", b, "address"), "addresses"))
-    for i, listener in enumerate(lb.listeners):
-        if listener.acl is not None:
-            for c, cidr in enumerate(listener.acl.cidrs):
-                if family_of(cidr) == 6:
-                    found.append((("listeners", i, "acl", "cidrs", c), "prefixes"))
-    return found
-
-
 def check_state(state: DesiredState) -> list[dict[str, str]]:
     problems = _Problems()
-    if not IPV6_SERVED:
-        _refuse_ipv6(problems, state)
     problems.unique(_keyed(state.subnets, ("subnets",)), lambda key: f"subnet id {key!r}")
     problems.unique(_keyed(state.pods, ("pods",)), lambda key: f"pod id {key!r}")
     problems.unique(

@@ -272,9 +272,8 @@ _CIDR_RE = re.compile(rf"({_DOTTED_QUAD})/({_PREFIX_LEN})")
 
 
 # An IPv6 value in a field that takes only IPv4 (a subnet's cidr and gateway,
-# a load balancer's ip: their IPv6 twins are separate fields) is said to be
-# so, not called malformed.
-_NO_IPV6 = "this version does not accept IPv6 {} yet"
+# a load balancer's ip) is pointed to its IPv6 twin, not called malformed.
+_IPV6_TWIN = "an IPv6 {} goes in its own field ({})"
 
 
 def _looks_ipv6(value: str) -> bool:
@@ -289,7 +288,8 @@ def family_of(address: str) -> Literal[4, 6]:
 def parse_ipv4(value: str) -> IPv4Address:
     if not _DOTTED_QUAD_RE.fullmatch(value):
         if _looks_ipv6(value):
-            raise ValueError(f"must be an IPv4 address in dotted-quad form: {_NO_IPV6.format('addresses')}")
+            twin = _IPV6_TWIN.format("address", "ip6, gateway6")
+            raise ValueError(f"must be an IPv4 address in dotted-quad form: {twin}")
         raise ValueError("must be an IPv4 address in dotted-quad form, like 198.18.0.1")
     try:
         return IPv4Address(value)
@@ -313,7 +313,7 @@ def _check_cidr(value: str) -> None:
     match = _CIDR_RE.fullmatch(value)
     if not match:
         if _looks_ipv6(value):
-            raise ValueError(f"must be an IPv4 prefix like 198.18.0.0/24: {_NO_IPV6.format('prefixes')}")
+            raise ValueError(f"must be an IPv4 prefix like 198.18.0.0/24: {_IPV6_TWIN.format('prefix', 'cidr6')}")
         raise ValueError("must be an IPv4 prefix like 198.18.0.0/24")
     parse_ipv4(match.group(1))
     try:
@@ -561,26 +561,6 @@ AnyRouteDestination = text_type(
     _either_schema(_ROUTE_DESTINATION_SCHEMA, _ROUTE_DESTINATION6_SCHEMA),
 )
 
-
-def ipv4_only_schema(schema: Any) -> Any:
-    """`schema` with every either-family value above narrowed to its IPv4 half:
-    the JSON schema of what the agent takes while it does not serve IPv6."""
-    if isinstance(schema, list):
-        return [ipv4_only_schema(item) for item in schema]
-    if not isinstance(schema, dict):
-        return schema
-    branches = schema.get("anyOf")
-    if branches in _EITHER_BRANCHES:
-        narrowed = {key: value for key, value in schema.items() if key != "anyOf"}
-        return {**narrowed, **branches[0]}
-    return {key: ipv4_only_schema(value) for key, value in schema.items()}
-
-
-_EITHER_BRANCHES = [
-    [_HOST_IPV4_SCHEMA, _HOST_IPV6_SCHEMA],
-    [_CIDR_SCHEMA, _CIDR6_SCHEMA],
-    [_ROUTE_DESTINATION_SCHEMA, _ROUTE_DESTINATION6_SCHEMA],
-]
 
 _MAC = r"[0-9A-Fa-f]{2}(?::[0-9A-Fa-f]{2}){5}"
 _MAC_RE = re.compile(_MAC)

@@ -31,9 +31,9 @@ from pydantic import (
     model_validator,
 )
 
-from lbagent.desired import crosschecks, pem
-from lbagent.desired.crosschecks import Problem, check_state, ipv6_values, own_problems
-from lbagent.desired.details import Location, error_details, json_pointer
+from lbagent.desired import pem
+from lbagent.desired.crosschecks import Problem, check_state, own_problems
+from lbagent.desired.details import error_details, json_pointer
 from lbagent.desired.fields import (
     DEFAULT_ACCESS_LOG_RATE,
     DEFAULT_DRAIN_TIMEOUT,
@@ -93,7 +93,6 @@ from lbagent.desired.fields import (
     UplinkName,
     UriPath,
     Weight,
-    ipv4_only_schema,
 )
 from lbagent.desired.ha import HighAvailability
 from lbagent.desired.listener_types import (
@@ -126,14 +125,13 @@ class _Model(BaseModel):
 
 
 class _DualStackModel(_Model):
-    # Its fields that only hold IPv6: left out of the JSON schema while the
-    # agent does not serve IPv6 (crosschecks.IPV6_SERVED).
+    # Its fields that only hold IPv6.
     IPV6_FIELDS: ClassVar[frozenset[str]] = frozenset()
 
     @model_serializer(mode="wrap")
     def _omit_absent_ipv6(self, handler: SerializerFunctionWrapHandler) -> dict[str, Any]:
-        # An IPv4-only object dumps as it did before there were IPv6 fields, so
-        # the dump parses again while IPv6 is refused, and fingerprints keep.
+        # An IPv4-only object dumps as it did before there were IPv6 fields:
+        # the fingerprints of IPv4-only load balancers stay what they were.
         data: dict[str, Any] = handler(self)
         for field in self.IPV6_FIELDS:
             if data.get(field, "") is None:
@@ -423,11 +421,6 @@ class LoadBalancer(_Model):
         return self._groups_by_id[group_id]
 
     @cached_property
-    def _ipv6_values(self) -> list[tuple[Location, str]]:
-        # Like _own_problems: once per instance, whether or not the agent serves IPv6 by then.
-        return ipv6_values(self)
-
-    @cached_property
     def _own_problems(self) -> list[Problem]:
         # Once per validated instance: a refresh that reuses the instance of an
         # unchanged load balancer (see lbagent.desired.parser) does not check it again.
@@ -511,16 +504,8 @@ def parse_desired_state(data: object) -> DesiredState:
 
 
 def json_schema() -> dict[str, Any]:
-    """JSON schema of the POST /v1/refresh body (for the OpenAPI document): what
-    this agent takes, so without IPv6 while it does not serve IPv6."""
+    """JSON schema of the POST /v1/refresh body (for the OpenAPI document)."""
     schema = DesiredState.model_json_schema()
-    if crosschecks.IPV6_SERVED:
-        # The one IPv6 rule across fields that JSON Schema can say (crosschecks checks it).
-        schema["$defs"]["Subnet"]["dependentRequired"] = {"cidr6": ["gateway6"], "gateway6": ["cidr6"]}
-        return schema
-    for model in (Subnet, Network):
-        properties = schema["$defs"][model.__name__]["properties"]
-        for field in model.IPV6_FIELDS:
-            del properties[field]
-    narrowed: dict[str, Any] = ipv4_only_schema(schema)
-    return narrowed
+    # The one IPv6 rule across fields that JSON Schema can say (crosschecks checks it).
+    schema["$defs"]["Subnet"]["dependentRequired"] = {"cidr6": ["gateway6"], "gateway6": ["cidr6"]}
+    return schema

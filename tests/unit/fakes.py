@@ -105,7 +105,7 @@ class FakeHost:
     async def installed_ports(self):
         return {port for lb_id, port in self.ports.items() if lb_id not in self.not_installed}
 
-    async def remove(self, lb_id, netns, names, outer):
+    async def remove(self, lb_id, netns, names, outer, outer6=None):
         self.removed.append(lb_id)
 
 

@@ -35,6 +35,8 @@ CROSS_FIELD = re.compile(
     r"|an IPv6 route needs the subnet's cidr6"
     r"|must be an IPv[46] address, like the route's cidr"
     r"|is IPv6, and the load balancer has no network\.ip6"
+    r"|has host bits set; the prefix is [0-9a-f:]+/"  # an IPv6 prefix (an IPv4 one: its pattern says it)
+    r"|[0-9]+ more problems are not listed"  # past the first 100, all of them tolerated
     r"|must not lie in .*, the agent's own prefix for its IPv6 pairs"
     r"|(the load balancers )?needs? [0-9]+ haproxy servers, more than the "  # the server budget
     r"|must not lie inside the subnet's own prefix "

@@ -1,5 +1,5 @@
 """IPv6 in the desired state (api.md "Dual stack"): parsed, normalised and
-cross-checked like IPv4, and refused at its paths while the agent does not serve it."""
+cross-checked like IPv4, and described by the served schema."""
 
 from __future__ import annotations
 
@@ -14,7 +14,7 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from lbagent.desired import crosschecks, fields
+from lbagent.desired import fields
 from lbagent.desired.fields import family_of
 from lbagent.desired.model import json_schema, parse_desired_state
 from lbagent.errors import InvalidDesiredState
@@ -25,11 +25,6 @@ LB = "/loadbalancers/0"
 BACKEND = f"{LB}/backend_groups/0/backends/0/address"
 ACL = f"{LB}/listeners/0/acl/cidrs"
 SUBNET = "/subnets/0"
-
-
-@pytest.fixture
-def ipv6_served(monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setattr(crosschecks, "IPV6_SERVED", True)
 
 
 def dual_stack() -> dict[str, Any]:
@@ -76,7 +71,6 @@ def message_at(doc: Any, path: str) -> str:
 # --- valid dual-stack state, helpers, normalisation ------------------------------------
 
 
-@pytest.mark.usefixtures("ipv6_served")
 def test_a_dual_stack_state_parses_and_exposes_its_ipv6_values() -> None:
     state = parse_desired_state(dual_stack())
     subnet, lb = state.subnets[0], state.loadbalancers[0]
@@ -100,7 +94,6 @@ def test_an_ipv4_only_state_dumps_as_before_there_were_ipv6_fields() -> None:
     assert "ip6" not in dumped["loadbalancers"][0]["network"]
 
 
-@pytest.mark.usefixtures("ipv6_served")
 def test_a_dual_stack_dump_round_trips() -> None:
     state = parse_desired_state(dual_stack())
     assert parse_desired_state(json.loads(json.dumps(state.model_dump(mode="json")))) == state
@@ -114,7 +107,6 @@ def test_family_of(value: str, family: int) -> None:
     assert family_of(value) == family
 
 
-@pytest.mark.usefixtures("ipv6_served")
 def test_ipv6_values_are_normalised_to_one_spelling() -> None:
     doc = dual_stack()
     doc["subnets"][0].update(cidr6="2001:DB8:0:1:0::/64", gateway6="2001:0db8:0:1::0001")
@@ -151,7 +143,6 @@ BAD_HOSTS = [
 ]
 
 
-@pytest.mark.usefixtures("ipv6_served")
 @pytest.mark.parametrize(("value", "fragment"), BAD_HOSTS)
 def test_a_bad_ipv6_host_address_is_refused_at_its_path(value: str, fragment: str) -> None:
     assert fragment in message_at(changed(dual_stack(), BACKEND, value), BACKEND)
@@ -172,7 +163,6 @@ def test_a_bad_address_where_either_family_goes(value: str, message: str) -> Non
     assert message_at(changed(copy.deepcopy(EXAMPLE), BACKEND, value), BACKEND).startswith(message)
 
 
-@pytest.mark.usefixtures("ipv6_served")
 @pytest.mark.parametrize(
     ("value", "fragment"),
     [
@@ -189,7 +179,6 @@ def test_a_bad_cidr6_is_refused(value: str, fragment: str) -> None:
     assert fragment in message_at(changed(dual_stack(), f"{SUBNET}/cidr6", value), f"{SUBNET}/cidr6")
 
 
-@pytest.mark.usefixtures("ipv6_served")
 @pytest.mark.parametrize(
     ("value", "fragment"),
     [
@@ -204,7 +193,6 @@ def test_a_bad_acl_prefix_of_either_family_is_refused(value: str, fragment: str)
     assert fragment in message_at(changed(dual_stack(), f"{ACL}/1", value), f"{ACL}/1")
 
 
-@pytest.mark.usefixtures("ipv6_served")
 @pytest.mark.parametrize("cidr", ["::/0", "2001:db8::/32", "fd00::/8", "::1/128", "fe00::/9"])
 def test_an_acl_takes_any_ipv6_prefix(cidr: str) -> None:
     parse_desired_state(changed(dual_stack(), f"{ACL}/1", cidr))
@@ -213,7 +201,6 @@ def test_an_acl_takes_any_ipv6_prefix(cidr: str) -> None:
 # --- subnets and routes ----------------------------------------------------------------
 
 
-@pytest.mark.usefixtures("ipv6_served")
 @pytest.mark.parametrize(("given", "missing"), [("cidr6", "gateway6"), ("gateway6", "cidr6")])
 def test_cidr6_and_gateway6_come_together(given: str, missing: str) -> None:
     doc = dual_stack()
@@ -224,7 +211,6 @@ def test_cidr6_and_gateway6_come_together(given: str, missing: str) -> None:
     assert message == f"required with {given}: a subnet has both cidr6 and gateway6 or neither"
 
 
-@pytest.mark.usefixtures("ipv6_served")
 @pytest.mark.parametrize(
     ("gateway6", "message"),
     [
@@ -245,14 +231,12 @@ def route6(cidr: str, nexthop: str = "2001:db8:0:1::fe") -> dict[str, Any]:
 ROUTE = f"{SUBNET}/routes/1"
 
 
-@pytest.mark.usefixtures("ipv6_served")
 def test_an_ipv6_default_route_is_accepted_beside_the_ipv4_one() -> None:
     doc = route6("::/0")
     doc["subnets"][0]["routes"].append({"cidr": "0.0.0.0/0", "nexthop": "198.18.0.254"})
     assert [r.cidr for r in parse_desired_state(doc).subnets[0].routes] == ["198.19.0.0/16", "::/0", "0.0.0.0/0"]
 
 
-@pytest.mark.usefixtures("ipv6_served")
 @pytest.mark.parametrize(
     ("cidr", "nexthop", "field", "message"),
     [
@@ -271,18 +255,17 @@ def test_a_bad_ipv6_route_is_refused_at_its_field(cidr: str, nexthop: str, field
     assert message in message_at(route6(cidr, nexthop), f"{ROUTE}/{field}")
 
 
-@pytest.mark.usefixtures("ipv6_served")
 def test_an_ipv6_route_needs_the_subnets_cidr6() -> None:
     doc = route6("2001:db8:100::/48")
     del doc["subnets"][0]["cidr6"], doc["subnets"][0]["gateway6"]
     doc["loadbalancers"][0]["network"].pop("ip6")
+    doc["loadbalancers"][0]["backend_groups"][0]["backends"].pop()  # an IPv6 one, which needs ip6
     assert details_of(doc) == {
         f"{ROUTE}/cidr": "an IPv6 route needs the subnet's cidr6, and this subnet has none",
         # the nexthop is not checked against a prefix the subnet does not have
     }
 
 
-@pytest.mark.usefixtures("ipv6_served")
 def test_the_same_ipv6_route_in_another_spelling_is_a_duplicate() -> None:
     doc = dual_stack()
     doc["subnets"][0]["routes"].append({"cidr": "2001:DB8:100:0::/48", "nexthop": "2001:db8:0:1::fd"})
@@ -291,7 +274,6 @@ def test_the_same_ipv6_route_in_another_spelling_is_a_duplicate() -> None:
     }
 
 
-@pytest.mark.usefixtures("ipv6_served")
 def test_a_route_via_a_load_balancers_ip6_is_refused() -> None:
     message = message_at(route6("2001:db8:100::/48", "2001:DB8:0:1::12"), f"{ROUTE}/nexthop")
     assert message == f"next hop {IP6} is a load balancer's own address, which is already used at {LB}/network/ip6"
@@ -300,7 +282,6 @@ def test_a_route_via_a_load_balancers_ip6_is_refused() -> None:
 # --- load balancer ip6 ------------------------------------------------------------------
 
 
-@pytest.mark.usefixtures("ipv6_served")
 @pytest.mark.parametrize(
     ("ip6", "message"),
     [
@@ -313,7 +294,6 @@ def test_ip6_is_a_host_of_the_subnets_cidr6(ip6: str, message: str) -> None:
     assert message_at(changed(dual_stack(), f"{LB}/network/ip6", ip6), f"{LB}/network/ip6") == message
 
 
-@pytest.mark.usefixtures("ipv6_served")
 def test_ip6_needs_a_subnet_with_cidr6() -> None:
     doc = dual_stack()
     del doc["subnets"][0]["cidr6"], doc["subnets"][0]["gateway6"]
@@ -321,7 +301,6 @@ def test_ip6_needs_a_subnet_with_cidr6() -> None:
     assert details_of(doc) == {f"{LB}/network/ip6": "needs a subnet with cidr6, and subnet 'net-1' has none"}
 
 
-@pytest.mark.usefixtures("ipv6_served")
 def test_two_load_balancers_cannot_share_an_ip6_in_any_spelling() -> None:
     doc = dual_stack()
     other = copy.deepcopy(doc["loadbalancers"][0])
@@ -333,7 +312,6 @@ def test_two_load_balancers_cannot_share_an_ip6_in_any_spelling() -> None:
     }
 
 
-@pytest.mark.usefixtures("ipv6_served")
 def test_a_backend_group_may_mix_families() -> None:
     doc = dual_stack()
     doc["loadbalancers"][0]["backend_groups"][0]["backends"].append(
@@ -343,44 +321,6 @@ def test_a_backend_group_may_mix_families() -> None:
     assert addresses == ["198.18.0.21", "fd00:1::21", "2001:db8:5::7"]
 
 
-# --- the gate -----------------------------------------------------------------------------
-
-
-def test_while_ipv6_is_not_served_every_ipv6_value_is_refused_at_its_path() -> None:
-    assert crosschecks.IPV6_SERVED is False  # the switch as shipped: the data path does not serve IPv6 yet
-    details = details_of(dual_stack())
-    not_yet = "this version does not accept IPv6 {} yet".format
-    assert details == {
-        f"{SUBNET}/cidr6": not_yet("subnets"),
-        f"{SUBNET}/gateway6": not_yet("subnets"),
-        f"{ROUTE}/cidr": not_yet("prefixes"),
-        f"{ROUTE}/nexthop": not_yet("addresses"),
-        "/pods/1/ip": not_yet("addresses"),
-        f"{LB}/network/ip6": not_yet("addresses for load balancers"),
-        f"{LB}/backend_groups/0/backends/1/address": not_yet("addresses"),
-        f"{ACL}/1": not_yet("prefixes"),
-    }
-
-
-def test_while_ipv6_is_not_served_an_explicit_null_ipv6_field_is_refused_too() -> None:
-    # The document served meanwhile knows no such fields, so no value of them is valid.
-    doc = copy.deepcopy(EXAMPLE)
-    doc["loadbalancers"][0]["network"]["ip6"] = None
-    assert details_of(doc) == {
-        f"{LB}/network/ip6": "this version does not accept IPv6 addresses for load balancers yet"
-    }
-
-
-def test_the_gate_is_applied_to_a_load_balancer_model_reused_from_before(monkeypatch: pytest.MonkeyPatch) -> None:
-    # The parser reuses the model of an unchanged load balancer; its IPv6 values are found once per model.
-    monkeypatch.setattr(crosschecks, "IPV6_SERVED", True)
-    served = parse_desired_state(dual_stack())
-    monkeypatch.setattr(crosschecks, "IPV6_SERVED", False)
-    doc = dual_stack()
-    doc["loadbalancers"] = list(served.loadbalancers)
-    assert f"{LB}/network/ip6" in details_of(doc)
-
-
 # --- the JSON schema ----------------------------------------------------------------------
 
 
@@ -388,19 +328,7 @@ def _validator() -> jsonschema.Draft202012Validator:
     return jsonschema.Draft202012Validator(json_schema())
 
 
-def test_while_ipv6_is_not_served_the_schema_describes_ipv4_only() -> None:
-    schema = json_schema()
-    assert not {"cidr6", "gateway6"} & set(schema["$defs"]["Subnet"]["properties"])
-    assert "ip6" not in schema["$defs"]["Network"]["properties"]
-    assert "IPv6" not in json.dumps(schema)
-    validator = _validator()
-    validator.validate(EXAMPLE)
-    assert not validator.is_valid(changed(copy.deepcopy(EXAMPLE), BACKEND, "2001:db8::21"))
-    assert not validator.is_valid(dual_stack())
-
-
-@pytest.mark.usefixtures("ipv6_served")
-def test_once_ipv6_is_served_the_schema_takes_a_dual_stack_body() -> None:
+def test_the_schema_takes_a_dual_stack_body() -> None:
     validator = _validator()
     validator.validate(dual_stack())
     validator.validate(EXAMPLE)
@@ -462,7 +390,9 @@ def test_the_route_pattern_matches_exactly_the_accepted_routes(
         assert bool(_ROUTE6.fullmatch(f"{text}/{length}")) == accepted, f"{text}/{length}"
 
 
-def test_a_state_that_holds_no_ipv6_is_the_same_model_either_way(monkeypatch: pytest.MonkeyPatch) -> None:
-    closed = parse_desired_state(copy.deepcopy(EXAMPLE))
-    monkeypatch.setattr(crosschecks, "IPV6_SERVED", True)
-    assert parse_desired_state(copy.deepcopy(EXAMPLE)) == closed
+def test_a_state_without_ipv6_dumps_without_its_fields() -> None:
+    # The fingerprints of IPv4-only load balancers stay what they were before there was IPv6.
+    state = parse_desired_state(copy.deepcopy(EXAMPLE))
+    assert not {"cidr6", "gateway6"} & set(state.subnets[0].model_dump())
+    assert "ip6" not in state.loadbalancers[0].network.model_dump()
+    assert state.loadbalancers[0].network.model_dump(mode="json") == EXAMPLE["loadbalancers"][0]["network"]

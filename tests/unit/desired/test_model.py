@@ -317,41 +317,21 @@ def test_unknown_field_names_itself_and_suggests() -> None:
 @pytest.mark.parametrize(
     ("where", "value", "message"),
     [
-        ("subnets__0__cidr6", "2001:db8::/64", "this version does not accept IPv6 subnets yet"),
-        ("subnets__0__gateway6", "2001:db8::1", "this version does not accept IPv6 subnets yet"),
-        (
-            f"{LB}__network__ip6",
-            "2001:db8::5",
-            "this version does not accept IPv6 addresses for load balancers yet",
-        ),
         (
             f"{LB}__network__ip",
             "2001:db8::5",
-            "must be an IPv4 address in dotted-quad form: this version does not accept IPv6 addresses yet "
+            "must be an IPv4 address in dotted-quad form: an IPv6 address goes in its own field (ip6, gateway6) "
             "(got '2001:db8::5')",
         ),
         (
-            f"{LB}__backend_groups__0__backends__0__address",
-            "2001:db8::9",
-            "this version does not accept IPv6 addresses yet",
-        ),
-        (
-            f"{LSN}__acl",
-            {"type": "white", "cidrs": ["2001:db8::/32"]},
-            "this version does not accept IPv6 prefixes yet",
-        ),
-        (
-            "subnets__0__routes__0",
-            {"cidr": "2001:db8:1::/64", "nexthop": "198.18.0.1"},
-            "this version does not accept IPv6 prefixes yet",
+            "subnets__0__cidr",
+            "2001:db8::/64",
+            "must be an IPv4 prefix like 198.18.0.0/24: an IPv6 prefix goes in its own field (cidr6)",
         ),
     ],
 )
-def test_ipv6_is_refused_at_its_path_saying_it_is_not_accepted_yet(where: str, value: Any, message: str) -> None:
-    path = "/" + where.replace("__", "/")
-    if isinstance(value, dict):  # an object: the problem is at its address field
-        path += "/cidrs/0" if "cidrs" in value else "/cidr"
-    assert message in problem_at(body(**{where: value}), path)
+def test_ipv6_in_an_ipv4_field_is_pointed_to_its_ipv6_twin(where: str, value: Any, message: str) -> None:
+    assert message in problem_at(body(**{where: value}), "/" + where.replace("__", "/"))
 
 
 def test_missing_required_fields() -> None:
