@@ -8,6 +8,7 @@ the option off unsubscribes."""
 from __future__ import annotations
 
 import subprocess
+import sys
 
 from lbagent.naming import netns_name
 
@@ -20,10 +21,12 @@ CLIENT = "198.18.0.31"
 LOGGED, QUIET = 5353, 5354
 STREAM = 8080  # the tcp listener, to the member's HTTP server
 BODY = "backend-a"
-# Conntrack forgets a flow this long after its last datagram, then its garbage collection
-# notices, which the kernel paces by itself (up to about a minute).
+# Conntrack forgets a flow this long after its last packet; its garbage collection notices
+# when the kernel paces it (up to about a minute), or at once when the table is dumped.
 FLOW_TIMEOUT = 1
 END_WAIT = 150
+# A dump of the namespace's conntrack table: the kernel drops the expired flows it meets.
+REAP = "from pyroute2 import Conntrack\nwith Conntrack() as ct:\n    list(ct.dump())"
 PAYLOAD_BYTES = len("hello") + 28  # what UDP_CLIENT sends, with its IPv4 and UDP headers
 ANSWER_BYTES = len("udp-a hello") + 28  # what UdpServers answers
 
@@ -64,6 +67,8 @@ def access_lines(agent, lb_id: str, event: str) -> list[dict[str, str]]:
 
 
 def ends(agent, lb_id: str, proto: str) -> list[dict[str, str]]:
+    """The end lines of `proto`, once the namespace's expired flows were dropped (see REAP)."""
+    subprocess.run(["ip", "netns", "exec", netns_name(lb_id), sys.executable, "-c", REAP], check=True, timeout=30)
     return [line for line in access_lines(agent, lb_id, "end") if line["proto"] == proto]
 
 
