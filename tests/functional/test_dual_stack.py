@@ -1,11 +1,14 @@
 """Dual-stack load balancers over HTTP, with real traffic through OVN: an IPv6 client reaches IPv4
 and IPv6 backends over http (X-Forwarded-For names the IPv6 client), tcp, https and udp; an IPv4
-client reaches an IPv6 backend; a black list of an IPv6 client refuses it on IPv6 and not on
-IPv4; a restart keeps the IPv6 pair and the mapped ports; drift of an IPv6 address or rule is
-repaired; deleting the load balancer leaves no IPv6 address, route, rule or policy rule behind."""
+client reaches an IPv6 backend; black and white lists of an IPv6 client (http and udp) hold on
+IPv6 and not on IPv4; per-source rates hold an IPv6 client; haproxy's checks and the udp checker
+find the IPv6 members up; a backend in the agent's own IPv6 prefix is refused; a restart keeps the
+IPv6 pair and the mapped ports, also when the state file is lost; drift of an IPv6 address or rule
+is repaired; deleting the load balancer leaves no IPv6 address, route, rule or policy rule behind."""
 
 from __future__ import annotations
 
+import collections
 import json
 import subprocess
 
@@ -31,6 +34,7 @@ VIP, VIP6, MAC = "198.18.0.12", "2001:db8:0:1::12", "00:22:0a:00:00:12"
 MEMBER, MEMBER6 = "198.18.0.21", "2001:db8:0:1::21"
 CLIENT, CLIENT6 = "198.18.0.31", "2001:db8:0:1::31"
 UDP_PORT, UDP_LISTED = 5353, 5354
+FAST_CHECK = {"rise": 1, "fall": 1, "interval": 1, "timeout": 1}
 
 
 @pytest.fixture
@@ -81,6 +85,13 @@ def get(client, url: str) -> tuple[str, dict]:
     return lines[0], seen
 
 
+def http_statuses(client, url: str, count: int) -> collections.Counter:
+    """The status codes of `count` requests sent back to back, each on a connection of its own."""
+    one = f"curl -sg -o /dev/null -w '%{{http_code}}\\n' --max-time 5 '{url}'"
+    out = client.run("sh", "-c", f"for i in $(seq {count}); do {one}; done")
+    return collections.Counter(out.split())
+
+
 def refused(client, url: str) -> bool:
     result = subprocess.run(
         ["ip", "netns", "exec", client.netns, "curl", "-sS", "-g", "--noproxy", "*", "--max-time", "5", url],
@@ -100,7 +111,7 @@ def test_clients_of_either_family_reach_backends_of_either_family(agent_factory,
     black6 = {"type": "black", "cidrs": [f"{CLIENT6}/128"]}
     listeners = [
         http("h4", 80, "bg-v4"),
-        http("h6", 81, "bg-v6", x_forwarded_for=True),
+        http("h6", 81, "bg-v6", x_forwarded_for=True, health_check={"type": "http", "uri": "/", **FAST_CHECK}),
         tcp_listener("t6", 82, "bg-v6"),
         {
             "id": "s6",
@@ -109,7 +120,13 @@ def test_clients_of_either_family_reach_backends_of_either_family(agent_factory,
             "backend_group_id": "bg-v6",
             "certificates": [{"id": "dual", "certificate": cert, "private_key": key}],
         },
-        udp_listener("u", UDP_PORT, "bg-udp"),
+        udp_listener(
+            "u",
+            UDP_PORT,
+            "bg-udp",
+            health_check={"type": "udp", "udp_request": "ping", "udp_expect": "ping", **FAST_CHECK},
+        ),
+        http("rate6", 86, "bg-v4", http_request_rate_per_src=2),
         http("black6", 84, "bg-v4", acl=black6),
         http("white6", 85, "bg-v4", acl={"type": "white", "cidrs": [f"{CLIENT6}/128"]}),
         udp_listener("u-black6", UDP_LISTED, "bg-listed", acl=black6),
@@ -151,6 +168,17 @@ def test_clients_of_either_family_reach_backends_of_either_family(agent_factory,
         assert refused(client, f"http://{VIP}:85/")  # and over IPv4, not listed
         assert udp_backends_of(client, VIP6, UDP_LISTED, 2) == {"error": 2}
         assert udp_backends_of(client, VIP, UDP_LISTED, 2) == {"udp-a": 2}
+
+        # Per-source rates hold IPv6 clients: past 2 requests a second, the same client gets 429s.
+        statuses = http_statuses(client, f"http://[{VIP6}]:86/", 8)
+        assert statuses["200"] >= 2 and statuses["429"] >= 1, statuses
+        # haproxy's checks and the udp checker reach the IPv6 members over IPv6.
+        health = wait_until(
+            lambda: (h := {b["id"]: b["health"] for b in agent.lb(lb_id)["backends"]})["be-6"] == "up" and h,
+            30,
+            "the IPv6 members checked up",
+        )
+        assert health["u-6"] == "up" and health["u-4"] == "up", health
 
 
 def ip(*args: str) -> str:
