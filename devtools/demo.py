@@ -173,6 +173,8 @@ def _write_agent_config(paths: DemoPaths, sandbox: OvnSandbox) -> str:
         "[agent]\n"
         f'state_dir = "{paths.state_dir}"\n'
         f'run_dir = "{paths.run_dir}"\n'
+        # The machine's neighbour tables are not the demo's to raise: one load balancer fits them.
+        "size_neighbour_tables = false\n"
         "\n[api]\n"
         f'listen = "{API_HOST}:{API_PORT}"\n'
         f'token_file = "{paths.token}"\n'

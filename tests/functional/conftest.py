@@ -80,8 +80,8 @@ async def executors():
 
 @pytest.fixture
 def neighbour_limits():
-    """The machine's neighbour table limits as they were, put back after the test. List it before
-    the agent fixtures: it is then torn down after them."""
+    """The neighbour table limits the test starts from (the kernel's defaults), the machine's put
+    back after the test. List it before the agent fixtures: it is then torn down after them."""
     with kept_limits() as before:
         yield before
 

@@ -16,12 +16,19 @@ def write_limits(family: str, limits: Limits) -> None:
     (directory / "gc_thresh2").write_text(f"{limits.soft}\n")
 
 
+# The kernel's own defaults: what a test starts from, whatever an earlier agent (a demo) raised them to.
+KERNEL_DEFAULTS = Limits(soft=512, hard=1024)
+
+
 @contextmanager
 def kept_limits() -> Iterator[dict[str, Limits]]:
-    """The limits as they were; written back afterwards, whatever the test did to them."""
+    """The kernel's default limits for the test (yielded); the machine's limits as they were
+    written back afterwards, whatever the test did to them."""
     before = {family: read_limits(family) for family in FAMILIES}
     try:
-        yield before
+        for family in FAMILIES:
+            write_limits(family, KERNEL_DEFAULTS)
+        yield {family: read_limits(family) for family in FAMILIES}
     finally:
         for family, limits in before.items():
             write_limits(family, limits)
