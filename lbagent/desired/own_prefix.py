@@ -14,6 +14,7 @@ from collections.abc import Iterator
 from ipaddress import IPv6Network, ip_address
 
 from lbagent.desired.details import Location, json_pointer
+from lbagent.desired.fields import family_of
 from lbagent.desired.model import DesiredState
 
 
@@ -42,4 +43,4 @@ def _inside(desired: DesiredState, prefix: IPv6Network) -> Iterator[Location]:
 
 
 def _in(address: str, prefix: IPv6Network) -> bool:
-    return ":" in address and ip_address(address) in prefix
+    return family_of(address) == 6 and ip_address(address) in prefix

@@ -19,7 +19,7 @@ import re
 from dataclasses import dataclass
 from pathlib import Path
 
-from lbagent.desired.fields import DEFAULT_DRAIN_TIMEOUT
+from lbagent.desired.fields import DEFAULT_DRAIN_TIMEOUT, family_of
 from lbagent.desired.memberoptions import options_of
 from lbagent.desired.members import Member
 from lbagent.desired.model import Listener
@@ -181,7 +181,7 @@ class _Pairs:
     inner6: str
 
     def inner_for(self, member: Member) -> str:
-        if ":" not in member.address:
+        if family_of(member.address) == 4:
             return self.inner
         if not self.inner6:
             raise RenderError(f"member {member.key} is IPv6 and the load balancer has no IPv6 address")

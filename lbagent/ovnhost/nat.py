@@ -22,6 +22,7 @@ import math
 from dataclasses import dataclass, replace
 from typing import Literal
 
+from lbagent.desired.fields import family_of
 from lbagent.desired.memberoptions import check_port_key, options_of
 from lbagent.desired.members import Member
 
@@ -39,11 +40,6 @@ TABLE_HOOKS = {"nat": CHAIN_HOOKS, "filter": {ACL_CHAIN: "FORWARD"}}
 HMARK_SEED = "0x6c62736b"
 
 Family = Literal[4, 6]
-
-
-def family_of(address: str) -> Family:
-    """The family of an address or prefix (already validated)."""
-    return 6 if ":" in address else 4
 
 
 def address_port(address: str, port: int) -> str:
@@ -179,11 +175,6 @@ def sides(plan: NatPlan) -> list[Side]:
     """IPv4 always; IPv6 when the load balancer has an IPv6 VIP."""
     ipv4 = Side(4, plan.vip, plan.inner, plan.outer)
     return [ipv4, Side(6, plan.vip6, plan.inner6, plan.outer6)] if plan.vip6 else [ipv4]
-
-
-def inner_address(plan: NatPlan, member: Member) -> str:
-    """Where haproxy reaches `member` (at its mapped port): INNER in the member's family."""
-    return plan.inner6 if family_of(member.address) == 6 else plan.inner
 
 
 def nat_rules(plan: NatPlan) -> list[NatRule]:

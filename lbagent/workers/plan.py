@@ -9,6 +9,7 @@ from __future__ import annotations
 import ipaddress
 from dataclasses import dataclass
 
+from lbagent.desired.fields import family_of
 from lbagent.desired.memberoptions import GroupMember, TrafficOptions, check_port_key
 from lbagent.desired.members import Member
 from lbagent.naming import interface_names, netns_name
@@ -60,7 +61,7 @@ def group_targets(lb, pods) -> dict[str, list[Target]]:
     in its own family only (its backends are checked so when they arrive)."""
     groups = {}
     if lb.network.ip6 is None:
-        pods = [pod for pod in pods if ":" not in pod.ip]
+        pods = [pod for pod in pods if family_of(pod.ip) == 4]
     for group in lb.backend_groups:
         from_group = {"slow_start": group.slow_start, "check_port": group.health_check_port}
         targets = [

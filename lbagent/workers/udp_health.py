@@ -26,6 +26,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from datetime import UTC, datetime
 
+from lbagent.desired.fields import family_of
 from lbagent.desired.memberoptions import probed_port
 from lbagent.desired.members import Member
 from lbagent.desired.model import HealthCheck
@@ -53,7 +54,7 @@ class Probe:
 
 def _open_socket(kind: str, address: str) -> socket.socket:
     # Called on a thread inside the namespace: the socket stays bound to it.
-    family = socket.AF_INET6 if ":" in address else socket.AF_INET
+    family = socket.AF_INET6 if family_of(address) == 6 else socket.AF_INET
     sock = socket.socket(family, socket.SOCK_DGRAM if kind == "udp" else socket.SOCK_STREAM)
     sock.setblocking(False)
     return sock
