@@ -36,6 +36,7 @@ import threading
 import time
 from contextlib import closing
 from dataclasses import dataclass, replace
+from typing import NamedTuple
 
 from lbagent.metrics import count_write
 from lbagent.naming import INTERFACE_RE, InterfaceNames
@@ -72,11 +73,17 @@ REPLY_PROBE = "198.18.255.254"
 # documentation address (a route lookup sends nothing).
 UNIQUE_LOCAL_NET = ("fc00::", 7)
 REPLY_PROBE6 = "2001:db8:ffff:ffff::fffe"
-# Per family: the default route, the block of pair addresses the reply rules
-# are for, and where a reply is checked to lead.
-FAMILIES: dict[int, tuple[str, tuple[str, int], str]] = {
-    socket.AF_INET: (DEFAULT_ROUTE, LINK_LOCAL_NET, REPLY_PROBE),
-    socket.AF_INET6: (DEFAULT_ROUTE6, UNIQUE_LOCAL_NET, REPLY_PROBE6),
+
+
+class _Family(NamedTuple):
+    default_route: str
+    pair_block: tuple[str, int]  # where the pair addresses the reply rules are for lie
+    reply_probe: str  # where a reply is checked to lead
+
+
+FAMILIES: dict[int, _Family] = {
+    socket.AF_INET: _Family(DEFAULT_ROUTE, LINK_LOCAL_NET, REPLY_PROBE),
+    socket.AF_INET6: _Family(DEFAULT_ROUTE6, UNIQUE_LOCAL_NET, REPLY_PROBE6),
 }
 # IPv6 on an interface of a dual-stack load balancer: no router solicitations
 # or advertisements (its routes are the subnet's), and no duplicate address
@@ -190,10 +197,11 @@ def _gateway_routes(spec: LinkSpec, oif: int, family: int) -> list[KernelRoute]:
     (both would make each pass replace the other)."""
     routes = {cidr: nexthop for cidr, nexthop in spec.routes if family_of(cidr) == family}
     if family == socket.AF_INET:
-        default_route, gateway = DEFAULT_ROUTE, spec.gateway
+        gateway = spec.gateway
     else:
         assert spec.ipv6 is not None
-        default_route, gateway = DEFAULT_ROUTE6, spec.ipv6.gateway
+        gateway = spec.ipv6.gateway
+    default_route = FAMILIES[family].default_route
     default = KernelRoute(default_route, routes.pop(default_route, gateway), oif, None)
     return [default] + [KernelRoute(cidr, nexthop, oif, None) for cidr, nexthop in sorted(routes.items())]
 
@@ -333,10 +341,9 @@ def build_host(spec: LinkSpec) -> None:
 
 def _reply_routes(pair: _Pair, oif: int, table: int) -> list[KernelRoute]:
     """The reply table: INNER on the link, then the default route via INNER."""
-    default_route = FAMILIES[pair.family][0]
     return [
         KernelRoute(f"{pair.inner}/{host_prefixlen(pair.family)}", None, oif, pair.outer, table),
-        KernelRoute(default_route, pair.inner, oif, None, table),
+        KernelRoute(FAMILIES[pair.family].default_route, pair.inner, oif, None, table),
     ]
 
 
@@ -344,7 +351,7 @@ def _reply_path_ok(nl: Netlink, pair: _Pair, haproxy: int) -> bool:
     """Does a reply from OUTER to a client leave via INNER on this load balancer's veth?
     Only its own table routes anything via INNER (pyroute2 reports the table
     of a `get` as the one its request named, so the table cannot be compared)."""
-    reply = nl.route_to(FAMILIES[pair.family][2], src=pair.outer)
+    reply = nl.route_to(FAMILIES[pair.family].reply_probe, src=pair.outer)
     return reply is not None and (reply.gateway, reply.oif) == (pair.inner, haproxy)
 
 
@@ -368,7 +375,7 @@ def _ensure_reply_path(nl: Netlink, pair: _Pair, table: int, haproxy: int) -> No
     with _RULES_LOCK:
         # Adds that the kernel refuses as duplicates: no dump of the host's
         # rules, which grow with the number of load balancers.
-        nl.add_skip_rules(*FAMILIES[pair.family][1], SKIP_PRIORITY, SKIP_TARGET)
+        nl.add_skip_rules(*FAMILIES[pair.family].pair_block, SKIP_PRIORITY, SKIP_TARGET)
         nl.add_source_rule(rule)
         if not _reply_path_ok(nl, pair, haproxy):
             # Still wrong: another rule from OUTER comes first. Only now are
@@ -379,10 +386,11 @@ def _ensure_reply_path(nl: Netlink, pair: _Pair, table: int, haproxy: int) -> No
 
 def delete_reply_rules(outers: set[str]) -> list[str]:
     """Remove our policy rules for these OUTER addresses, of either family
-    (their tables' routes went with the links)."""
+    (their tables' routes went with the links). Only the families of `outers`
+    are read: removing IPv4-only load balancers dumps no IPv6 rules."""
     deleted = []
     with _RULES_LOCK, Netlink.open() as nl:
-        for family in FAMILIES:
+        for family in {family_of(outer) for outer in outers}:
             remaining, deleted_here = 0, 0
             for rule in nl.source_rules(RULE_PRIORITY, family):
                 if rule.src in outers and is_reply_table(rule.table):
