@@ -28,7 +28,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Iterable
 from dataclasses import replace
 from typing import TYPE_CHECKING, Any
 
@@ -159,12 +159,16 @@ class ReadinessWatch:
                 elif runtime.observation.ovs_port in installed:
                     runtime.observation = replace(runtime.observation, ovn_installed=True)
                     again.add(lb_id)
+        return await self._judge_again(again)
+
+    async def _judge_again(self, lb_ids: Iterable[str]) -> int:
+        """Readiness of these load balancers anew; how many changed state (waiters told if any did)."""
         changed = 0
-        for lb_id in again:
-            found = self.tasks.get(lb_id)
-            if found is not None and found.set_waiting(self.readiness(lb_id)):
+        for lb_id in lb_ids:
+            task = self.tasks.get(lb_id)
+            if task is not None and task.set_waiting(self.readiness(lb_id)):
                 changed += 1
-                log.info("lb=%s action=readiness state=%s reason=%r", lb_id, found.state, found.waiting)
+                log.info("lb=%s action=readiness state=%s reason=%r", lb_id, task.state, task.waiting)
         if changed:
             await self._notify()
         return changed
@@ -188,15 +192,7 @@ class ReadinessWatch:
         gained, lost = await traffic.probe(targets)
         for lb_id in sorted(lost):
             log.warning("lb=%s action=probe_traffic result=lost reason=%r", lb_id, "its gateway stopped answering")
-        changed = 0
-        for lb_id in gained | lost:
-            task = self.tasks.get(lb_id)
-            if task is not None and task.set_waiting(self.readiness(lb_id)):
-                changed += 1
-                log.info("lb=%s action=readiness state=%s reason=%r", lb_id, task.state, task.waiting)
-        if changed:
-            await self._notify()
-        return changed
+        return await self._judge_again(gained | lost)
 
     async def watch_traffic(self, interval: float = READINESS_INTERVAL, batches: int = PROBE_BATCHES) -> None:
         """Every `interval`, a batch of the probes due, without waiting for the batches still out
