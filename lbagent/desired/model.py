@@ -507,5 +507,8 @@ def json_schema() -> dict[str, Any]:
     """JSON schema of the POST /v1/refresh body (for the OpenAPI document)."""
     schema = DesiredState.model_json_schema()
     # The one IPv6 rule across fields that JSON Schema can say (crosschecks checks it).
-    schema["$defs"]["Subnet"]["dependentRequired"] = {"cidr6": ["gateway6"], "gateway6": ["cidr6"]}
+    subnet = schema["$defs"]["Subnet"]
+    subnet["dependentRequired"] = {"cidr6": ["gateway6"], "gateway6": ["cidr6"]}
+    # What dependentRequired cannot say: presence there includes null.
+    subnet["description"] = "cidr6 and gateway6 come together: both given, or both absent or null"
     return schema

@@ -29,9 +29,12 @@ CROSS_FIELD = re.compile(
     r"|must lie inside the subnet "
     r"|must not be the network or broadcast address of "
     r"|must not be the subnet's gateway"
-    # the IPv6 twins, met only while the agent serves IPv6 (lbagent.desired.crosschecks.IPV6_SERVED)
+    # the IPv6 twins
     r"|must not be the subnet-router anycast address of "
     r"|needs a subnet with cidr6, "
+    # dependentRequired in the document counts a null cidr6 or gateway6 as
+    # given; the agent counts it as absent, as for every optional field
+    r"|required with (cidr6|gateway6): a subnet has both cidr6 and gateway6 or neither$"
     r"|an IPv6 route needs the subnet's cidr6"
     r"|must be an IPv[46] address, like the route's cidr"
     r"|is IPv6, and the load balancer has no network\.ip6"
