@@ -36,7 +36,7 @@ from pyroute2.netlink.rtnl.rtmsg import rtmsg
 from lbagent.metrics import count_write
 from lbagent.ovnhost import rtnl_socket
 from lbagent.ovnhost.errors import AlreadyExists, LinkNotFound, NetlinkError, translate_netlink
-from lbagent.ovnhost.rtnl_messages import ADDRESS, LINK, ROUTE, decoder
+from lbagent.ovnhost.rtnl_messages import ADDRESS, LINK, ROUTE, Message, decoder
 
 IFA_F_NODAD = 0x02
 IFA_F_NOPREFIXROUTE = 0x200
@@ -58,6 +58,9 @@ class Link:
     up: bool
     peer_index: int  # IFLA_LINK: the veth peer's index (in the peer's namespace)
     alias: str = ""  # IFLA_IFALIAS: the agent's ownership mark on the host ends it made
+    # IFLA_AF_SPEC: the link's net.ipv4.conf and net.ipv6.conf settings, in the kernel's order
+    ipv4_conf: tuple[int, ...] = ()
+    ipv6_conf: tuple[int, ...] = ()
 
 
 def family_of(address: str) -> int:
@@ -396,6 +399,8 @@ class Netlink:
 
 def _to_link(msg) -> Link:
     info = msg.get("IFLA_LINKINFO")
+    # Only our own decoder's answers carry it as arrays (not those of pyroute2's dump of every link).
+    conf = (msg.get("IFLA_AF_SPEC") or {}) if isinstance(msg, Message) else {}
     return Link(
         index=msg["index"],
         name=msg.get("IFLA_IFNAME"),
@@ -405,6 +410,8 @@ def _to_link(msg) -> Link:
         up=bool(msg["flags"] & IFF_UP),
         peer_index=msg.get("IFLA_LINK") or 0,
         alias=msg.get("IFLA_IFALIAS") or "",
+        ipv4_conf=conf.get(socket.AF_INET, ()),
+        ipv6_conf=conf.get(socket.AF_INET6, ()),
     )
 
 

@@ -38,12 +38,10 @@ from contextlib import closing
 from dataclasses import dataclass, replace
 from typing import NamedTuple
 
-from lbagent.metrics import count_write
 from lbagent.naming import INTERFACE_RE, InterfaceNames
-from lbagent.ovnhost import ethtool
+from lbagent.ovnhost import devconf, ethtool
 from lbagent.ovnhost.errors import LinkNotFound, NetlinkError
 from lbagent.ovnhost.iplib import Address, KernelRoute, Link, Netlink, SourceRule, family_of, host_prefixlen
-from lbagent.ovnhost.netns import write_sysctl
 from lbagent.ovnhost.rtnl_batch import RtnlBatch, route_via
 from lbagent.ovnhost.rtnl_socket import open_socket
 
@@ -85,11 +83,6 @@ FAMILIES: dict[int, _Family] = {
     socket.AF_INET: _Family(DEFAULT_ROUTE, LINK_LOCAL_NET, REPLY_PROBE),
     socket.AF_INET6: _Family(DEFAULT_ROUTE6, UNIQUE_LOCAL_NET, REPLY_PROBE6),
 }
-# IPv6 on an interface of a dual-stack load balancer: no router solicitations
-# or advertisements (its routes are the subnet's), and no duplicate address
-# detection, which would hold its link-local address back for a second.
-# Set in this order: the last one brings IPv6 up with the others in force.
-IPV6_ON = (("accept_dad", "0"), ("accept_ra", "0"), ("router_solicitations", "0"), ("disable_ipv6", "0"))
 
 
 def reply_table(outer: str) -> int:
@@ -148,13 +141,14 @@ def converge_namespace(spec: LinkSpec, host_netns_fd: int) -> set[str]:
         _ensure_link(nl, lo, up=True)
         ovn = _ensure_link(nl, ovn, up=True, mtu=spec.mtu, mac=spec.mac)
         haproxy = _ensure_link(nl, haproxy, up=True)
-        _set_ipv6_of_namespace_ends(spec)  # before IPv6 addresses: a link with IPv6 off takes none
+        # Before IPv6 addresses: a link with IPv6 off takes none.
+        _set_ipv6_of_namespace_ends(spec, (ovn, haproxy))
         _ensure_addresses(nl, ovn, {Address(spec.vip, spec.prefixlen)})
         _ensure_addresses(nl, haproxy, {Address(spec.inner, LINK_LOCAL_PREFIX)})
         _ensure_gateway_routes(nl, set(_gateway_routes(spec, ovn.index, socket.AF_INET)))
         if spec.ipv6 is not None:
             _converge_namespace_ipv6(nl, spec, spec.ipv6, ovn, haproxy)
-    _finish_namespace(spec)
+    _finish_namespace(spec, ovn)
     return created
 
 
@@ -170,7 +164,7 @@ def build_namespace(spec: LinkSpec, host_netns_fd: int) -> set[str]:
     directly on the host), then addresses and routes; two batches, no reads.
     Returns the namespace ends it created, like `converge_namespace`."""
     names = spec.names
-    _set_ipv6("default", spec.ipv6 is not None)  # the veth ends made next come up with it set
+    devconf.set_ipv6("default", spec.ipv6 is not None)  # the veth ends made next come up with it set
     batch = RtnlBatch()
     with closing(open_socket()) as sock:
         batch.set_up(LOOPBACK_INDEX, "lo")
@@ -186,6 +180,7 @@ def build_namespace(spec: LinkSpec, host_netns_fd: int) -> set[str]:
     if spec.ipv6 is not None:
         with Netlink.open() as nl:
             _converge_namespace_ipv6(nl, spec, spec.ipv6, _link(nl, names.ovn_ns), _link(nl, names.haproxy_ns))
+    _set_ipv6_of_namespace_ends(spec)
     _finish_namespace(spec)
     return {names.ovn_ns, names.haproxy_ns}
 
@@ -206,39 +201,19 @@ def _gateway_routes(spec: LinkSpec, oif: int, family: int) -> list[KernelRoute]:
     return [default] + [KernelRoute(cidr, nexthop, oif, None) for cidr, nexthop in sorted(routes.items())]
 
 
-def _set_ipv6(interface: str, on: bool) -> None:
-    """IPv6 on or off on `interface` ("default": on those made from now on) of the calling thread's namespace.
-
-    Off for a load balancer without an IPv6 VIP. With IPv6 on, each OVN-side veth sends router
-    solicitations and MLD reports to multicast groups as it comes up, which OVN floods
-    to every port of the logical switch: at 2,500 load balancers on one switch,
-    millions of copies through the userspace datapath while it installs their flows.
-    A dual-stack load balancer needs it (see `IPV6_ON`), and sends no solicitations."""
-    settings = IPV6_ON if on else (("disable_ipv6", "1"),)
-    try:
-        changed = [key for key, value in settings if write_sysctl(f"net/ipv6/conf/{interface}/{key}", value)]
-    except FileNotFoundError:  # a kernel without IPv6
-        if on:
-            raise LinkNotFound("turn ipv6 on", errno.EAFNOSUPPORT, interface) from None
-        return
-    if changed:
-        count_write("netlink", what=f"ipv6 {'on' if on else 'off'} on {interface}")
+def _set_ipv6_of_namespace_ends(spec: LinkSpec, ends: tuple[Link, Link] | None = None) -> None:
+    """`ends`: the lookups of the OVN-side and haproxy-side ends, when the pass made them."""
+    names = (spec.names.ovn_ns, spec.names.haproxy_ns)
+    for interface, link in zip(names, ends or (None, None), strict=True):
+        devconf.set_ipv6(interface, spec.ipv6 is not None, link)
 
 
-def _set_ipv6_of_namespace_ends(spec: LinkSpec) -> None:
-    for interface in (spec.names.ovn_ns, spec.names.haproxy_ns):
-        _set_ipv6(interface, spec.ipv6 is not None)
-
-
-def _finish_namespace(spec: LinkSpec) -> None:
-    _set_ipv6_of_namespace_ends(spec)
+def _finish_namespace(spec: LinkSpec, ovn: Link | None = None) -> None:
+    """`ovn`: the lookup of the OVN-side end, when the pass made one."""
     if spec.tx_checksum_off:
         ethtool.ensure_tx_checksum_off(spec.names.ovn_ns)
     # A fresh namespace does not forward; both directions route through it.
-    if write_sysctl("net/ipv4/ip_forward", "1"):
-        count_write("netlink", what="ip_forward on")
-    if spec.ipv6 is not None and write_sysctl("net/ipv6/conf/all/forwarding", "1"):
-        count_write("netlink", what="ipv6 forwarding on")
+    devconf.ensure_forwarding(spec.ipv6 is not None, ovn)
 
 
 def _link(nl: Netlink, name: str) -> Link:
@@ -269,7 +244,7 @@ def converge_host(spec: LinkSpec) -> None:
         mark = spec.mark or None
         _ensure_link(nl, ovn, up=True, mtu=spec.mtu, alias=mark)
         _ensure_link(nl, haproxy, up=True, alias=mark)
-        _set_ipv6(names.haproxy_host, spec.ipv6 is not None)
+        devconf.set_ipv6(names.haproxy_host, spec.ipv6 is not None, haproxy)
         for pair in _pairs(spec):
             _converge_host_pair(nl, pair, reply_table(spec.outer), haproxy)
 
@@ -330,7 +305,7 @@ def build_host(spec: LinkSpec) -> None:
             batch.add_source_rule(spec.outer, table, RULE_PRIORITY)
             batch.send(sock)
         reply_ok = route_via(sock, REPLY_PROBE, spec.outer) == (spec.inner, haproxy)
-    _set_ipv6(names.haproxy_host, spec.ipv6 is not None)
+    devconf.set_ipv6(names.haproxy_host, spec.ipv6 is not None)
     if not reply_ok or spec.ipv6 is not None:
         with Netlink.open() as nl:
             if not reply_ok:

@@ -54,6 +54,19 @@ def _attributes(data: bytes, start: int, end: int) -> dict[int, bytes]:
     return found
 
 
+_CONF_OF_FAMILY: dict[int, int] = {socket.AF_INET: 1, socket.AF_INET6: 2}  # IFLA_INET_CONF, IFLA_INET6_CONF
+
+
+def _af_spec(raw: bytes) -> dict[int, tuple[int, ...]]:
+    """A link's per-family settings (the net.ipv4/ipv6.conf.<link> sysctls), as arrays by family."""
+    found = {}
+    for family, payload in _attributes(raw, 0, len(raw)).items():
+        conf = _attributes(payload, 0, len(payload)).get(_CONF_OF_FAMILY.get(family, -1))
+        if conf is not None:
+            found[family] = struct.unpack_from(f"={len(conf) // 4}i", conf)
+    return found
+
+
 def _nested(names: dict[str, tuple[int, Callable[[bytes], Any]]]) -> Callable[[bytes], dict]:
     def decode(raw: bytes) -> dict:
         inner = _attributes(raw, 0, len(raw))
@@ -81,6 +94,7 @@ LINK = Kind(
         "IFLA_LINK": (5, _u32),
         "IFLA_LINKINFO": (18, _nested({"IFLA_INFO_KIND": (1, _text)})),
         "IFLA_IFALIAS": (20, _text),
+        "IFLA_AF_SPEC": (26, _af_spec),
     },
 )
 ADDRESS = Kind(

@@ -9,7 +9,7 @@ import pytest
 
 from lbagent.desired.members import Member
 from lbagent.metrics import write_counts
-from lbagent.ovnhost import iplib, iptables, links
+from lbagent.ovnhost import devconf, iplib, iptables, links
 from lbagent.ovnhost.host import HostSpec, OvnHost
 from lbagent.ovnhost.links import LinkSpec
 from lbagent.ovnhost.nat import NatPlan, nat_rules
@@ -69,14 +69,18 @@ async def converge(executors, netns, names, link_spec, nat):
         os.close(host_fd)
 
 
-async def test_converge_builds_the_data_path_and_a_second_pass_writes_nothing(executors, lb):
+async def test_converge_builds_the_data_path_and_a_second_pass_writes_nothing(executors, lb, monkeypatch):
     lb_id, names, netns = lb
     await converge(executors, netns, names, spec(names), rules(names))
     assert_data_path(netns, names)
 
     before = write_counts()
+    sysctls = []
+    monkeypatch.setattr(devconf, "write_sysctl", lambda path, value: sysctls.append(path) or False)
     assert await converge(executors, netns, names, spec(names), rules(names)) == 0
     assert write_counts() == before
+    # The per-link settings come with the link lookups: no file under /proc/sys read.
+    assert sysctls == []
 
 
 def assert_data_path(netns, names):
@@ -119,6 +123,7 @@ async def test_changes_and_drift_are_repaired(executors, lb):
     sh("ip rule del priority 31000 from 169.254.0.101")
     sh(f"ip netns exec {netns} ip addr flush dev {names.ovn_ns}")
     sh(f"ip netns exec {netns} sysctl -qw net.ipv6.conf.{names.ovn_ns}.disable_ipv6=0")
+    sh(f"ip netns exec {netns} sysctl -qw net.ipv4.ip_forward=0")
     changed = await converge(
         executors, netns, names, spec(names, gateway="198.18.0.254", mtu=1400), rules(names, backend="198.18.0.22")
     )
@@ -134,6 +139,9 @@ async def test_changes_and_drift_are_repaired(executors, lb):
     assert "mtu 1400" in sh(f"ip netns exec {netns} ip link show {names.ovn_ns}")
     assert f"169.254.0.100 dev {names.haproxy_host}" in sh("ip route")
     assert sh(f"ip netns exec {netns} sysctl -n net.ipv6.conf.{names.ovn_ns}.disable_ipv6").strip() == "1"
+    assert sh(f"ip netns exec {netns} sysctl -n net.ipv4.ip_forward").strip() == "1"
+    # Made again on the host, whose default has IPv6 on: turned off again.
+    assert sh(f"sysctl -n net.ipv6.conf.{names.haproxy_host}.disable_ipv6").strip() == "1"
 
 
 async def test_passes_never_read_all_host_rules_unless_the_reply_path_is_wrong(executors, lb, monkeypatch):

@@ -1,5 +1,7 @@
 """Answers read on demand give what pyroute2's full decode gives, for every field the agent reads."""
 
+import struct
+
 import pytest
 from pyroute2.netlink.rtnl.ifaddrmsg import ifaddrmsg
 from pyroute2.netlink.rtnl.ifinfmsg import ifinfmsg
@@ -77,3 +79,21 @@ def test_an_attribute_not_read_is_none_and_a_truncated_list_ends_it():
     assert message.get("RTA_MARK") is None and message.get("RTA_GATEWAY", "none") == "none"
     cut = Message(data[:-4], ROUTE)  # RTA_OIF's length now runs past the end
     assert cut.get("RTA_DST") == "198.18.0.1" and cut.get("RTA_OIF") is None
+
+
+def _attribute(number: int, payload: bytes) -> bytes:
+    length = 4 + len(payload)
+    return struct.pack("=HH", length, number) + payload + b"\0" * ((-length) % 4)
+
+
+def test_a_links_per_family_settings_are_arrays_by_family():
+    inet = _attribute(1, struct.pack("=3i", 1, 0, 0))  # IFLA_INET_CONF: forwarding first
+    inet6 = _attribute(1, struct.pack("=I", 0)) + _attribute(2, struct.pack("=4i", 1, 64, 1500, -1))
+    other = _attribute(7, b"\0" * 4)  # a family with no settings array the agent reads
+    af_spec = _attribute(26, _attribute(2, inet) + _attribute(10, inet6) + _attribute(45, other))
+    data, _ = encoded(ifinfmsg, {"index": 3, "flags": 1}, [("IFLA_IFNAME", "lb0")])
+    data += af_spec
+    data = struct.pack("=I", len(data)) + data[4:]  # the netlink header's length
+    message = Message(data, LINK)
+    assert message.get("IFLA_IFNAME") == "lb0"
+    assert message.get("IFLA_AF_SPEC") == {2: (1, 0, 0), 10: (1, 64, 1500, -1)}

@@ -1,0 +1,69 @@
+"""The per-link IP settings of the calling thread's namespace: IPv6 on or off
+on a link, and forwarding.
+
+Each is a file under /proc/sys/net; reading four to eight of them took a
+quarter of a converged pass. The kernel reports the same values in every
+link lookup (IFLA_AF_SPEC, `Link.ipv4_conf` and `Link.ipv6_conf`), and a
+pass looks its links up anyway: given the link, a setting already in place
+costs nothing, and /proc/sys is read and written only for a difference (or
+for a link not looked up, such as `default`).
+"""
+
+from __future__ import annotations
+
+import errno
+
+from lbagent.metrics import count_write
+from lbagent.ovnhost.errors import LinkNotFound
+from lbagent.ovnhost.iplib import Link
+from lbagent.ovnhost.netns import write_sysctl
+
+# IPv6 on an interface of a dual-stack load balancer: no router solicitations
+# or advertisements (its routes are the subnet's), and no duplicate address
+# detection, which would hold its link-local address back for a second.
+# Set in this order: the last one brings IPv6 up with the others in force.
+IPV6_ON = (("accept_dad", "0"), ("accept_ra", "0"), ("router_solicitations", "0"), ("disable_ipv6", "0"))
+IPV6_OFF = (("disable_ipv6", "1"),)
+# Positions in IFLA_INET6_CONF: the kernel's enum DEVCONF_*.
+IPV6_CONF_INDEX = {"forwarding": 0, "accept_ra": 3, "router_solicitations": 7, "disable_ipv6": 26, "accept_dad": 27}
+# IFLA_INET_CONF holds IPV4_DEVCONF_<x> at <x> - 1; IPV4_DEVCONF_FORWARDING is 1.
+IPV4_FORWARDING_INDEX = 0
+
+
+def _holds(conf: tuple[int, ...], settings: tuple[tuple[str, str], ...]) -> bool:
+    return all(IPV6_CONF_INDEX[key] < len(conf) and conf[IPV6_CONF_INDEX[key]] == int(value) for key, value in settings)
+
+
+def set_ipv6(interface: str, on: bool, link: Link | None = None) -> None:
+    """IPv6 on or off on `interface` ("default": on those made from now on); `link`: its lookup.
+
+    Off for a load balancer without an IPv6 VIP. With IPv6 on, each OVN-side veth sends router
+    solicitations and MLD reports to multicast groups as it comes up, which OVN floods
+    to every port of the logical switch: at 2,500 load balancers on one switch,
+    millions of copies through the userspace datapath while it installs their flows.
+    A dual-stack load balancer needs it (see `IPV6_ON`), and sends no solicitations."""
+    settings = IPV6_ON if on else IPV6_OFF
+    if link is not None and _holds(link.ipv6_conf, settings):
+        return
+    try:
+        changed = [key for key, value in settings if write_sysctl(f"net/ipv6/conf/{interface}/{key}", value)]
+    except FileNotFoundError:  # a kernel without IPv6
+        if on:
+            raise LinkNotFound("turn ipv6 on", errno.EAFNOSUPPORT, interface) from None
+        return
+    if changed:
+        count_write("netlink", what=f"ipv6 {'on' if on else 'off'} on {interface}")
+
+
+def ensure_forwarding(ipv6: bool, link: Link | None = None) -> None:
+    """Forwarding on in the namespace, IPv4 and, with `ipv6`, IPv6; `link`: a lookup of one of its links.
+
+    Turning forwarding on for a namespace turns it on in every link's own
+    copy, the links made later included, so a link's copy stands for the
+    namespace's."""
+    if link is None or link.ipv4_conf[IPV4_FORWARDING_INDEX : IPV4_FORWARDING_INDEX + 1] != (1,):
+        if write_sysctl("net/ipv4/ip_forward", "1"):
+            count_write("netlink", what="ip_forward on")
+    if ipv6 and (link is None or not _holds(link.ipv6_conf, (("forwarding", "1"),))):
+        if write_sysctl("net/ipv6/conf/all/forwarding", "1"):
+            count_write("netlink", what="ipv6 forwarding on")
