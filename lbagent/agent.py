@@ -40,6 +40,7 @@ from lbagent.workers.gc import GarbageCollector
 from lbagent.workers.ha import HaKeeper, copy_state
 from lbagent.workers.lb_task import LbTask
 from lbagent.workers.lease import Timing
+from lbagent.workers.linkwatch import LinkWatch
 from lbagent.workers.neighbours import NeighbourCapacity
 from lbagent.workers.ovn_worker import OvnWorker
 from lbagent.workers.provider_networks import ProviderNetworkController
@@ -115,6 +116,9 @@ class Agent:
         self._chassis = config.ovn.chassis  # "" until read from OVS at start
         self.ha = self._ha_keeper() if config.ovn.nb else None
         self.gc = GarbageCollector(self.host, self.haproxy, config.agent.gc_max_deletions_per_pass)
+        self.link_watch = LinkWatch(
+            lambda: ((lb_id, a.salt) for lb_id, a in self.worker.allocations.items()), self.worker.kick
+        )
         self.gc_stats = {"passes": 0, "skipped": 0, "deleted": 0}
         self.neighbours = NeighbourCapacity(config.agent.size_neighbour_tables)
         self.state_error: str | None = None
@@ -151,6 +155,7 @@ class Agent:
         self._start_queue()
         await self.worker.resume(persisted, desired)  # which also feeds the controllers
         await self.provider_networks.start()
+        self.link_watch.start()  # the load balancers resumed: a deleted veth of theirs is rebuilt at once
         self._background.append(asyncio.create_task(self._supervise_haproxy(), name="haproxy-supervisor"))
         self._background.append(asyncio.create_task(self.worker.watch_readiness(), name="readiness"))
         if self.worker.traffic is not None:
@@ -220,6 +225,7 @@ class Agent:
 
     async def stop(self) -> None:
         """Stop the agent itself; namespaces, rules, ports and haproxy keep serving."""
+        self.link_watch.stop()
         for task in self._background:
             task.cancel()
         await asyncio.gather(*self._background, return_exceptions=True)

@@ -120,6 +120,18 @@ def test_drift_is_repaired_within_an_interval(agent_factory, vpc, web, sandbox):
     assert "-j ACCEPT" not in nat and f"--to-source {VIP}" in nat
 
 
+def test_a_deleted_veth_is_rebuilt_at_once_not_at_the_next_resync(agent_factory, web):
+    """The host announces link deletions: the pass comes on that, with no resync due for an hour."""
+    lb_id, client, agent, status = converged_web(agent_factory, web, resync_interval=3600.0)
+    passes = agent.lb(lb_id)["passes"]
+    for what in ("deleted veth", "deleted OVN-side veth"):
+        DRIFT[what](status)
+        wait_until(lambda: serving(client), 20, f"traffic back after: {what}")
+        wait_until(lambda: agent.lb(lb_id)["state"] == "ready", 20, f"ready after: {what}")
+    assert agent.lb(lb_id)["passes"] > passes
+    assert "reason=link_deleted" in agent.log()
+
+
 def test_restart_mid_refresh_adopts_everything_and_drops_nothing(agent_factory, vpc, web):
     lb_id, client, agent, status = converged_web(agent_factory, web)
     before = agent.lb(lb_id)

@@ -1,0 +1,92 @@
+"""The host's link deletions, as the kernel announces them (RTNLGRP_LINK).
+
+`open_link_events` subscribes a non-blocking rtnetlink socket of the calling
+thread's namespace (the agent's main thread: the host) to link notifications;
+`LinkEvents.deleted` takes what is queued, never waits, and returns the names
+of the links deleted (RTM_DELLINK), so its file descriptor can be watched by
+the event loop. When the kernel's queue for the socket overflows, events are
+lost (ENOBUFS): `deleted` counts them in `lost` and goes on; the periodic
+resync finds what they would have said.
+"""
+
+from __future__ import annotations
+
+import errno
+import socket
+
+from lbagent.ovnhost.errors import NetlinkError
+from lbagent.ovnhost.rtnl_messages import LINK, Message
+from lbagent.ovnhost.rtnl_socket import HEADER, NETLINK_ROUTE
+
+RTNLGRP_LINK = 1
+RTM_DELLINK = 17
+# Room for the notifications of a burst: a link's is about 1.5 kB, so a few
+# thousand links torn down at once fit before any is lost.
+RECEIVE_BUFFER = 4 << 20
+SO_RCVBUFFORCE = 33  # linux/asm-generic/socket.h; the socket module does not name it
+READ_SIZE = 65536
+MAX_READS = 64  # datagrams one `deleted` takes: a burst never holds its caller long
+
+
+def open_link_events() -> LinkEvents:
+    """Subscribe to the link notifications of the calling thread's namespace."""
+    try:
+        sock = socket.socket(
+            socket.AF_NETLINK, socket.SOCK_RAW | socket.SOCK_NONBLOCK | socket.SOCK_CLOEXEC, NETLINK_ROUTE
+        )
+    except OSError as exc:
+        raise NetlinkError("open link events", exc.errno or errno.EIO) from exc
+    try:
+        try:  # past net.core.rmem_max, which caps SO_RCVBUF (about 200 KiB by default)
+            sock.setsockopt(socket.SOL_SOCKET, SO_RCVBUFFORCE, RECEIVE_BUFFER)
+        except PermissionError:  # without CAP_NET_ADMIN: as much as rmem_max allows
+            sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, RECEIVE_BUFFER)
+        sock.bind((0, 1 << (RTNLGRP_LINK - 1)))
+    except OSError as exc:
+        sock.close()
+        raise NetlinkError("subscribe to link events", exc.errno or errno.EIO) from exc
+    return LinkEvents(sock)
+
+
+class LinkEvents:
+    def __init__(self, sock: socket.socket):
+        self._sock = sock
+        self.lost = 0  # times the kernel dropped notifications for want of room in the queue
+
+    def fileno(self) -> int:
+        return self._sock.fileno()
+
+    def deleted(self) -> list[str]:
+        """Names of the links deleted, from the notifications queued now; never waits."""
+        names: list[str] = []
+        for _ in range(MAX_READS):
+            try:
+                data = self._sock.recv(READ_SIZE)
+            except BlockingIOError:
+                break
+            except OSError as exc:
+                if exc.errno == errno.ENOBUFS:
+                    self.lost += 1
+                    continue
+                raise NetlinkError("read link events", exc.errno or errno.EIO) from exc
+            names += deleted_links(data)
+        return names
+
+    def close(self) -> None:
+        self._sock.close()
+
+
+def deleted_links(data: bytes) -> list[str]:
+    """The names in the RTM_DELLINK messages of one datagram (other messages skipped)."""
+    names = []
+    offset = 0
+    while offset + HEADER.size <= len(data):
+        length, kind = HEADER.unpack_from(data, offset)[:2]
+        if length < HEADER.size or offset + length > len(data):
+            break  # not a whole message: nothing after it can be read either
+        if kind == RTM_DELLINK:
+            name = Message(data[offset : offset + length], LINK).get("IFLA_IFNAME")
+            if name:
+                names.append(name)
+        offset += (length + 3) & ~3
+    return names
