@@ -41,6 +41,7 @@ PROFILE_DIR = Path("/var/tmp/lbagent-bench-profiles")
 P3_CHANGE_LIMIT = 60.0  # seconds one change may take to reach the client before it counts as missed
 P3_GIVE_UP = 3  # changes missed before P3 stops trying
 P3_POLL_SAMPLE = 1.0  # seconds of polling before the changes, to time one round of requests on the data path
+DRIFT_REPAIR_LIMIT = 120.0  # seconds a deleted veth may take to carry traffic again before it counts as missed
 P5_RELOAD_LIMIT = 60.0  # seconds one change may take to show up as a reload
 P1_REPEAT_UP_TO = 200  # N up to which P1 is measured `p1_runs` times (a run of 100 takes seconds)
 RETIRE_BY_AGENT = 4096  # above this many load balancers the teardown does not wait for the agent

@@ -5,6 +5,7 @@ with the direct and OVN native paths as context), P5 (requests during reloads an
 from __future__ import annotations
 
 import statistics
+import subprocess
 import threading
 import time
 
@@ -13,6 +14,7 @@ import psutil
 from bench import nslegs, report
 from bench.common import (
     BACKEND_HOSTS,
+    DRIFT_REPAIR_LIMIT,
     LISTENER_PORTS,
     OVN_LB_VIP,
     P3_CHANGE_LIMIT,
@@ -307,6 +309,29 @@ class TrafficLegs:
 
 
 class IdleLegs:
+    def _drift_repair(self, n: int) -> None:
+        """P2's drift repair: the OVN-side veth of one load balancer deleted on the host, and the
+        time until its VIP answers the client again."""
+        lb = self.lbs[n // 2]
+        lb_id, vip = lb["id"], lb["network"]["ip"]
+        host_end = self.agent.lb(lb_id)["interfaces"]["ovn"][1]
+        interval = self.agent.status()["agent"]["resync_interval"]
+        say(f"==> P2 drift repair at N={n}: {host_end} of {lb_id} deleted (resync interval {interval:.0f} s)")
+        started = time.monotonic()
+        subprocess.run(["ip", "link", "del", host_end], check=True)
+        try:
+            wait_for(
+                lambda: self.pool.call(http_text, vip, 80) in BACKEND_HOSTS,
+                DRIFT_REPAIR_LIMIT,
+                f"{vip} port 80 answering again",
+                interval=0.05,
+            )
+            seconds: float | None = round(time.monotonic() - started, 2)
+        except TimeoutError:
+            seconds = None
+        self.results["drift"] = {"n": n, "seconds": seconds, "resync_interval": interval}
+        say(f"    answering again after {seconds:.2f} s" if seconds is not None else "    NOT answering again")
+
     def _p2_p6(self, n: int) -> None:
         seconds = self.config.p2_seconds
         say(f"==> P2 a converged agent at N={n}, idle for {seconds:.0f} s")

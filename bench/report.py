@@ -121,6 +121,16 @@ def evaluate(results: dict[str, Any]) -> list[dict[str, Any]]:
             f"{p2['passes']} passes"
             + ("" if p2.get("ready", p2["n"]) == p2["n"] else f"; not converged: {p2['ready']} of {p2['n']} ready"),
         )
+    drift = results.get("drift")
+    if drift:
+        seconds = drift["seconds"]
+        row(
+            f"P2 drift repair: a deleted veth in one of N={drift['n']} load balancers, until its VIP answers",
+            _s(seconds),
+            "< 30 s",
+            seconds is not None and seconds < 30,
+            f"resync interval {drift['resync_interval']:.0f} s; the host's link notification starts the pass",
+        )
     p3 = [e for e in results.get("p3", []) if "skipped" not in e]
     for entry in results.get("p3", []):
         if "skipped" in entry:

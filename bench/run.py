@@ -243,6 +243,8 @@ class Bench(IdleLegs, TrafficLegs, Ipv6Legs, TeardownAndProfiles):
         if largest:
             self._p2_p6(n)
             if converged:
+                self._drift_repair(n)
+                self._check_sandbox("the drift repair")
                 self.results["p3"].append(self._p3(n))
                 self._check_sandbox("P3")
                 self._p5_largest(n)

@@ -42,6 +42,8 @@ def test_benchmark_runs_at_small_n_and_produces_sane_figures(sandbox, prefix, tm
     p2 = results["p2"]
     assert p2["writes"] == {"netlink": 0, "iptables": 0, "ovsdb": 0}, p2
     assert p2["reloads"] == 0 and 0 <= p2["cpu_percent"] < 100, p2
+    drift = results["drift"]
+    assert drift["n"] == 3 and 0 < drift["seconds"] < 120 and drift["resync_interval"] >= 30, drift
 
     assert sorted(entry["n"] for entry in results["p3"]) == [2, 3]
     for entry in results["p3"]:
