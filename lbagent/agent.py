@@ -359,8 +359,8 @@ class Agent:
         """Hand load balancers this host holds to their next hosts (None without [ovn] nb)."""
         return await self.ha.handover(lb_ids, timeout) if self.ha is not None else None
 
-    async def server_states(self) -> dict[tuple[str, str], str]:
-        return await self.haproxy.server_states()
+    async def server_states(self, backend_prefix: str = "") -> dict[tuple[str, str], str]:
+        return await self.haproxy.server_states(backend_prefix)
 
     async def installed_ports(self) -> set[str]:
         return await self.host.ovsdb.run(self.ovs.installed_ports)

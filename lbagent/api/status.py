@@ -175,7 +175,7 @@ class StatusSource(Protocol):
     def loadbalancer_ids(self) -> list[str]: ...
     def loadbalancer_view(self, lb_id: str) -> LoadBalancerView | None: ...
     def loadbalancer_tasks(self) -> list: ...
-    async def server_states(self) -> dict[tuple[str, str], str]: ...
+    async def server_states(self, backend_prefix: str = "") -> dict[tuple[str, str], str]: ...
     async def installed_ports(self) -> set[str]: ...
 
 
@@ -221,7 +221,9 @@ class StatusReporter:
         view = self._source.loadbalancer_view(lb_id)
         if view is None:
             return None
-        return self._document(view, await self._server_health(), await self._installed_ports())
+        # Only its own backends ("be:<lb>:..."; an id has no colon) are decoded.
+        health = await self._server_health(f"be:{lb_id}:")
+        return self._document(view, health, await self._installed_ports())
 
     def results(self, generation: int) -> dict:
         return {
@@ -238,9 +240,9 @@ class StatusReporter:
             ],
         }
 
-    async def _server_health(self) -> dict[str, dict[str, str]]:
+    async def _server_health(self, backend_prefix: str = "") -> dict[str, dict[str, str]]:
         try:
-            return health_by_loadbalancer(await self._source.server_states())
+            return health_by_loadbalancer(await self._source.server_states(backend_prefix))
         except Exception as exc:  # health is best effort; the data path is what matters
             log.debug("object=haproxy action=stats result=error error=%r", str(exc))
             return {}

@@ -193,10 +193,16 @@ class HaproxyManager:
     def status(self) -> dict:
         return self._counters.status(self.process.pid, self._worker.live.draining)
 
-    async def server_states(self) -> dict[tuple[str, str], str]:
-        """(backend name, server name) -> haproxy's status word ("UP", "DOWN", "MAINT", "no check", ...)."""
+    async def server_states(self, backend_prefix: str = "") -> dict[tuple[str, str], str]:
+        """(backend name, server name) -> haproxy's status word ("UP", "DOWN", "MAINT", "no check", ...),
+        of the backends whose names start with `backend_prefix`. Read and decoded on the stats
+        thread: the event loop must not stand still while thousands of rows are parsed."""
         try:
-            text = await self._work.stats_work.run(send_command, self.paths.stats_sock, "show stat")
+            states = await self._work.stats_work.run(_read_server_states, self.paths.stats_sock, backend_prefix)
         except OSError as exc:
             raise HaproxyError(f"haproxy stats socket unavailable: {exc}") from exc
-        return with_drain_deadlines(parse_show_stat(text), self._worker.live.deadlines())
+        return with_drain_deadlines(states, self._worker.live.deadlines())
+
+
+def _read_server_states(stats_sock: Path, backend_prefix: str) -> dict[tuple[str, str], str]:
+    return parse_show_stat(send_command(stats_sock, "show stat"), backend_prefix)

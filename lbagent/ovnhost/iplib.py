@@ -29,20 +29,17 @@ from dataclasses import dataclass
 from pyroute2 import IPRoute
 from pyroute2.netlink.exceptions import NetlinkError as PyrouteNetlinkError
 from pyroute2.netlink.rtnl import RTM_GETADDR, RTM_GETLINK, RTM_GETROUTE
-from pyroute2.netlink.rtnl.ifaddrmsg import ifaddrmsg
-from pyroute2.netlink.rtnl.ifinfmsg import ifinfmsg
-from pyroute2.netlink.rtnl.rtmsg import rtmsg
 
 from lbagent.metrics import count_write
-from lbagent.ovnhost import rtnl_socket
+from lbagent.ovnhost import rtnl_requests, rtnl_socket
 from lbagent.ovnhost.errors import AlreadyExists, LinkNotFound, NetlinkError, translate_netlink
+from lbagent.ovnhost.families import family_of, host_prefixlen, unspecified
 from lbagent.ovnhost.rtnl_messages import ADDRESS, LINK, ROUTE, Message, decoder
 
 IFA_F_NODAD = 0x02
 IFA_F_NOPREFIXROUTE = 0x200
 IFF_UP = 0x1
 MAIN_TABLE = 254
-RT_TABLE_COMPAT = 252  # rtm_table of a table id above 255, which goes in RTA_TABLE
 RTN_UNICAST = 1
 RT_SCOPE_LINK = 253
 FIB_RULE_INVERT = 0x2
@@ -61,19 +58,6 @@ class Link:
     # IFLA_AF_SPEC: the link's net.ipv4.conf and net.ipv6.conf settings, in the kernel's order
     ipv4_conf: tuple[int, ...] = ()
     ipv6_conf: tuple[int, ...] = ()
-
-
-def family_of(address: str) -> int:
-    """AF_INET6 for an IPv6 address or prefix (in the canonical text the agent uses), else AF_INET."""
-    return socket.AF_INET6 if ":" in address else socket.AF_INET
-
-
-def host_prefixlen(family: int) -> int:
-    return 128 if family == socket.AF_INET6 else 32
-
-
-def unspecified(family: int) -> str:
-    return "::" if family == socket.AF_INET6 else "0.0.0.0"
 
 
 @dataclass(frozen=True)
@@ -175,39 +159,29 @@ class Netlink:
 
     def link(self, name: str) -> Link | None:
         """One link by name: a single request, not a dump of the host's links."""
-        msg = ifinfmsg()
-        msg["attrs"] = [("IFLA_IFNAME", name)]
         try:
-            msgs = self._request("get link", name, msg, RTM_GETLINK, decoder(LINK))
+            msgs = self._request("get link", name, rtnl_requests.get_link(name), RTM_GETLINK, decoder(LINK))
         except LinkNotFound:
             return None
         return _to_link(msgs[0]) if msgs else None
 
     def route_to(self, dst: str, src: str | None = None) -> KernelRoute | None:
         """The route the kernel would use (policy rules included), or None."""
-        msg = rtmsg()
-        family = family_of(dst)
-        msg["family"], msg["dst_len"] = family, host_prefixlen(family)
-        msg["attrs"] = [("RTA_DST", dst)]
-        if src:
-            msg["src_len"] = host_prefixlen(family)
-            msg["attrs"].append(("RTA_SRC", src))
         try:
-            msgs = self._request("get route", dst, msg, RTM_GETROUTE, decoder(ROUTE))
+            msgs = self._request("get route", dst, rtnl_requests.get_route(dst, src), RTM_GETROUTE, decoder(ROUTE))
         except NetlinkError as exc:
             if exc.code in UNREACHABLE:
                 return None
             raise
         return _to_route(msgs[0]) if msgs else None
 
-    def _filtered_dump(self, op: str, target: str, msg, msg_type: int, family: int):
+    def _filtered_dump(self, op: str, target: str, body: bytes, msg_type: int):
         """A dump the kernel filters by the header fields and attributes set in
-        `msg` (strict checking). pyroute2's own get_addr/get_routes dump
+        `body` (strict checking). pyroute2's own get_addr/get_routes dump
         everything and filter in Python: with a thousand load balancers on the
         host that is a thousand messages decoded to find one or two."""
-        msg["family"] = family
         kind = ADDRESS if msg_type == RTM_GETADDR else ROUTE
-        return self._request(op, target, msg, msg_type, decoder(kind), dump=True)
+        return self._request(op, target, body, msg_type, decoder(kind), dump=True)
 
     def addresses(self, index: int, family: int = socket.AF_INET) -> set[Address]:
         """The link's addresses of `family` with their broadcast and noprefixroute flag."""
@@ -221,9 +195,8 @@ class Netlink:
         return found
 
     def _address_dump(self, index: int, family: int):
-        msg = ifaddrmsg()
-        msg["index"] = index
-        return self._filtered_dump("dump addresses", str(index), msg, RTM_GETADDR, family)
+        body = rtnl_requests.dump_addresses(index, family)
+        return self._filtered_dump("dump addresses", str(index), body, RTM_GETADDR)
 
     def routes(self, table: int = MAIN_TABLE, family: int = socket.AF_INET) -> set[KernelRoute]:
         """Unicast routes of one table."""
@@ -231,11 +204,9 @@ class Netlink:
 
     def _route_dump(self, table: int, oif: int | None = None, family: int = socket.AF_INET):
         """The routes of one table (out of `oif`, if given), filtered by the kernel."""
-        msg = rtmsg()
-        msg["table"] = table if table <= 255 else RT_TABLE_COMPAT
-        msg["attrs"] = [("RTA_TABLE", table)] + ([("RTA_OIF", oif)] if oif is not None else [])
+        body = rtnl_requests.dump_routes(table, oif, family)
         try:
-            msgs = self._filtered_dump("dump routes", f"table {table}", msg, RTM_GETROUTE, family)
+            msgs = self._filtered_dump("dump routes", f"table {table}", body, RTM_GETROUTE)
         except NetlinkError as exc:
             if exc.code == errno.ENOENT:  # the kernel has no such table (yet): it holds no routes
                 return ()

@@ -27,7 +27,7 @@ from pyroute2.netlink.rtnl.ifinfmsg import ifinfmsg
 from pyroute2.netlink.rtnl.rtmsg import rtmsg
 
 from lbagent.metrics import count_write
-from lbagent.ovnhost import rtnl_socket
+from lbagent.ovnhost import rtnl_requests, rtnl_socket
 from lbagent.ovnhost.errors import NetlinkError, netlink_error
 from lbagent.ovnhost.iplib import (
     FIB_RULE_INVERT,
@@ -35,12 +35,12 @@ from lbagent.ovnhost.iplib import (
     IFF_UP,
     MAIN_TABLE,
     RT_SCOPE_LINK,
-    RT_TABLE_COMPAT,
     RTN_UNICAST,
     UNREACHABLE,
     KernelRoute,
 )
 from lbagent.ovnhost.rtnl_messages import ROUTE, decoder
+from lbagent.ovnhost.rtnl_requests import RT_TABLE_COMPAT
 from lbagent.ovnhost.rtnl_socket import ERRNO, HEADER
 
 RTPROT_STATIC = 4  # what pyroute2 (and so the agent's other route writes) marks its routes with
@@ -189,11 +189,9 @@ def route_via(sock: socket.socket, dst: str, src: str) -> tuple[str | None, int 
     """(gateway, output interface) of the route the kernel would use from `src`
     to `dst`, policy rules included; None if it has none. One request on the
     batch's socket (the probe after a build), not an IPRoute of its own."""
-    msg = rtmsg()
-    msg["family"], msg["dst_len"], msg["src_len"] = socket.AF_INET, 32, 32
-    msg["attrs"] = [("RTA_DST", dst), ("RTA_SRC", src)]
     try:
-        answers = rtnl_socket.request(sock, "get route", dst, msg, RTM_GETROUTE, decoder(ROUTE))
+        body = rtnl_requests.get_route(dst, src)
+        answers = rtnl_socket.request(sock, "get route", dst, body, RTM_GETROUTE, decoder(ROUTE))
     except NetlinkError as exc:
         if exc.code in UNREACHABLE:
             return None

@@ -57,16 +57,19 @@ def open_socket(strict: bool = False) -> socket.socket:
 
 
 def request(sock: socket.socket, op: str, target: str, msg, kind: int, decoder: Callable, dump: bool = False) -> list:
-    """Send `msg` (a pyroute2 message) as a request of type `kind` (a dump with `dump`) and
-    return its answers, each the whole netlink message given to `decoder`. A refusal is the
-    typed `NetlinkError` of `op` on `target`."""
+    """Send `msg` (the body of a request, from `rtnl_requests`, or a pyroute2 message) as a request
+    of type `kind` (a dump with `dump`) and return its answers, each the whole netlink message
+    given to `decoder`. A refusal is the typed `NetlinkError` of `op` on `target`."""
     sequence = next(_SEQUENCE) & 0xFFFFFFFF
-    msg["header"]["type"] = kind
-    msg["header"]["flags"] = NLM_F_REQUEST | (NLM_F_DUMP if dump else 0)
-    msg["header"]["sequence_number"] = sequence
-    msg.encode()
+    flags = NLM_F_REQUEST | (NLM_F_DUMP if dump else 0)
+    if isinstance(msg, bytes):
+        data = HEADER.pack(HEADER.size + len(msg), kind, flags, sequence, 0) + msg
+    else:
+        msg["header"]["type"], msg["header"]["flags"], msg["header"]["sequence_number"] = kind, flags, sequence
+        msg.encode()
+        data = bytes(msg.data)
     try:
-        sock.send(bytes(msg.data))
+        sock.send(data)
         answers: list = []
         while True:
             buf = sock.recv(READ_SIZE)

@@ -577,3 +577,13 @@ def test_parse_show_stat_keeps_server_rows():
     )
     assert parse_show_stat(text) == {("be_a_l", "be-1"): "UP", ("be_a_l", "g.pod-1"): "no check"}
     assert parse_show_stat("") == {}
+
+
+def test_parse_show_stat_of_one_load_balancer_reads_its_own_rows_only():
+    text = (
+        "# pxname,svname,qcur,status,weight\n"
+        "be:lb-a:l,be-1,0,UP,1\n"
+        "be:lb-ab:l,be-1,0,DOWN,1\n"
+        "be:lb-a:m,g.pod-1,0,no check,1\n"
+    )
+    assert parse_show_stat(text, "be:lb-a:") == {("be:lb-a:l", "be-1"): "UP", ("be:lb-a:m", "g.pod-1"): "no check"}
