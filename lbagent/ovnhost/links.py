@@ -13,8 +13,7 @@ converge functions, which find and finish a partial build like any drift.
 A dual-stack load balancer (`LinkSpec.ipv6`) gets the same in IPv6: its VIP
 and default route on the OVN-side veth, an inner/outer pair from the agent's
 IPv6 prefix on the haproxy-side one, the route to INNER6 and the reply path
-from OUTER6. Those are made by the converge steps even in a namespace just
-built (a few reads more, for dual-stack load balancers only). Every other
+from OUTER6, in the same batches as their IPv4 twins. Every other
 load balancer has IPv6 off on its namespace ends and its haproxy-side host
 end, which also takes away any IPv6 address a dual-stack past left there.
 
@@ -172,14 +171,16 @@ def build_namespace(spec: LinkSpec, host_netns_fd: int) -> set[str]:
         batch.add_veth(names.haproxy_ns, names.haproxy_host, host_netns_fd)
         batch.send(sock)
         ovn, haproxy = _index_of(names.ovn_ns), _index_of(names.haproxy_ns)
+        # Addresses first: a route's gateway must be on a prefix of the link.
         batch.add_address(ovn, names.ovn_ns, spec.vip, spec.prefixlen)
         batch.add_address(haproxy, names.haproxy_ns, spec.inner, LINK_LOCAL_PREFIX)
-        for route in _gateway_routes(spec, ovn, socket.AF_INET):
-            batch.replace_route(route)
+        if spec.ipv6 is not None:
+            batch.add_address(ovn, names.ovn_ns, spec.ipv6.vip, spec.ipv6.prefixlen)
+            batch.add_address(haproxy, names.haproxy_ns, spec.ipv6.inner, PAIR6_PREFIX)
+        for pair in _pairs(spec):
+            for route in _gateway_routes(spec, ovn, pair.family):
+                batch.replace_route(route)
         batch.send(sock)
-    if spec.ipv6 is not None:
-        with Netlink.open() as nl:
-            _converge_namespace_ipv6(nl, spec, spec.ipv6, _link(nl, names.ovn_ns), _link(nl, names.haproxy_ns))
     _set_ipv6_of_namespace_ends(spec)
     _finish_namespace(spec)
     return {names.ovn_ns, names.haproxy_ns}
@@ -214,13 +215,6 @@ def _finish_namespace(spec: LinkSpec, ovn: Link | None = None) -> None:
         ethtool.ensure_tx_checksum_off(spec.names.ovn_ns)
     # A fresh namespace does not forward; both directions route through it.
     devconf.ensure_forwarding(spec.ipv6 is not None, ovn)
-
-
-def _link(nl: Netlink, name: str) -> Link:
-    link = nl.link(name)
-    if link is None:
-        raise LinkNotFound("find link", errno.ENODEV, name)
-    return link
 
 
 def _index_of(name: str) -> int:
@@ -291,27 +285,28 @@ def build_host(spec: LinkSpec) -> None:
     names = spec.names
     ovn, haproxy = _index_of(names.ovn_host), _index_of(names.haproxy_host)
     table = reply_table(spec.outer)
-    pair = _pairs(spec)[0]
+    # Before OUTER6: a link with IPv6 off takes no IPv6 address.
+    devconf.set_ipv6(names.haproxy_host, spec.ipv6 is not None)
+    pairs = _pairs(spec)
     batch = RtnlBatch()
     batch.set_up(ovn, names.ovn_host, spec.mark)
     batch.set_up(haproxy, names.haproxy_host, spec.mark)
-    batch.add_address(haproxy, names.haproxy_host, spec.outer, LINK_LOCAL_PREFIX, noprefixroute=True)
-    batch.replace_route(KernelRoute(f"{spec.inner}/32", None, haproxy, spec.outer))
-    for route in _reply_routes(pair, haproxy, table):
-        batch.replace_route(route)
+    for pair in pairs:
+        batch.add_address(haproxy, names.haproxy_host, pair.outer, pair.prefixlen, noprefixroute=True)
+        batch.replace_route(KernelRoute(f"{pair.inner}/{host_prefixlen(pair.family)}", None, haproxy, pair.outer))
+        for route in _reply_routes(pair, haproxy, table):
+            batch.replace_route(route)
     with closing(open_socket()) as sock:
         with _RULES_LOCK:
-            batch.add_skip_rules(*LINK_LOCAL_NET, SKIP_PRIORITY, SKIP_TARGET)
-            batch.add_source_rule(spec.outer, table, RULE_PRIORITY)
+            for pair in pairs:
+                batch.add_skip_rules(*FAMILIES[pair.family].pair_block, SKIP_PRIORITY, SKIP_TARGET)
+                batch.add_source_rule(pair.outer, table, RULE_PRIORITY)
             batch.send(sock)
-        reply_ok = route_via(sock, REPLY_PROBE, spec.outer) == (spec.inner, haproxy)
-    devconf.set_ipv6(names.haproxy_host, spec.ipv6 is not None)
-    if not reply_ok or spec.ipv6 is not None:
+        wrong = [p for p in pairs if route_via(sock, FAMILIES[p.family].reply_probe, p.outer) != (p.inner, haproxy)]
+    if wrong:
         with Netlink.open() as nl:
-            if not reply_ok:
+            for pair in wrong:
                 _ensure_reply_path(nl, pair, table, haproxy)
-            if spec.ipv6 is not None:
-                _converge_host_pair(nl, _pairs(spec)[1], table, _link(nl, names.haproxy_host))
 
 
 def _reply_routes(pair: _Pair, oif: int, table: int) -> list[KernelRoute]:

@@ -29,8 +29,10 @@ from pyroute2.netlink.rtnl.rtmsg import rtmsg
 from lbagent.metrics import count_write
 from lbagent.ovnhost import rtnl_requests, rtnl_socket
 from lbagent.ovnhost.errors import NetlinkError, netlink_error
+from lbagent.ovnhost.families import family_of, host_prefixlen
 from lbagent.ovnhost.iplib import (
     FIB_RULE_INVERT,
+    IFA_F_NODAD,
     IFA_F_NOPREFIXROUTE,
     IFF_UP,
     MAIN_TABLE,
@@ -114,9 +116,12 @@ class RtnlBatch:
         self._add("set link", name, _link_msg(index, attrs), RTM_NEWLINK, _SET)
 
     def add_address(self, index: int, name: str, address: str, prefixlen: int, noprefixroute: bool = False) -> None:
+        """An address of either family; an IPv6 one skips duplicate address detection (see iplib.Address)."""
+        family = family_of(address)
         msg = ifaddrmsg()
-        msg["family"], msg["prefixlen"], msg["index"] = socket.AF_INET, prefixlen, index
-        flags = [("IFA_FLAGS", IFA_F_NOPREFIXROUTE)] if noprefixroute else []
+        msg["family"], msg["prefixlen"], msg["index"] = family, prefixlen, index
+        value = (IFA_F_NOPREFIXROUTE if noprefixroute else 0) | (IFA_F_NODAD if family == socket.AF_INET6 else 0)
+        flags = [("IFA_FLAGS", value)] if value else []
         msg["attrs"] = [("IFA_ADDRESS", address), *flags, ("IFA_LOCAL", address)]
         self._add("add address", f"{address}/{prefixlen} {name}", msg, RTM_NEWADDR, _CREATE)
 
@@ -124,7 +129,7 @@ class RtnlBatch:
         msg = rtmsg()
         address, _, length = route.dst.partition("/")
         msg["family"], msg["dst_len"], msg["proto"], msg["type"] = (
-            socket.AF_INET,
+            family_of(address),
             int(length),
             RTPROT_STATIC,
             RTN_UNICAST,
@@ -141,8 +146,9 @@ class RtnlBatch:
         self._add("replace route", route.dst, msg, RTM_NEWROUTE, _REPLACE)
 
     def add_source_rule(self, src: str, table: int, priority: int) -> None:
-        """`from src/32 lookup table`; an identical rule already there is fine."""
-        msg = _rule_msg(FR_ACT_TO_TBL, [("FRA_SRC", src), ("FRA_TABLE", table), ("FRA_PRIORITY", priority)], src_len=32)
+        """`from src/32` (`/128`) `lookup table`; an identical rule already there is fine."""
+        attrs = [("FRA_SRC", src), ("FRA_TABLE", table), ("FRA_PRIORITY", priority)]
+        msg = _rule_msg(FR_ACT_TO_TBL, attrs, family_of(src), src_len=host_prefixlen(family_of(src)))
         msg["table"] = table if table <= 255 else RT_TABLE_COMPAT
         self._add("add rule", f"from {src} lookup {table}", msg, RTM_NEWRULE, _CREATE, exists_ok=True)
 
@@ -151,7 +157,7 @@ class RtnlBatch:
         self._add(
             "add rule",
             f"nop at {target}",
-            _rule_msg(FR_ACT_NOP, [("FRA_PRIORITY", target)]),
+            _rule_msg(FR_ACT_NOP, [("FRA_PRIORITY", target)], family_of(src)),
             RTM_NEWRULE,
             _CREATE,
             exists_ok=True,
@@ -159,6 +165,7 @@ class RtnlBatch:
         skip = _rule_msg(
             FR_ACT_GOTO,
             [("FRA_PRIORITY", first), ("FRA_SRC", src), ("FRA_GOTO", target)],
+            family_of(src),
             src_len=src_len,
             flags=FIB_RULE_INVERT,
         )
@@ -224,8 +231,8 @@ def _link_msg(index: int, attrs: list):
     return msg
 
 
-def _rule_msg(action: int, attrs: list, *, src_len: int = 0, flags: int = 0):
+def _rule_msg(action: int, attrs: list, family: int, *, src_len: int = 0, flags: int = 0):
     msg = fibmsg()
-    msg["family"], msg["action"], msg["src_len"], msg["flags"] = socket.AF_INET, action, src_len, flags
+    msg["family"], msg["action"], msg["src_len"], msg["flags"] = family, action, src_len, flags
     msg["attrs"] = attrs
     return msg

@@ -1,6 +1,6 @@
 """The IPv6 half of a dual-stack load balancer's links on the real kernel, without OVS: the VIP
 and gateway routes in the namespace, the inner/outer pair, the route to INNER6 and the reply path
-from OUTER6, built in a new namespace or converged step by step; a second pass writes nothing,
+from OUTER6, built in a new namespace in batches or converged step by step; a second pass writes nothing,
 drift is repaired, and a load balancer that loses its IPv6 VIP loses all of it."""
 
 import os
@@ -98,10 +98,16 @@ def assert_refused_through_the_pair() -> None:
             sock.recv(64)
 
 
-async def test_a_dual_stack_namespace_is_built_and_a_second_pass_writes_nothing(host, lb):
+async def test_a_dual_stack_namespace_is_built_and_a_second_pass_writes_nothing(host, lb, monkeypatch):
     ovn_host, _ = host
     lb_id, names, netns = lb
+    stepwise = []
+    real_open = links.Netlink.open
+    monkeypatch.setattr(links.Netlink, "open", lambda: stepwise.append(1) or real_open())
     await ovn_host.converge(HostSpec(lb_id, netns, spec(names), ()))
+    # Built in the batches that build an IPv4-only one: nothing converged step by step.
+    assert stepwise == []
+    monkeypatch.setattr(links.Netlink, "open", real_open)
     assert_ipv6_path(netns, names)
     before = write_counts()
     await ovn_host.converge(HostSpec(lb_id, netns, spec(names), ()))
