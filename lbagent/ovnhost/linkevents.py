@@ -1,7 +1,8 @@
 """The host's link deletions, as the kernel announces them (RTNLGRP_LINK).
 
 `open_link_events` subscribes a non-blocking rtnetlink socket of the calling
-thread's namespace (the agent's main thread: the host) to link notifications;
+thread's namespace (the agent's main thread: the host) to link notifications,
+of which a socket filter lets only deletions through;
 `LinkEvents.deleted` takes what is queued, never waits, and returns the names
 of the links deleted (RTM_DELLINK), so its file descriptor can be watched by
 the event loop. When the kernel's queue for the socket overflows, events are
@@ -11,8 +12,10 @@ resync finds what they would have said.
 
 from __future__ import annotations
 
+import ctypes
 import errno
 import socket
+import struct
 
 from lbagent.ovnhost.errors import NetlinkError
 from lbagent.ovnhost.rtnl_messages import LINK, Message
@@ -41,11 +44,35 @@ def open_link_events() -> LinkEvents:
             sock.setsockopt(socket.SOL_SOCKET, SO_RCVBUFFORCE, RECEIVE_BUFFER)
         except PermissionError:  # without CAP_NET_ADMIN: as much as rmem_max allows
             sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, RECEIVE_BUFFER)
+        _keep_deletions_only(sock)
         sock.bind((0, 1 << (RTNLGRP_LINK - 1)))
     except OSError as exc:
         sock.close()
         raise NetlinkError("subscribe to link events", exc.errno or errno.EIO) from exc
     return LinkEvents(sock)
+
+
+# A socket filter (classic BPF) that drops every notification but RTM_DELLINK
+# in the kernel: links come and go, change state and counters all the time
+# (every port OVS adds), and each notification would wake the event loop.
+_BPF = struct.Struct("=HBBI")  # struct sock_filter: code, jt, jf, k
+_FILTER = b"".join(
+    (
+        _BPF.pack(0x28, 0, 0, 4),  # BPF_LD|BPF_H|BPF_ABS: nlmsg_type, loaded in network byte order
+        _BPF.pack(0x15, 0, 1, socket.htons(RTM_DELLINK)),  # BPF_JMP|BPF_JEQ|BPF_K
+        _BPF.pack(0x06, 0, 0, 0xFFFFFFFF),  # BPF_RET|BPF_K: the whole message
+        _BPF.pack(0x06, 0, 0, 0),  # BPF_RET|BPF_K: nothing
+    )
+)
+SO_ATTACH_FILTER = 26
+
+
+def _keep_deletions_only(sock: socket.socket) -> None:
+    program = ctypes.create_string_buffer(_FILTER)
+    # struct sock_fprog: the number of instructions and a pointer to them (the kernel copies them).
+    sock.setsockopt(
+        socket.SOL_SOCKET, SO_ATTACH_FILTER, struct.pack("@HP", len(_FILTER) // _BPF.size, ctypes.addressof(program))
+    )
 
 
 class LinkEvents:
