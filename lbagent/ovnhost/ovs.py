@@ -75,6 +75,31 @@ def _bridge_holding(api, port_uuid) -> str | None:
     return None
 
 
+class _DeletePorts(command.BaseCommand):
+    """Delete the ports of these names that exist, from whichever bridge holds
+    them. ovsdbapp's del_port without a bridge reads every bridge's `ports`,
+    a Row object per port, twice for each port it deletes: at a thousand load
+    balancers, a teardown spent most of its time there. Runs on the IDL thread."""
+
+    def __init__(self, api, names: list[str]):
+        super().__init__(api)
+        self.names = names
+
+    def run_idl(self, txn):
+        bridges = self.api.tables["Bridge"].rows.values()
+        for name in self.names:
+            port = idlutils.row_by_value(self.api.idl, "Port", "name", name, None)
+            if port is None:
+                continue
+            wanted = ovs_data.Atom(ovs_types.UuidType, port.uuid)
+            for bridge in bridges:
+                if wanted in bridge._data["ports"].values:
+                    bridge.delvalue("ports", port)  # a mutation: the other ports are not sent
+            for interface in port.interfaces:
+                interface.delete()
+            port.delete()
+
+
 class _OwnedPorts(command.ReadOnlyCommand):
     def __init__(self, api, owner: str, installed_only: bool = False):
         super().__init__(api)
@@ -239,7 +264,7 @@ class OvsClient(ProviderBridgeCommands):
             self._transact_for(
                 [(wants[i], f"delete port {wants[i].name}") for i in stale],
                 f"delete {len(stale)} ports",
-                [self.api.del_port(wants[i].name, if_exists=True) for i in stale],
+                [_DeletePorts(self.api, [wants[i].name for i in stale])],
                 wait_for_vswitchd=True,
             )
             for index in stale:
@@ -280,8 +305,7 @@ class OvsClient(ProviderBridgeCommands):
         doomed = [name for name, there in zip(names, present) if there]
         if doomed:
             what = f"delete port {doomed[0]}" if len(doomed) == 1 else f"delete {len(doomed)} ports"
-            commands = [self.api.del_port(name, if_exists=True) for name in doomed]
-            self._transact(what, *commands, wait_for_vswitchd=wait_for_vswitchd)
+            self._transact(what, _DeletePorts(self.api, doomed), wait_for_vswitchd=wait_for_vswitchd)
         return present
 
     def _transact(self, what: str, *commands, wait_for_vswitchd: bool = False, count: bool = True) -> None:
