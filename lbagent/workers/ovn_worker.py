@@ -50,7 +50,7 @@ from lbagent.support.coalesce import Coalescer
 from lbagent.workers import connlog, plan
 from lbagent.workers.allocator import AddressPair, ExhaustedError, PairAllocator, assign_ports, inner_prefix6_space
 from lbagent.workers.lb_task import DONE, LbTask
-from lbagent.workers.memo import IdentityMemo, same_models
+from lbagent.workers.memo import IdentityMemo, digest, same_models
 from lbagent.workers.readiness import ReadinessWatch
 from lbagent.workers.traffic_probes import ProbeTarget, TrafficProbes
 
@@ -330,7 +330,7 @@ class OvnWorker(ReadinessWatch):
         return self._derived.get(
             ("own", lb_id),
             (lb, allocation, shortage),
-            lambda: json.dumps([lb.canonical_json, allocation.json_text, *([shortage] if shortage else [])]),
+            lambda: digest(json.dumps([lb.canonical_json, allocation.json_text, *([shortage] if shortage else [])])),
         )
 
     def _deps_fingerprint(self, lb_id: str) -> str:
@@ -340,8 +340,10 @@ class OvnWorker(ReadinessWatch):
         return self._derived.get(
             ("deps", lb_id),
             (subnet, targets),
-            lambda: json.dumps(
-                [subnet, {g: [list(vars(t).values()) for t in ts] for g, ts in targets.items()}], sort_keys=True
+            lambda: digest(
+                json.dumps(
+                    [subnet, {g: [list(vars(t).values()) for t in ts] for g, ts in targets.items()}], sort_keys=True
+                )
             ),
         )
 
