@@ -24,6 +24,7 @@ import math
 from dataclasses import dataclass
 from typing import Protocol, cast
 
+import orjson
 from aiohttp import web
 from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 
@@ -301,8 +302,14 @@ def _ids_or_none(ids: object) -> bool:
     )
 
 
+def _fast_json(document: object) -> str:
+    # orjson: the status of a thousand load balancers took the standard encoder
+    # tens of milliseconds with the event loop standing still.
+    return orjson.dumps(document, option=orjson.OPT_NON_STR_KEYS).decode()
+
+
 async def status(request: web.Request) -> web.Response:
-    return web.json_response(await request.app[REPORTER].status())
+    return web.json_response(await request.app[REPORTER].status(), dumps=_fast_json)
 
 
 async def loadbalancer(request: web.Request) -> web.Response:
