@@ -357,6 +357,7 @@ class IdleLegs:
             "cpu_percent": round((cpu1 - cpu0) / (wall1 - wall0) * 100, 2),
             "passes": passes,
             "ready": sum(lb["state"] == "ready" for lb in after["loadbalancers"]),
+            "resync_interval": after["agent"]["resync_interval"],
         }
         if profile is not None:
             self.results["p2"]["profile"] = self._profile_finish(profile)
