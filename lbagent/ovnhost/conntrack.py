@@ -27,7 +27,6 @@ deleted, or the namespace's links outlive `ip netns del`.
 
 from __future__ import annotations
 
-import errno
 import os
 import socket
 import struct
@@ -37,6 +36,7 @@ from pyroute2.netlink.nfnetlink import NFNL_SUBSYS_CTNETLINK, NFNLGRP_CONNTRACK_
 from pyroute2.netlink.nfnetlink.nfctsocket import IPCTNL_MSG_CT_DELETE, IPCTNL_MSG_CT_NEW, nfct_msg
 
 from lbagent.ovnhost.errors import HostError
+from lbagent.ovnhost.eventsocket import EventSocket, raise_receive_buffer
 from lbagent.ovnhost.netns import write_sysctl
 
 NETLINK_NETFILTER = 12
@@ -44,12 +44,6 @@ GROUPS = (1 << (NFNLGRP_CONNTRACK_NEW - 1)) | (1 << (NFNLGRP_CONNTRACK_DESTROY -
 MSG_NEW = (NFNL_SUBSYS_CTNETLINK << 8) | IPCTNL_MSG_CT_NEW
 MSG_DESTROY = (NFNL_SUBSYS_CTNETLINK << 8) | IPCTNL_MSG_CT_DELETE
 SYSCTLS = {"net/netfilter/nf_conntrack_acct": "1", "net/netfilter/nf_conntrack_timestamp": "1"}
-# The kernel's queue of events for the socket: a burst of new flows larger than
-# this many bytes (about 150 bytes an event) is lost rather than delayed.
-RECEIVE_BUFFER = 4 << 20
-SO_RCVBUFFORCE = 33  # linux/asm-generic/socket.h; the socket module does not name it
-READ_SIZE = 65536
-MAX_READS = 64  # datagrams one `read` takes: a flood of events never holds its caller long
 _NLMSG_HEADER = struct.Struct("=IHHII")
 _NFGEN_HEADER_SIZE = 4
 _NLA_HEADER = struct.Struct("=HH")
@@ -116,10 +110,7 @@ def open_events() -> ConntrackEvents:
     except OSError as exc:
         raise ConntrackError(f"open conntrack events: {exc}") from exc
     try:
-        try:  # past net.core.rmem_max, which caps SO_RCVBUF (about 200 KiB by default)
-            sock.setsockopt(socket.SOL_SOCKET, SO_RCVBUFFORCE, RECEIVE_BUFFER)
-        except PermissionError:  # without CAP_NET_ADMIN: as much as rmem_max allows
-            sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, RECEIVE_BUFFER)
+        raise_receive_buffer(sock)
         sock.bind((0, GROUPS))
         namespace = os.stat("/proc/thread-self/ns/net").st_ino
     except OSError as exc:
@@ -128,35 +119,19 @@ def open_events() -> ConntrackEvents:
     return ConntrackEvents(sock, namespace)
 
 
-class ConntrackEvents:
+class ConntrackEvents(EventSocket):
     """An open subscription; `namespace` is the inode of the namespace it hears."""
 
     def __init__(self, sock: socket.socket, namespace: int):
-        self._sock = sock
+        super().__init__(sock)
         self.namespace = namespace
-        self.lost = 0  # times the kernel dropped events for want of room in the queue
-
-    def fileno(self) -> int:
-        return self._sock.fileno()
 
     def read(self) -> list[RawEvent]:
         """The events queued now (up to MAX_READS datagrams of them); never waits."""
-        events: list[RawEvent] = []
-        for _ in range(MAX_READS):
-            try:
-                data = self._sock.recv(READ_SIZE)
-            except BlockingIOError:
-                break
-            except OSError as exc:
-                if exc.errno == errno.ENOBUFS:
-                    self.lost += 1
-                    continue
-                raise ConntrackError(f"read conntrack events: {exc}") from exc
-            events += split(data)
-        return events
-
-    def close(self) -> None:
-        self._sock.close()
+        try:
+            return [event for data in self.datagrams() for event in split(data)]
+        except OSError as exc:
+            raise ConntrackError(f"read conntrack events: {exc}") from exc
 
 
 @dataclass(frozen=True)

@@ -18,17 +18,12 @@ import socket
 import struct
 
 from lbagent.ovnhost.errors import NetlinkError
+from lbagent.ovnhost.eventsocket import EventSocket, raise_receive_buffer
 from lbagent.ovnhost.rtnl_messages import LINK, Message
 from lbagent.ovnhost.rtnl_socket import HEADER, NETLINK_ROUTE
 
 RTNLGRP_LINK = 1
 RTM_DELLINK = 17
-# Room for the notifications of a burst: a link's is about 1.5 kB, so a few
-# thousand links torn down at once fit before any is lost.
-RECEIVE_BUFFER = 4 << 20
-SO_RCVBUFFORCE = 33  # linux/asm-generic/socket.h; the socket module does not name it
-READ_SIZE = 65536
-MAX_READS = 64  # datagrams one `deleted` takes: a burst never holds its caller long
 
 
 def open_link_events() -> LinkEvents:
@@ -40,10 +35,7 @@ def open_link_events() -> LinkEvents:
     except OSError as exc:
         raise NetlinkError("open link events", exc.errno or errno.EIO) from exc
     try:
-        try:  # past net.core.rmem_max, which caps SO_RCVBUF (about 200 KiB by default)
-            sock.setsockopt(socket.SOL_SOCKET, SO_RCVBUFFORCE, RECEIVE_BUFFER)
-        except PermissionError:  # without CAP_NET_ADMIN: as much as rmem_max allows
-            sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, RECEIVE_BUFFER)
+        raise_receive_buffer(sock)
         _keep_deletions_only(sock)
         sock.bind((0, 1 << (RTNLGRP_LINK - 1)))
     except OSError as exc:
@@ -75,32 +67,13 @@ def _keep_deletions_only(sock: socket.socket) -> None:
     )
 
 
-class LinkEvents:
-    def __init__(self, sock: socket.socket):
-        self._sock = sock
-        self.lost = 0  # times the kernel dropped notifications for want of room in the queue
-
-    def fileno(self) -> int:
-        return self._sock.fileno()
-
+class LinkEvents(EventSocket):
     def deleted(self) -> list[str]:
         """Names of the links deleted, from the notifications queued now; never waits."""
-        names: list[str] = []
-        for _ in range(MAX_READS):
-            try:
-                data = self._sock.recv(READ_SIZE)
-            except BlockingIOError:
-                break
-            except OSError as exc:
-                if exc.errno == errno.ENOBUFS:
-                    self.lost += 1
-                    continue
-                raise NetlinkError("read link events", exc.errno or errno.EIO) from exc
-            names += deleted_links(data)
-        return names
-
-    def close(self) -> None:
-        self._sock.close()
+        try:
+            return [name for data in self.datagrams() for name in deleted_links(data)]
+        except OSError as exc:
+            raise NetlinkError("read link events", exc.errno or errno.EIO) from exc
 
 
 def deleted_links(data: bytes) -> list[str]:
