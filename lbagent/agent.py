@@ -32,6 +32,7 @@ from lbagent.ovnhost.netns import NamespaceExecutor
 from lbagent.ovnhost.northbound import NorthboundClient
 from lbagent.ovnhost.ovs import OvsClient
 from lbagent.state import PersistedState, StateFileError, StateStore, private_dir
+from lbagent.support.blocking import BlockingPool
 from lbagent.support.heap import TICK_INTERVAL, HeapKeeper
 from lbagent.workers.connlog import ConnectionLogs
 from lbagent.workers.controllers import requeue_loadbalancers, wire
@@ -45,7 +46,7 @@ from lbagent.workers.neighbours import NeighbourCapacity
 from lbagent.workers.ovn_worker import OvnWorker
 from lbagent.workers.provider_networks import ProviderNetworkController
 from lbagent.workers.queue import WorkQueue
-from lbagent.workers.traffic_probes import TrafficProbes, arp_probe
+from lbagent.workers.traffic_probes import PROBE_CLOSERS, TrafficProbes, arp_probe
 from lbagent.workers.udp_health import UdpHealthChecker
 
 log = logging.getLogger(__name__)
@@ -92,12 +93,13 @@ class Agent:
             requeue=requeue_loadbalancers(self.queue),
             inner_prefix6=config.agent.inner_prefix6,
         )
+        self.probe_sockets = BlockingPool("probe-close", PROBE_CLOSERS)
         self.worker.udp_health = UdpHealthChecker(self.namespaces, self.worker.kick)
         self.worker.connection_logs = ConnectionLogs(self.namespaces, self.haproxy.access_log)
         self.worker.installed_ports = self.installed_ports
         if config.agent.probe_traffic:
             self.worker.traffic = TrafficProbes(
-                functools.partial(arp_probe, self.namespaces), self.worker.resync_interval
+                functools.partial(arp_probe, self.namespaces, self.probe_sockets), self.worker.resync_interval
             )
         self.provider_networks = ProviderNetworkController(
             ProviderBridges(self.ovs),
@@ -236,6 +238,7 @@ class Agent:
         await self.worker.stop()
         await asyncio.to_thread(self.ovs.stop)
         self.namespaces.shutdown()
+        self.probe_sockets.shutdown()
         self.iptc.shutdown()
         self.host.ovsdb.shutdown()
 

@@ -26,6 +26,7 @@ from dataclasses import dataclass
 
 from lbagent.ovnhost import arpprobe
 from lbagent.ovnhost.netns import NamespaceExecutor
+from lbagent.support.blocking import BlockingPool
 
 log = logging.getLogger("lbagent.workers.ovn_worker")  # its lines are the worker's
 
@@ -38,6 +39,8 @@ PROBE_DEADLINE = PROBE_TIMEOUT + 2.0
 # One tick's probes (4 ticks a second): thousands of ports installed at once are
 # probed within seconds, without a burst of thousands of frames into OVS.
 PROBES_AT_ONCE = 128
+# Threads that close probe sockets: each close waits for the kernel (see arp_probe), not for a core.
+PROBE_CLOSERS = 16
 
 
 @dataclass(frozen=True)
@@ -144,11 +147,18 @@ class TrafficProbes:
             return False
 
 
-async def arp_probe(namespaces: NamespaceExecutor, target: ProbeTarget, timeout: float = PROBE_TIMEOUT) -> bool:
-    """Whether `target`'s gateway answers an ARP request from its namespace within `timeout`."""
+async def arp_probe(
+    namespaces: NamespaceExecutor, closer: BlockingPool, target: ProbeTarget, timeout: float = PROBE_TIMEOUT
+) -> bool:
+    """Whether `target`'s gateway answers an ARP request from its namespace within `timeout`.
+
+    The socket is closed on `closer`'s threads, never on the event loop: closing
+    a packet socket waits for an RCU grace period (synchronize_net), which took
+    400 ms and more while a thousand load balancers were being built, and the
+    probes of one tick held the loop for seconds."""
     frame = arpprobe.request(target.mac, target.ip, target.gateway)
     sock = await namespaces.run(target.netns, arpprobe.open_socket, target.ifname)
     try:
         return await arpprobe.exchange(sock, frame, target.ip, target.gateway, timeout)
     finally:
-        sock.close()
+        closer.submit(sock.close)

@@ -1,10 +1,12 @@
 """TrafficProbes: confirmation at the first answer, retries while waiting, rechecks, three strikes."""
 
 import asyncio
+import threading
 
 import pytest
 
 from lbagent.ovnhost.arpprobe import ProbeError
+from lbagent.support.blocking import BlockingPool
 from lbagent.workers import traffic_probes
 from lbagent.workers.traffic_probes import PROBES_AT_ONCE, ProbeTarget, TrafficProbes
 
@@ -140,12 +142,13 @@ async def test_an_unexpected_error_or_a_stalled_probe_is_a_failed_probe_not_the_
     assert await probe_due(probes) == ({"c"}, set())
 
 
-async def test_arp_probe_opens_its_socket_in_the_namespace_exchanges_on_the_loop_and_closes_it(monkeypatch):
+async def test_arp_probe_opens_its_socket_in_the_namespace_exchanges_on_the_loop_and_closes_it_off_it(monkeypatch):
     opened, exchanged, closed = [], [], []
+    loop_thread = threading.get_ident()
 
     class Socket:
         def close(self):
-            closed.append(True)
+            closed.append(threading.get_ident() != loop_thread)
 
     class Namespaces:
         async def run(self, netns, fn, *args):
@@ -157,9 +160,11 @@ async def test_arp_probe_opens_its_socket_in_the_namespace_exchanges_on_the_loop
         raise ProbeError("lost")
 
     monkeypatch.setattr(traffic_probes.arpprobe, "exchange", exchange)
+    closer = BlockingPool("test-close")
     with pytest.raises(ProbeError):
-        await traffic_probes.arp_probe(Namespaces(), target("lb-x"), timeout=0.5)
+        await traffic_probes.arp_probe(Namespaces(), closer, target("lb-x"), timeout=0.5)
+    closer.shutdown()  # waits for the close
     assert opened == [("lb-x", traffic_probes.arpprobe.open_socket, ("v0",))]
     frame = traffic_probes.arpprobe.request("00:22:0a:00:00:12", "198.18.0.12", "198.18.0.1")
     assert exchanged == [(frame, "198.18.0.12", "198.18.0.1", 0.5)]
-    assert closed == [True]
+    assert closed == [True]  # on a thread of its own
