@@ -65,14 +65,17 @@ class _ObservePort(command.ReadOnlyCommand):
 
 
 def _bridge_holding(api, port_uuid) -> str | None:
-    """Name of the bridge whose ports include this one. Reading a bridge's
+    """Name of the bridge whose ports include this one."""
+    bridge = _bridge_row_holding(api, port_uuid)
+    return None if bridge is None else bridge.name
+
+
+def _bridge_row_holding(api, port_uuid):
+    """The Bridge row whose ports include this one, or None. Reading a bridge's
     `ports` builds a Row object per port, O(ports) for every lookup; its raw
     set of uuids answers in O(1) per bridge. Runs on the IDL thread."""
     wanted = ovs_data.Atom(ovs_types.UuidType, port_uuid)
-    for bridge in api.tables["Bridge"].rows.values():
-        if wanted in bridge._data["ports"].values:
-            return bridge.name
-    return None
+    return next((b for b in api.tables["Bridge"].rows.values() if wanted in b._data["ports"].values), None)
 
 
 class _DeletePorts(command.BaseCommand):
@@ -86,15 +89,13 @@ class _DeletePorts(command.BaseCommand):
         self.names = names
 
     def run_idl(self, txn):
-        bridges = self.api.tables["Bridge"].rows.values()
         for name in self.names:
             port = idlutils.row_by_value(self.api.idl, "Port", "name", name, None)
             if port is None:
                 continue
-            wanted = ovs_data.Atom(ovs_types.UuidType, port.uuid)
-            for bridge in bridges:
-                if wanted in bridge._data["ports"].values:
-                    bridge.delvalue("ports", port)  # a mutation: the other ports are not sent
+            bridge = _bridge_row_holding(self.api, port.uuid)
+            if bridge is not None:
+                bridge.delvalue("ports", port)  # a mutation: the other ports are not sent
             for interface in port.interfaces:
                 interface.delete()
             port.delete()
