@@ -56,18 +56,15 @@ def open_socket(strict: bool = False) -> socket.socket:
     return sock
 
 
-def request(sock: socket.socket, op: str, target: str, msg, kind: int, decoder: Callable, dump: bool = False) -> list:
-    """Send `msg` (the body of a request, from `rtnl_requests`, or a pyroute2 message) as a request
-    of type `kind` (a dump with `dump`) and return its answers, each the whole netlink message
+def request(
+    sock: socket.socket, op: str, target: str, body: bytes, kind: int, decoder: Callable, dump: bool = False
+) -> list:
+    """Send `body` (a request after its netlink header, from `rtnl_requests`) as a request of
+    type `kind` (a dump with `dump`) and return its answers, each the whole netlink message
     given to `decoder`. A refusal is the typed `NetlinkError` of `op` on `target`."""
     sequence = next(_SEQUENCE) & 0xFFFFFFFF
     flags = NLM_F_REQUEST | (NLM_F_DUMP if dump else 0)
-    if isinstance(msg, bytes):
-        data = HEADER.pack(HEADER.size + len(msg), kind, flags, sequence, 0) + msg
-    else:
-        msg["header"]["type"], msg["header"]["flags"], msg["header"]["sequence_number"] = kind, flags, sequence
-        msg.encode()
-        data = bytes(msg.data)
+    data = HEADER.pack(HEADER.size + len(body), kind, flags, sequence, 0) + body
     try:
         sock.send(data)
         answers: list = []

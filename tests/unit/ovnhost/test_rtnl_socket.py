@@ -2,6 +2,7 @@
 
 import errno
 import struct
+from socket import AF_INET
 
 import pytest
 from pyroute2.netlink.rtnl import RTM_GETADDR, RTM_GETLINK, RTM_NEWADDR, RTM_NEWLINK
@@ -11,6 +12,7 @@ from pyroute2.netlink.rtnl.ifinfmsg import ifinfmsg
 from lbagent.ovnhost.errors import LinkNotFound, NetlinkError
 from lbagent.ovnhost.iplib import Address, Netlink
 from lbagent.ovnhost.rtnl_messages import ADDRESS, LINK, decoder
+from lbagent.ovnhost.rtnl_requests import dump_addresses, get_link
 from lbagent.ovnhost.rtnl_socket import request
 
 DONE, ERROR = 3, 2
@@ -61,7 +63,9 @@ def link(name: str, index: int = 7) -> bytes:
 
 def test_a_dump_is_read_across_datagrams_until_done():
     kernel = Kernel([address("198.18.0.12")], [address("198.18.0.13"), done()])
-    answers = request(kernel, "dump addresses", "7", ifaddrmsg(), RTM_GETADDR, decoder(ADDRESS), dump=True)
+    answers = request(
+        kernel, "dump addresses", "7", dump_addresses(7, AF_INET), RTM_GETADDR, decoder(ADDRESS), dump=True
+    )
     assert [a.get("IFA_LOCAL") for a in answers] == ["198.18.0.12", "198.18.0.13"]
     sent = ifaddrmsg(kernel.sent[0])
     sent.decode()
@@ -71,17 +75,31 @@ def test_a_dump_is_read_across_datagrams_until_done():
 def test_answers_to_other_requests_are_skipped():
     stray = struct.pack("=IHHIIi", 20, DONE, 2, 7, 0, 0)
     kernel = Kernel([link("v0")], stray=stray)
-    answers = request(kernel, "get link", "v0", ifinfmsg(), RTM_GETLINK, decoder(LINK))
+    answers = request(kernel, "get link", "v0", get_link("v0"), RTM_GETLINK, decoder(LINK))
     assert [a.get("IFLA_IFNAME") for a in answers] == ["v0"]
 
 
 def test_a_refusal_is_the_typed_error_of_the_operation():
     with pytest.raises(NetlinkError, match="dump routes table 9: ENOENT"):
         request(
-            Kernel([refusal(errno.ENOENT)]), "dump routes", "table 9", ifaddrmsg(), RTM_GETADDR, decoder(ADDRESS), True
+            Kernel([refusal(errno.ENOENT)]),
+            "dump routes",
+            "table 9",
+            dump_addresses(7, AF_INET),
+            RTM_GETADDR,
+            decoder(ADDRESS),
+            True,
         )
     with pytest.raises(NetlinkError, match="dump addresses 7: EPERM"):
-        request(Kernel([done(errno.EPERM)]), "dump addresses", "7", ifaddrmsg(), RTM_GETADDR, decoder(ADDRESS), True)
+        request(
+            Kernel([done(errno.EPERM)]),
+            "dump addresses",
+            "7",
+            dump_addresses(7, AF_INET),
+            RTM_GETADDR,
+            decoder(ADDRESS),
+            True,
+        )
 
 
 def test_a_socket_failure_is_a_netlink_error():
@@ -90,7 +108,7 @@ def test_a_socket_failure_is_a_netlink_error():
             raise OSError(errno.ENOBUFS, "no buffer space")
 
     with pytest.raises(NetlinkError, match="get link v0: ENOBUFS"):
-        request(Broken(), "get link", "v0", ifinfmsg(), RTM_GETLINK, decoder(LINK))
+        request(Broken(), "get link", "v0", get_link("v0"), RTM_GETLINK, decoder(LINK))
 
 
 def test_netlink_reads_links_and_addresses_over_its_socket():
@@ -103,4 +121,4 @@ def test_netlink_reads_links_and_addresses_over_its_socket():
 
 def test_a_missing_link_is_its_own_error():
     with pytest.raises(LinkNotFound):
-        request(Kernel([refusal(errno.ENODEV)]), "get link", "x", ifinfmsg(), RTM_GETLINK, decoder(LINK))
+        request(Kernel([refusal(errno.ENODEV)]), "get link", "x", get_link("x"), RTM_GETLINK, decoder(LINK))
