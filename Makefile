@@ -29,7 +29,7 @@ define apt_install
 	fi
 endef
 
-.PHONY: deps venv lint golden test unit functional test-scale demo demo-down demo-ha bench bench-smoke bench-ha clean
+.PHONY: deps venv lint golden test unit functional test-scale demo demo-down demo-ha bench bench-scale bench-smoke bench-ha clean
 
 # haproxy's workers run as this system user (lbagent.toml [haproxy] user); its master stays root.
 HAPROXY_USER := lbagent-haproxy
@@ -87,6 +87,12 @@ bench: deps venv
 	$(if $(BENCH_PROFILE),$(PY) -m pip install -q py-spy)
 	LBAGENT_SANDBOX_WAIT=$${LBAGENT_SANDBOX_WAIT:-1200} $(PY) -m bench.run --n $(BENCH_N) \
 	  $(if $(BENCH_PROFILE),--profile) $(BENCH_ARGS)
+
+# P7 and P8 at scale: P1 (with its floor) and the agent's memory at 1,000 and 3,000 load balancers,
+# then `lbagent cleanup` of the 3,000 timed; one table, bench/results-scale.json.
+BENCH_SCALE_N ?= 1000 3000
+bench-scale: deps venv
+	LBAGENT_SANDBOX_WAIT=$${LBAGENT_SANDBOX_WAIT:-1200} $(PY) -m bench.run --scale --n $(BENCH_SCALE_N) $(BENCH_ARGS)
 
 # High availability on a multi-host sandbox (H1-H6, about four minutes): one table,
 # bench/results-ha.json. BENCH_HA_ARGS adds flags of `python -m bench.ha --help`

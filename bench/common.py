@@ -59,6 +59,10 @@ class BenchConfig:
     converge_timeout: float = 300.0
     policy_rules: bool = True
     p1_only: bool = False  # for profiling convergence: no P2-P6
+    # P7 (`make bench-scale`): P1 at each N, the agent's memory once converged, and at the largest
+    # N `lbagent cleanup` timed with every load balancer still in place (P8); the agent sizes the
+    # kernel's neighbour tables, which the run puts back afterwards.
+    scale: bool = False
     p1_runs: int = 3  # floor-then-agent pairs at each N up to P1_REPEAT_UP_TO; the median pair is the figure
     profile: bool = False
     ipv6: bool = True  # the IPv6 leg: dual-stack P1, P3 with an IPv6 backend, P4 with an IPv6 client

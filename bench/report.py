@@ -51,8 +51,7 @@ def evaluate(results: dict[str, Any]) -> list[dict[str, Any]]:
         n, agent, floor = entry["n"], entry["agent_seconds"], entry["floor_seconds"]
         ratio = agent / floor if agent is not None and floor else None
         entry["ratio"] = round(ratio, 2) if ratio is not None else None
-        met = None if ratio is None else ratio <= 3.0 and (n < 1000 or agent < 60.0)
-        target = "≤ 3× floor" + (", < 60 s" if n >= 1000 else "")
+        figure, target, met = _p1_goal(n, agent, ratio)
         measured = (
             f"{_s(agent)} (floor {_s(floor)}, {ratio:.1f}×)"
             if ratio is not None
@@ -69,7 +68,7 @@ def evaluate(results: dict[str, Any]) -> list[dict[str, Any]]:
             else ""
         )
         row(
-            f"P1 cold convergence, N={n}",
+            figure,
             measured,
             target,
             met,
@@ -82,6 +81,8 @@ def evaluate(results: dict[str, Any]) -> list[dict[str, Any]]:
                 else ""
             ),
         )
+    for args in scale_rows(results):
+        row(*args)
     stalls = [entry for entry in results.get("p1", []) if entry.get("loop_stall_ms") is not None]
     if stalls:
         largest = max(stalls, key=lambda entry: entry["n"])
@@ -189,6 +190,60 @@ def evaluate(results: dict[str, Any]) -> list[dict[str, Any]]:
             f"≤ {limit} MB",
             p6["rss_mb"] <= limit,
             f"peak during convergence {p6['peak_rss_mb']:.0f} MB" + _per_load_balancer(results.get("p1", [])),
+        )
+    return rows
+
+
+# P7: the scale run's size, and what its convergence is held to.
+P7_N = 3000
+P7_SECONDS = 90.0
+P7_FLOOR_RATIO = 2.0
+P7_GROWTH_PER_N = 1.1  # from 1,000 to 3,000 load balancers P1 may grow 3.3×: linear, a tenth to spare
+CLEANUP_SECONDS = 60.0  # `lbagent cleanup` of P7_N load balancers
+
+
+def _p1_goal(n: int, agent: float | None, ratio: float | None) -> tuple[str, str, bool | None]:
+    """The figure's name, its target and whether it is met: P1 up to the scale run's size, P7 from it."""
+    if n >= P7_N:
+        met = None if ratio is None else ratio <= P7_FLOOR_RATIO and agent < P7_SECONDS
+        return f"P7 cold convergence, N={n:,}", f"≤ {P7_FLOOR_RATIO:g}× floor, < {P7_SECONDS:.0f} s", met
+    met = None if ratio is None else ratio <= 3.0 and (n < 1000 or agent < 60.0)
+    return f"P1 cold convergence, N={n}", "≤ 3× floor" + (", < 60 s" if n >= 1000 else ""), met
+
+
+def scale_rows(results: dict[str, Any]) -> list[tuple[str, str, str, bool | None, str]]:
+    """P7's growth of P1 from 1,000 load balancers to the largest N, and P8's `lbagent cleanup` of them."""
+    rows: list[tuple[str, str, str, bool | None, str]] = []
+    by_n = {entry["n"]: entry for entry in results.get("p1", [])}
+    large = max(by_n, default=0)
+    if 1000 in by_n and large >= P7_N:
+        small_entry, large_entry = by_n[1000], by_n[large]
+        limit = P7_GROWTH_PER_N * large / 1000
+        agents = (small_entry["agent_seconds"], large_entry["agent_seconds"])
+        floors = (small_entry["floor_seconds"], large_entry["floor_seconds"])
+        growth = agents[1] / agents[0] if None not in agents else None
+        rows.append(
+            (
+                f"P7 growth of P1 from N=1,000 to N={large:,}",
+                "not converged" if growth is None else f"{growth:.2f}× ({_s(agents[0])} → {_s(agents[1])})",
+                f"≤ {limit:.1f}× (linear)",
+                growth is not None and growth <= limit,
+                f"the floor {floors[1] / floors[0]:.2f}× ({_s(floors[0])} → {_s(floors[1])})"
+                if None not in floors and floors[0]
+                else "",
+            )
+        )
+    cleanup = results.get("cleanup")
+    if cleanup:
+        n, seconds, left = cleanup["n"], cleanup["seconds"], cleanup["left"]
+        rows.append(
+            (
+                f"P8 lbagent cleanup of N={n:,} load balancers, the agent stopped",
+                _s(seconds),
+                f"< {CLEANUP_SECONDS:.0f} s at {P7_N:,}, nothing left",
+                (seconds < CLEANUP_SECONDS or n < P7_N) and not left,
+                f"{len(left)} links, ports or namespaces left",
+            )
         )
     return rows
 

@@ -42,6 +42,7 @@ The table goes to stdout and, with every raw figure, to --output.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import os
 import secrets
@@ -52,6 +53,8 @@ import tempfile
 import time
 from pathlib import Path
 from typing import Any
+
+import psutil
 
 from bench import floor, loopstall, report
 from bench.common import (
@@ -89,6 +92,7 @@ from devtools.topology import Vpc, lb_port_name
 
 from agentproc import AgentProcess
 from lbstate import desired
+from neighbourlimits import kept_limits
 
 # --------------------------------------------------------------------------
 # watching the agent
@@ -129,16 +133,18 @@ class Bench(IdleLegs, TrafficLegs, Ipv6Legs, TeardownAndProfiles):
     # -- the whole run ----------------------------------------------------------
 
     def run(self) -> dict[str, Any]:
-        try:
-            self._setup()
-            if self.config.policy_rules:
-                self._policy_rules()
-            for n in self.config.ns:
-                self._phase(n, smallest=n == self.config.ns[0], largest=n == self.config.ns[-1])
-        finally:
-            self._teardown()
-        say("==> the API's event loop while large bodies are taken in (in this process)")
-        self.results["loop_stall"] = loopstall.measured_or_error()
+        with kept_limits() if self.config.scale else contextlib.nullcontext():
+            try:
+                self._setup()
+                if self.config.policy_rules:
+                    self._policy_rules()
+                for n in self.config.ns:
+                    self._phase(n, smallest=n == self.config.ns[0], largest=n == self.config.ns[-1])
+            finally:
+                self._teardown()
+        if not self.config.scale:
+            say("==> the API's event loop while large bodies are taken in (in this process)")
+            self.results["loop_stall"] = loopstall.measured_or_error()
         self.results["rows"] = report.evaluate(self.results)
         return self.results
 
@@ -236,6 +242,10 @@ class Bench(IdleLegs, TrafficLegs, Ipv6Legs, TeardownAndProfiles):
         self.results["p1"].append(entry)
         self._p1(n, entry)
         self._check_sandbox(f"P1 at N={n}")
+        if self.config.scale:
+            self._settled_memory(n, entry)
+            self._retire_agent(timed_cleanup=largest)
+            return
         if self.config.p1_only:
             self._retire_agent()
             return
@@ -319,7 +329,13 @@ class Bench(IdleLegs, TrafficLegs, Ipv6Legs, TeardownAndProfiles):
         kind = "dual-stack" if self.dual_stack else "agent"
         say(f"==> P1 {kind}, N={n}: a fresh agent, one POST of {n} load balancers")
         base = self.workdir / (f"{kind}-{n}-{attempt}" if attempt else f"{kind}-{n}")
-        self.agent = AgentProcess(base, self.sandbox.ovs_db, host=f"{self.prefix}-gw{n}", env=self.sandbox.env)
+        self.agent = AgentProcess(
+            base,
+            self.sandbox.ovs_db,
+            host=f"{self.prefix}-gw{n}",
+            env=self.sandbox.env,
+            size_neighbour_tables=self.config.scale,
+        )
         self.agent.start()
         self.lbs = [self._lb(i) for i in range(n)]
         watch = AgentWatch(self.agent, self.sandbox).start(want_bound=n)
@@ -395,6 +411,14 @@ class Bench(IdleLegs, TrafficLegs, Ipv6Legs, TeardownAndProfiles):
             + f"; all ports ovn-installed at {entry['ovn_installed_seconds']:.1f} s; agent CPU "
             f"{entry['cpu_seconds']:.1f} s; peak RSS {entry['peak_rss_mb']:.0f} MB"
         )
+
+    def _settled_memory(self, n: int, entry: dict) -> None:
+        """The agent's resident memory once all N are ready and serving (P6 of the scale run)."""
+        if entry["agent_seconds"] is None:
+            return
+        entry["rss_mb"] = round(psutil.Process(self.agent.proc.pid).memory_info().rss / 2**20, 1)
+        self.results["p6"] = {"n": n, "rss_mb": entry["rss_mb"], "peak_rss_mb": entry["peak_rss_mb"]}
+        say(f"    resident memory once converged {entry['rss_mb']:.0f} MB")
 
     @property
     def subnet(self) -> dict:
@@ -475,7 +499,9 @@ def run_benchmark(
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m bench.run", description=__doc__.splitlines()[0])
-    parser.add_argument("--n", type=int, nargs="+", default=[100, 1000], help="P1 sizes; the largest runs P2-P6")
+    parser.add_argument(
+        "--n", type=int, nargs="+", help="P1 sizes; the largest runs P2-P6 (default 100 1000; 1000 3000 with --scale)"
+    )
     parser.add_argument("--p3-small", type=int, default=10, help="N of the small P3 (default 10)")
     parser.add_argument("--p2-seconds", type=float, default=60.0)
     parser.add_argument("--changes", type=int, default=20, help="P3 backend changes per N")
@@ -483,7 +509,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--wrk-seconds", type=float, default=10.0, help="P4 duration of each leg")
     parser.add_argument("--connections", type=int, default=32, help="P4 concurrent connections")
     parser.add_argument(
-        "--converge-timeout", type=float, default=300.0, help="P1 gives up (and says so) after this many seconds"
+        "--converge-timeout",
+        type=float,
+        help="P1 gives up (and says so) after this many seconds (default 300; 600 with --scale)",
     )
     parser.add_argument("--no-policy-rules", action="store_true", help="skip bench/policy_rules.py")
     parser.add_argument("--p1-only", action="store_true", help="measure P1 only (profiling convergence)")
@@ -501,32 +529,41 @@ def main(argv: list[str] | None = None) -> int:
         action="store_true",
         help=f"py-spy record the agent during P1 (largest N) and P2 into {PROFILE_DIR}",
     )
-    parser.add_argument("--output", type=Path, default=REPO / "bench" / "results.json")
+    parser.add_argument(
+        "--scale",
+        action="store_true",
+        help="P7 (make bench-scale): P1 and the memory once converged at each N, then lbagent cleanup "
+        "of the largest N timed; no other leg",
+    )
+    parser.add_argument(
+        "--output", type=Path, help="default bench/results.json (bench/results-scale.json with --scale)"
+    )
     parser.add_argument("--strict", action="store_true", help="exit 1 when a target is missed")
     args = parser.parse_args(argv)
     if os.geteuid() != 0:
         say("the benchmark needs root (network namespaces, OVS); run it as root")
         return 2
     config = BenchConfig(
-        ns=args.n,
+        ns=args.n or ([1000, 3000] if args.scale else [100, 1000]),
         p3_small=args.p3_small,
         p2_seconds=args.p2_seconds,
         changes=args.changes,
         reloads=args.reloads,
         wrk_seconds=args.wrk_seconds,
         connections=args.connections,
-        converge_timeout=args.converge_timeout,
-        policy_rules=not args.no_policy_rules,
+        converge_timeout=args.converge_timeout or (600.0 if args.scale else 300.0),
+        policy_rules=not (args.no_policy_rules or args.scale),
         p1_only=args.p1_only,
-        ipv6=not args.no_ipv6,
+        scale=args.scale,
+        ipv6=not (args.no_ipv6 or args.scale),
         p1_runs=args.p1_runs,
         profile=args.profile,
-        output=args.output,
+        output=args.output or REPO / "bench" / ("results-scale.json" if args.scale else "results.json"),
     )
     results = run_benchmark(config)
     say("\n" + report.header(results["machine"], results["finished_at"]) + "\n")
     say(report.table(results["rows"]))
-    say(f"\nall figures: {args.output}")
+    say(f"\nall figures: {config.output}")
     missed = [r["figure"] for r in results["rows"] if r["result"] == "MISSED"]
     if missed:
         say(f"missed: {'; '.join(missed)}")

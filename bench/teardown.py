@@ -28,20 +28,22 @@ from lbstate import desired
 
 
 class TeardownAndProfiles:
-    def _retire_agent(self) -> None:
+    def _retire_agent(self, timed_cleanup: bool = False) -> None:
         """Stop the agent and remove what it made.
 
         Up to RETIRE_BY_AGENT load balancers the agent deletes them itself
         (a timed, bounded POST of an empty state); then it stops, our own
         `lb-<prefix>-*` namespaces go (their veths with them) and `lbagent
         cleanup` removes the rest (OVS ports, policy rules, haproxy, state).
+        With `timed_cleanup` (P8 of the scale run) the agent stops with every
+        load balancer in place and `lbagent cleanup` alone removes them, timed.
         """
         agent, self.agent = self.agent, None
         if agent is None:
             return
         count = len(self.lbs)
         try:
-            if agent.proc is not None and agent.proc.poll() is None and count <= RETIRE_BY_AGENT:
+            if not timed_cleanup and agent.proc is not None and agent.proc.poll() is None and count <= RETIRE_BY_AGENT:
                 self.generation += 1
                 started = time.monotonic()
                 code, _ = agent.request(
@@ -50,33 +52,51 @@ class TeardownAndProfiles:
                 if code == 200:
                     self.results.setdefault("teardown_seconds", {})[str(count)] = round(time.monotonic() - started, 2)
                     # What the agent's own deletion left behind while it still runs (should be nothing).
-                    ids = [lb_id(self.prefix, i) for i in range(count)]
-                    present = set(os.listdir("/sys/class/net"))
-                    left = sorted(
-                        name
-                        for i in ids
-                        for names in [interface_names(i)]
-                        for name in (names.ovn_host, names.haproxy_host)
-                        if name in present
+                    self.results.setdefault("left_after_delete", {}).setdefault(str(count), []).extend(
+                        self._left_behind(count)
                     )
-                    left += sorted(p.name for p in Path("/run/netns").glob(f"lb-{self.prefix}-*"))
-                    self.results.setdefault("left_after_delete", {}).setdefault(str(count), []).extend(left)
         finally:
             self.lbs = []
             agent.stop()
-            for netns in Path("/run/netns").glob(f"lb-{self.prefix}-*"):
-                floor.delete_netns(netns.name)
-            result = subprocess.run(
-                [LBAGENT, "cleanup", "--yes", "--config", str(agent.config_path)],
-                capture_output=True,
-                text=True,
-                timeout=600,
-                env=agent.env,
-            )
-            if result.returncode != 0:
-                raise RuntimeError(f"lbagent cleanup failed: {result.stdout[-300:]} {result.stderr[-300:]}")
+            if timed_cleanup:
+                say(f"==> P8 lbagent cleanup of N={count} load balancers, the agent stopped")
+                seconds = self._lbagent_cleanup(agent)
+                left = self._left_behind(count)
+                self.results["cleanup"] = {"n": count, "seconds": round(seconds, 2), "left": left}
+                say(f"    {seconds:.1f} s; {len(left)} links, ports or namespaces left")
+            else:
+                for netns in Path("/run/netns").glob(f"lb-{self.prefix}-*"):
+                    floor.delete_netns(netns.name)
+                self._lbagent_cleanup(agent)
             if os.environ.get("LBAGENT_KEEP_AGENT_DIRS") is None:
                 shutil.rmtree(agent.base, ignore_errors=True)
+
+    def _lbagent_cleanup(self, agent) -> float:
+        """`lbagent cleanup --yes` of the agent's host; the seconds it took."""
+        started = time.monotonic()
+        result = subprocess.run(
+            [LBAGENT, "cleanup", "--yes", "--config", str(agent.config_path)],
+            capture_output=True,
+            text=True,
+            timeout=600,
+            env=agent.env,
+        )
+        if result.returncode != 0:
+            raise RuntimeError(f"lbagent cleanup failed: {result.stdout[-300:]} {result.stderr[-300:]}")
+        return time.monotonic() - started
+
+    def _left_behind(self, count: int) -> list[str]:
+        """The host links, integration bridge ports and namespaces of the first `count` load balancers still there."""
+        present = set(os.listdir("/sys/class/net"))
+        present.update(self.sandbox.vsctl("list-ports", INTEGRATION_BRIDGE).split())
+        left = sorted(
+            name
+            for index in range(count)
+            for names in [interface_names(lb_id(self.prefix, index))]
+            for name in (names.ovn_host, names.haproxy_host)
+            if name in present
+        )
+        return left + sorted(p.name for p in Path("/run/netns").glob(f"lb-{self.prefix}-*"))
 
     def _teardown(self) -> None:
         problems: list[str] = []

@@ -100,3 +100,31 @@ def test_benchmark_runs_at_small_n_and_produces_sane_figures(sandbox, prefix, tm
     assert (tmp_path / "results.json").exists()
     # Nothing of the run is left: its agents' load balancers, namespaces and links went with it.
     assert results["left_after_delete"] == {"3": [], "2": []}
+
+
+def test_the_scale_run_times_lbagent_cleanup_with_every_load_balancer_in_place(sandbox, prefix, tmp_path):
+    """`make bench-scale`'s code path at N=1 and 2: P1 and the memory after it at each N, the first
+    agent's load balancers deleted by a refresh, the last one's by `lbagent cleanup` alone."""
+    config = BenchConfig(
+        ns=[1, 2],
+        converge_timeout=120,
+        policy_rules=False,
+        p1_runs=1,
+        ipv6=False,
+        scale=True,
+        output=tmp_path / "results-scale.json",
+    )
+    results = run_benchmark(config, sandbox=sandbox, prefix=prefix)
+
+    assert [entry["n"] for entry in results["p1"]] == [1, 2]
+    for entry in results["p1"]:
+        assert entry["agent_seconds"] > 0 and entry["floor_seconds"] > 0 and 10 < entry["rss_mb"] < 1000, entry
+    assert results["p6"]["n"] == 2 and results["p6"]["rss_mb"] == results["p1"][1]["rss_mb"]
+    assert results["left_after_delete"] == {"1": []}  # the first agent's, by a refresh
+    cleanup = results["cleanup"]  # the second agent stopped with both load balancers in place
+    assert cleanup["n"] == 2 and 0 < cleanup["seconds"] < 120 and cleanup["left"] == [], cleanup
+    # Only P1 and what follows from it: no traffic legs, no loop stall leg.
+    assert results["p3"] == [] and not {"p2", "p4", "p5", "loop_stall", "ipv6"} & results.keys(), sorted(results)
+    figures = [row["figure"] for row in results["rows"]]
+    assert "P8 lbagent cleanup of N=2 load balancers, the agent stopped" in figures, figures
+    assert (tmp_path / "results-scale.json").exists()
