@@ -117,7 +117,8 @@ class TeardownAndProfiles:
             attempt("client threads", self.pool.close)
         attempt("backends", self.backends.stop)
         if self.vpc is not None:
-            attempt("VPC", self.vpc.cleanup)
+            # After thousands of ports went, ovs-vswitchd takes minutes to catch up.
+            attempt("VPC", self.vpc.cleanup, 600.0 if self.config.scale else 30.0)
         if problems:
             raise RuntimeError("benchmark teardown incomplete: " + "; ".join(problems))
 

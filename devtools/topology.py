@@ -27,6 +27,7 @@ hosts and load balancer ports then carry both addresses.
 
 from __future__ import annotations
 
+import functools
 import hashlib
 import ipaddress
 import json
@@ -533,11 +534,13 @@ class Vpc:
 
     # -- teardown ------------------------------------------------------------
 
-    def cleanup(self) -> None:
+    def cleanup(self, ovs_timeout: float = 30.0) -> None:
         """Remove everything this VPC created. Idempotent; tolerant of partial state.
 
         Keeps going past individual failures and raises one error listing
-        them at the end, so leaks are never silent.
+        them at the end, so leaks are never silent. `ovs_timeout`: how long a
+        port deletion waits for ovs-vswitchd, which after thousands of ports
+        went takes minutes to catch up.
         """
         errors: list[str] = []
 
@@ -556,7 +559,7 @@ class Vpc:
             if ovs is not None and ovs.ovs_db_running():
                 attempt(
                     f"OVS port {host.host_if}",
-                    ovs.vsctl,
+                    functools.partial(ovs.vsctl, timeout=ovs_timeout),
                     "--if-exists",
                     "del-port",
                     INTEGRATION_BRIDGE,
