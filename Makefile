@@ -8,6 +8,9 @@ STAMP := $(VENV)/.installed
 # wrk, nginx-light and its stream module: the benchmark, whose small-N smoke run is part of `make test`.
 DEB_PACKAGES := openvswitch-switch ovn-central ovn-host haproxy iptables ethtool iproute2 curl openssl wrk nginx-light libnginx-mod-stream
 PYTEST_ARGS ?=
+# `make test` runs two pytest-xdist workers (tests/conftest.py): the tests on the machine's one OVS
+# sandbox on one, the unit tests and the multi-host tests on the other. TEST_WORKERS=0: one process.
+TEST_WORKERS ?= 2
 # `make bench BENCH_N="10 100"` for a smaller run; BENCH_ARGS adds flags of
 # `python -m bench.run --help` (e.g. --p2-seconds 20); BENCH_PROFILE=1 installs
 # py-spy and records the agent during P1 and P2.
@@ -54,7 +57,8 @@ lint: venv
 	$(VENV)/bin/mypy
 
 test: deps venv lint
-	env -u LBAGENT_UPDATE_GOLDEN $(PY) -m pytest -p no:cacheprovider --cov=lbagent --cov-branch --cov-report=term $(PYTEST_ARGS)
+	env -u LBAGENT_UPDATE_GOLDEN $(PY) -m pytest -p no:cacheprovider -n $(TEST_WORKERS) \
+	  --cov=lbagent --cov-branch --cov-report=term $(PYTEST_ARGS)
 
 unit: venv
 	env -u LBAGENT_UPDATE_GOLDEN $(PY) -m pytest -p no:cacheprovider tests/unit $(PYTEST_ARGS)
