@@ -13,6 +13,7 @@ import asyncio
 import functools
 import logging
 import random
+from collections.abc import Collection
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from typing import Any
@@ -365,8 +366,8 @@ class Agent:
     async def server_states(self, backend_prefix: str = "") -> dict[tuple[str, str], str]:
         return await self.haproxy.server_states(backend_prefix)
 
-    async def installed_ports(self) -> set[str]:
-        return await self.host.ovsdb.run(self.ovs.installed_ports)
+    async def installed_ports(self, among: Collection[str] | None = None) -> set[str]:
+        return await self.host.ovsdb.run(self.ovs.installed_ports, among)
 
     def update_gauges(self) -> None:
         set_lb_states(t.state for t in self.worker.tasks.values())

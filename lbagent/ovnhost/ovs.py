@@ -12,6 +12,7 @@ started with `nested=False` because ovsdbapp keys nesting by thread id.
 from __future__ import annotations
 
 import logging
+from collections.abc import Collection
 from dataclasses import dataclass, field
 
 from ovs.db import data as ovs_data
@@ -114,6 +115,25 @@ class _OwnedPorts(command.ReadOnlyCommand):
             if iface.external_ids.get(OWNER_KEY) == self.owner
             and (not self.installed_only or iface.external_ids.get("ovn-installed") == "true")
         }
+
+
+class _InstalledAmong(command.ReadOnlyCommand):
+    """Which of these interfaces are ours with ovn-installed: each looked up by its name's index,
+    not every interface of the bridge read (the readiness watch asks four times a second)."""
+
+    def __init__(self, api, owner: str, names: Collection[str]):
+        super().__init__(api)
+        self.owner = owner
+        self.names = names
+
+    def run_idl(self, txn):
+        found = set()
+        for name in self.names:
+            iface = idlutils.row_by_value(self.api.idl, "Interface", "name", name, None)
+            ids = iface.external_ids if iface is not None else {}
+            if ids.get(OWNER_KEY) == self.owner and ids.get("ovn-installed") == "true":
+                found.add(name)
+        self.result = found
 
 
 class _BridgeDatapath(command.ReadOnlyCommand):
@@ -244,8 +264,11 @@ class OvsClient(ProviderBridgeCommands):
         """Interface name -> load balancer id of every port marked as ours."""
         return self._execute(_OwnedPorts(self.api, self.owner))
 
-    def installed_ports(self) -> set[str]:
-        """Our ports on which ovn-controller has installed its flows, now."""
+    def installed_ports(self, among: Collection[str] | None = None) -> set[str]:
+        """Our ports on which ovn-controller has installed its flows, now; only
+        those named in `among` when given."""
+        if among is not None:
+            return self._execute(_InstalledAmong(self.api, self.owner, among))
         return set(self._execute(_OwnedPorts(self.api, self.owner, installed_only=True)))
 
     def converge_ports(self, wants: list[PortWant]) -> list[PortState | None]:

@@ -31,7 +31,7 @@ import functools
 import ipaddress
 import json
 import logging
-from collections.abc import Awaitable, Callable, Iterator
+from collections.abc import Awaitable, Callable, Collection, Iterator
 from dataclasses import dataclass, replace
 
 from lbagent.config import DEFAULT_INNER_PREFIX6, DEFAULT_RESYNC_RATE
@@ -134,7 +134,7 @@ class OvnWorker(ReadinessWatch):
         self._ha_specs: tuple[DesiredState | None, dict] = (None, {})
         self._notifying: set[asyncio.Task] = set()
         # Our installed OVS ports, read now (the agent sets it); None: only passes observe them.
-        self.installed_ports: Callable[[], Awaitable[set[str]]] | None = None
+        self.installed_ports: Callable[[Collection[str]], Awaitable[set[str]]] | None = None
         self._changed = asyncio.Condition()
         self.desired: DesiredState | None = None
         self._raw: dict | None = None

@@ -88,6 +88,7 @@ class FakeHost:
         self.fail = set()
         self.not_installed = set()  # lb ids whose OVS port ovn-controller has not installed (yet)
         self.ports = {}  # lb id -> its OVS port, as the last converge left it
+        self.installed_asked: list[set[str] | None] = []  # the ports each installed_ports call named (None: all)
 
     async def host_addresses(self):
         return {"169.254.0.101"}
@@ -102,8 +103,13 @@ class FakeHost:
         self.ports[spec.lb_id] = spec.links.names.ovn_host
         return HostObservation(spec.links.names.ovn_host, spec.lb_id not in self.not_installed)
 
-    async def installed_ports(self):
-        return {port for lb_id, port in self.ports.items() if lb_id not in self.not_installed}
+    async def installed_ports(self, among=None):
+        self.installed_asked.append(None if among is None else set(among))
+        return {
+            port
+            for lb_id, port in self.ports.items()
+            if lb_id not in self.not_installed and (among is None or port in among)
+        }
 
     async def remove(self, lb_id, netns, names, outer, outer6=None):
         self.removed.append(lb_id)

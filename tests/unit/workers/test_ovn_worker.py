@@ -511,6 +511,7 @@ async def test_a_load_balancer_is_pending_until_ovn_controller_installs_its_port
     assert not await worker.wait_settled(1, 0.1)  # ?wait answers 504 meanwhile
     assert "waiting for ovn-installed" in worker.not_serving()
     assert await worker.check_readiness() == 0  # still not installed: nothing changes
+    assert worker._host.installed_asked[-1] == {worker._host.ports["a"]}  # only the port waited for
     passes = a.passes
     worker._host.not_installed.clear()  # ovn-controller installs the port
     assert await worker.check_readiness() == 1
