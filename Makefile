@@ -56,9 +56,13 @@ lint: venv
 	$(VENV)/bin/ruff format --check .
 	$(VENV)/bin/mypy
 
+# A short --basetemp: each worker's directories go under it in popen-gwN/, and the unix
+# sockets of haproxy and OVS under a test's directory must stay below 108 bytes.
 test: deps venv lint
-	env -u LBAGENT_UPDATE_GOLDEN $(PY) -m pytest -p no:cacheprovider -n $(TEST_WORKERS) \
-	  --cov=lbagent --cov-branch --cov-report=term $(PYTEST_ARGS)
+	@base=$$(mktemp -d /tmp/lbt.XXXX); \
+	env -u LBAGENT_UPDATE_GOLDEN $(PY) -m pytest -p no:cacheprovider -n $(TEST_WORKERS) --basetemp=$$base \
+	  --cov=lbagent --cov-branch --cov-report=term $(PYTEST_ARGS); \
+	status=$$?; rm -rf --one-file-system $$base; exit $$status
 
 unit: venv
 	env -u LBAGENT_UPDATE_GOLDEN $(PY) -m pytest -p no:cacheprovider tests/unit $(PYTEST_ARGS)

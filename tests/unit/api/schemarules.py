@@ -53,7 +53,8 @@ CROSS_FIELD = re.compile(
     r"|must be an unencrypted private key that decodes"
     r"|must hold exactly one private key block"
     r"|must be an (RSA|EC) key "
-    r"|does not belong to the first certificate)"
+    r"|does not belong to the first certificate"
+    r"|has an X509 CRL block that does not decode)"
 )
 # JSON Schema counts 1.0 as an integer; the agent wants integers written as such.
 INTEGER_WITH_FRACTION = re.compile(r"must be (a JSON integer|a port number .*) \(got -?[0-9]+\.0\)$")
