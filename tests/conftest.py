@@ -9,6 +9,7 @@ machine's namespace and takes no lock, run on the other worker meanwhile.
 
 from __future__ import annotations
 
+import pytest
 from xdist.scheduler import LoadScopeScheduling
 
 # Modules on the multi-host sandbox alone (no `sandbox` fixture, nothing machine-wide checked).
@@ -34,3 +35,11 @@ class ByWorkerGroup(LoadScopeScheduling):
 
 def pytest_xdist_make_scheduler(config, log):
     return ByWorkerGroup(config, log)
+
+
+@pytest.hookimpl(trylast=True)
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    """A test beside the sandbox that uses it would wait for the other worker's sandbox and time out."""
+    wrong = [item.nodeid for item in items if worker_group(item.nodeid) != "sandbox" and "sandbox" in item.fixturenames]
+    if wrong:
+        raise pytest.UsageError(f"these tests use the single-host sandbox but run beside it: {wrong}")
