@@ -103,37 +103,38 @@ class _DeletePorts(command.BaseCommand):
 
 
 class _OwnedPorts(command.ReadOnlyCommand):
-    def __init__(self, api, owner: str, installed_only: bool = False):
+    def __init__(self, api, owner: str):
         super().__init__(api)
         self.owner = owner
-        self.installed_only = installed_only
 
     def run_idl(self, txn):
         self.result = {
             iface.name: iface.external_ids.get(LB_KEY, "")
             for iface in self.api.tables["Interface"].rows.values()
             if iface.external_ids.get(OWNER_KEY) == self.owner
-            and (not self.installed_only or iface.external_ids.get("ovn-installed") == "true")
         }
 
 
-class _InstalledAmong(command.ReadOnlyCommand):
-    """Which of these interfaces are ours with ovn-installed: each looked up by its name's index,
-    not every interface of the bridge read (the readiness watch asks four times a second)."""
+class _InstalledPorts(command.ReadOnlyCommand):
+    """Our interfaces on which ovn-controller has installed its flows: of those named in `among`,
+    each looked up by its name's index (the readiness watch asks four times a second), or of all."""
 
-    def __init__(self, api, owner: str, names: Collection[str]):
+    def __init__(self, api, owner: str, among: Collection[str] | None):
         super().__init__(api)
         self.owner = owner
-        self.names = names
+        self.among = among
 
     def run_idl(self, txn):
-        found = set()
-        for name in self.names:
-            iface = idlutils.row_by_value(self.api.idl, "Interface", "name", name, None)
-            ids = iface.external_ids if iface is not None else {}
-            if ids.get(OWNER_KEY) == self.owner and ids.get("ovn-installed") == "true":
-                found.add(name)
-        self.result = found
+        if self.among is None:
+            rows = list(self.api.tables["Interface"].rows.values())
+        else:
+            found = (idlutils.row_by_value(self.api.idl, "Interface", "name", name, None) for name in self.among)
+            rows = [iface for iface in found if iface is not None]
+        self.result = {
+            iface.name
+            for iface in rows
+            if (ids := iface.external_ids).get(OWNER_KEY) == self.owner and ids.get("ovn-installed") == "true"
+        }
 
 
 class _BridgeDatapath(command.ReadOnlyCommand):
@@ -267,9 +268,7 @@ class OvsClient(ProviderBridgeCommands):
     def installed_ports(self, among: Collection[str] | None = None) -> set[str]:
         """Our ports on which ovn-controller has installed its flows, now; only
         those named in `among` when given."""
-        if among is not None:
-            return self._execute(_InstalledAmong(self.api, self.owner, among))
-        return set(self._execute(_OwnedPorts(self.api, self.owner, installed_only=True)))
+        return self._execute(_InstalledPorts(self.api, self.owner, among))
 
     def converge_ports(self, wants: list[PortWant]) -> list[PortState | None]:
         """Make each port one of the integration bridge with its external_ids,
