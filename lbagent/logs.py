@@ -9,11 +9,15 @@ even inside an exception's text.
 
 from __future__ import annotations
 
+import copy
 import json
 import logging
+import logging.handlers
 import re
 import sys
-from collections.abc import Iterable
+from collections.abc import Iterable, Iterator
+from contextlib import contextmanager
+from queue import SimpleQueue
 
 REDACTED = "[REDACTED]"
 # A whole key block, or from BEGIN to the end when the END line is missing (a
@@ -92,10 +96,52 @@ def make_handler(fmt: str = "text", secrets: Iterable[str | None] = (), stream=N
     return handler
 
 
-def setup_logging(level: str = "info", fmt: str = "text", secrets: Iterable[str | None] = ()) -> None:
-    """Log to stderr in `fmt`; `secrets` (the API token) are redacted wherever they appear."""
+class _Enqueue(logging.handlers.QueueHandler):
+    """Hands each record to the writer thread with its message and traceback
+    made text (the objects they name may change or go meanwhile); the writer's
+    handler formats and redacts it there. A critical record is written at
+    once as well: it may be the last before the process aborts."""
+
+    def __init__(self, queue: SimpleQueue, writer: logging.Handler):
+        super().__init__(queue)
+        self._writer = writer
+        self._exc_formatter = logging.Formatter()
+
+    def prepare(self, record: logging.LogRecord) -> logging.LogRecord:
+        record = copy.copy(record)
+        record.msg, record.args = record.getMessage(), None
+        if record.exc_info:
+            record.exc_text = record.exc_text or self._exc_formatter.formatException(record.exc_info)
+            record.exc_info = None
+        return record
+
+    def emit(self, record: logging.LogRecord) -> None:
+        if record.levelno >= logging.CRITICAL:
+            self._writer.handle(self.prepare(record))
+        else:
+            super().emit(record)
+
+
+@contextmanager
+def setup_logging(
+    level: str = "info", fmt: str = "text", secrets: Iterable[str | None] = (), stream=None
+) -> Iterator[None]:
+    """Log to stderr (or `stream`) in `fmt` while the block runs; `secrets` (the
+    API token) are redacted wherever they appear. Lines are written by a thread
+    of their own: a write to a busy journal, or the handler's lock held by the
+    thread writing, kept the event loop waiting (a tenth of its time in a cold
+    start of a thousand load balancers). What is queued is written on exit."""
     root = logging.getLogger()
-    root.handlers[:] = [make_handler(fmt, secrets)]
+    writer = make_handler(fmt, secrets, stream)
+    queue: SimpleQueue = SimpleQueue()
+    listener = logging.handlers.QueueListener(queue, writer)
+    root.handlers[:] = [_Enqueue(queue, writer)]
     root.setLevel(level.upper())
     # ovsdbapp and the ovs IDL are chatty at info about every reconnect attempt.
     logging.getLogger("ovsdbapp").setLevel(max(root.level, logging.WARNING))
+    listener.start()
+    try:
+        yield
+    finally:
+        listener.stop()
+        root.handlers[:] = [writer]

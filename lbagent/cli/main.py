@@ -46,11 +46,11 @@ def run(config_path: Path | None) -> None:
 
     config = _load(config_path)
     # The token is redacted from every log line, whichever module writes it.
-    setup_logging(config.agent.log_level, config.agent.log_format, secrets=[config.read_token()])
-    try:
-        asyncio.run(serve(config))
-    except ConfigError as exc:  # found at start (a socket already in use, say)
-        raise click.ClickException(str(exc)) from None
+    with setup_logging(config.agent.log_level, config.agent.log_format, secrets=[config.read_token()]):
+        try:
+            asyncio.run(serve(config))
+        except ConfigError as exc:  # found at start (a socket already in use, say)
+            raise click.ClickException(str(exc)) from None
 
 
 @main.command()

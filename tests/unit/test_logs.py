@@ -7,7 +7,7 @@ import logging
 
 import pytest
 
-from lbagent.logs import REDACTED, make_handler, message_fields
+from lbagent.logs import REDACTED, make_handler, message_fields, setup_logging
 
 TOKEN = "c2VjcmV0LXRva2VuLWZvci10ZXN0cw=="
 KEY = "-----BEGIN PRIVATE KEY-----\nMIIEvQIBADANBgkqhkiG9w0BAQEFAASC\nBKcwggSjAgEAAoIBAQC7\n-----END PRIVATE KEY-----\n"
@@ -89,3 +89,41 @@ def test_message_fields():
         "n": "3",
     }
     assert message_fields("no pairs here") == {}
+
+
+@pytest.fixture
+def root_kept():
+    """setup_logging sets up the root logger: the other tests get theirs back."""
+    root = logging.getLogger()
+    handlers, level = root.handlers[:], root.level
+    yield
+    root.handlers[:] = handlers
+    root.setLevel(level)
+
+
+@pytest.mark.parametrize("fmt", ["text", "json"])
+def test_the_writer_thread_writes_each_line_redacted_with_its_traceback(fmt, root_kept):
+    stream = io.StringIO()
+    logger = logging.getLogger("lbagent.test.queued")
+    with setup_logging("debug", fmt, secrets=[TOKEN], stream=stream):
+        try:
+            raise ValueError(f"bearer {TOKEN}")
+        except ValueError:
+            logger.exception("lb=%s action=reload token=%s", "web-1", TOKEN)
+        logger.debug("lb=%s action=pass", "web-2")
+    text = stream.getvalue()
+    assert TOKEN not in text and REDACTED in text
+    assert "Traceback" in text and "ValueError" in text
+    assert "lb=web-1" in text and "lb=web-2" in text
+    if fmt == "json":
+        first, second = map(json.loads, text.splitlines()[:1] + text.splitlines()[-1:])
+        assert first["lb"] == "web-1" and "ValueError" in first["exc"] and second["lb"] == "web-2"
+
+
+def test_a_critical_line_is_written_before_the_writer_thread_gets_to_it(root_kept):
+    stream = io.StringIO()
+    logger = logging.getLogger("lbagent.test.critical")
+    with setup_logging("info", "text", stream=stream):
+        logger.critical("action=abort reason=%s", "namespace thread lost")
+        # Written by the caller itself: no waiting for the writer thread.
+        assert "action=abort reason=namespace thread lost" in stream.getvalue()
