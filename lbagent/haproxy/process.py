@@ -38,6 +38,22 @@ STOP_TIMEOUT = 10.0
 POLL_INTERVAL = 0.02
 
 
+def _start_time(pid: int) -> int | None:
+    """When process `pid` started (clock ticks after boot), from one read of
+    /proc/<pid>/stat; None if it is gone or a zombie."""
+    try:
+        with open(f"/proc/{pid}/stat", "rb") as f:
+            stat = f.read()
+    except OSError:
+        return None
+    # After the command name (in parentheses, and free to hold anything): the
+    # state, then 18 fields more to the start time.
+    fields = stat[stat.rfind(b")") + 2 :].split()
+    if len(fields) < 20 or fields[0] == b"Z":
+        return None
+    return int(fields[19])
+
+
 def _wait_until(condition, timeout: float):
     """condition()'s first truthy value within `timeout` seconds, else None."""
     deadline = time.monotonic() + timeout
@@ -55,6 +71,7 @@ class HaproxyProcess:
         self.binary = binary
         self.paths = HaproxyPaths(Path(run_dir))
         self._pid: int | None = None
+        self._known: tuple[int, int] | None = None  # (pid, start time) of the process last found ours
         self._lock = threading.RLock()
         # Called with the joined load balancer files each time they are joined,
         # before haproxy loads them (the base file is sized from them).
@@ -72,15 +89,24 @@ class HaproxyProcess:
         return self.pid is not None
 
     def _is_ours(self, pid: int) -> bool:
-        """A live (not zombie) haproxy loading our haproxy.cfg: a recycled pid is someone else."""
+        """A live (not zombie) haproxy loading our haproxy.cfg: a recycled pid is someone else.
+
+        The readiness watch asks four times a second, on the event loop: once a
+        pid is known ours, one read of its stat file (alive, not a zombie, the
+        same start time, so the same process) answers without its command line."""
+        started = _start_time(pid)
+        if started is None:
+            return False
+        if self._known == (pid, started):
+            return True
         try:
-            proc = psutil.Process(pid)
-            if proc.status() == psutil.STATUS_ZOMBIE:
-                return False
-            cmdline = proc.cmdline()
+            cmdline = psutil.Process(pid).cmdline()
         except (psutil.NoSuchProcess, psutil.AccessDenied):
             return False
-        return bool(cmdline) and "haproxy" in os.path.basename(cmdline[0]) and str(self.paths.base_cfg) in cmdline
+        ours = bool(cmdline) and "haproxy" in os.path.basename(cmdline[0]) and str(self.paths.base_cfg) in cmdline
+        if ours:
+            self._known = (pid, started)
+        return ours
 
     def _pid_from_file(self) -> int | None:
         try:
