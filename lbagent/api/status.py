@@ -8,6 +8,7 @@ Never includes secrets: certificates and keys are not part of it.
 
 from __future__ import annotations
 
+import asyncio
 import logging
 from datetime import UTC, datetime
 from typing import TYPE_CHECKING, Protocol
@@ -18,6 +19,7 @@ from lbagent.haproxy.health import ServerHealth, drain_remaining, reason_of, sin
 from lbagent.haproxy.render import server_name
 from lbagent.metrics import write_counts
 from lbagent.state import ipv6_addresses
+from lbagent.support.turns import in_turns
 
 if TYPE_CHECKING:  # the agent builds the views; only their shape is needed here
     from lbagent.agent import LoadBalancerView
@@ -189,9 +191,10 @@ class StatusReporter:
         source = self._source
         health = await self._server_health()
         installed = await self._installed_ports()
+        # A thousand documents are a quarter of a second of work: in slices.
         lbs = [
             self._document(view, health, installed)
-            for view in map(source.loadbalancer_view, source.loadbalancer_ids())
+            async for view in in_turns(map(source.loadbalancer_view, source.loadbalancer_ids()))
             if view is not None
         ]
         return {
@@ -242,7 +245,9 @@ class StatusReporter:
 
     async def _server_health(self, backend_prefix: str = "") -> dict[str, dict[str, str]]:
         try:
-            return health_by_loadbalancer(await self._source.server_states(backend_prefix))
+            states = await self._source.server_states(backend_prefix)
+            # Thousands of servers: sorted out on a thread, not on the event loop.
+            return await asyncio.to_thread(health_by_loadbalancer, states)
         except Exception as exc:  # health is best effort; the data path is what matters
             log.debug("object=haproxy action=stats result=error error=%r", str(exc))
             return {}

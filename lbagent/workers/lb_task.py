@@ -1,8 +1,8 @@
 """The schedule of one load balancer: when its reconcile runs, and what came of it.
 
 Kept apart from what a pass does (`OvnWorker.reconcile`): this module only
-decides *when* — on a kick (the first one comes from the shared work queue
-once the task exists; later ones on a refresh or a dependency change), on a
+decides *when* — on a kick (the first one, which starts the task, comes
+from the shared work queue; later ones on a refresh or a dependency change), on a
 jittered periodic resync that repairs drift, or after an exponential backoff
 following a failure — and records the outcome for status.
 
@@ -75,6 +75,11 @@ class LbTask:
 
     def kick(self) -> None:
         self._wake.set()
+        if self.task is None:
+            # Started by its first kick, which the work queue paces: a refresh
+            # that makes a thousand tasks no longer runs their first steps in
+            # one turn of the event loop (190 ms).
+            self.start()
 
     @property
     def reason(self) -> str | None:
