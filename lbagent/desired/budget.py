@@ -21,9 +21,12 @@ should not depend on it.
 from __future__ import annotations
 
 from collections.abc import Iterator, Mapping
+from typing import TYPE_CHECKING
 
-from lbagent.desired.model import DesiredState, LoadBalancer
 from lbagent.errors import LbAgentError
+
+if TYPE_CHECKING:  # the model counts its servers with servers_of, once per instance
+    from lbagent.desired.model import DesiredState, LoadBalancer
 
 # Far above what real load balancers carry (a few listeners of a few groups of
 # tens of members), and above the benchmark's largest host (3,000 load
@@ -67,7 +70,7 @@ def budget_problems(state: DesiredState) -> list[dict[str, str]]:
     problems = []
     total = 0
     for index, lb in enumerate(state.loadbalancers):
-        servers = servers_of(lb)
+        servers = lb.static_servers
         total += servers
         if servers > MAX_SERVERS_PER_LB:
             problems.append(

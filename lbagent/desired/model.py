@@ -32,6 +32,7 @@ from pydantic import (
 )
 
 from lbagent.desired import pem
+from lbagent.desired.budget import servers_of
 from lbagent.desired.crosschecks import Problem, check_state, own_problems
 from lbagent.desired.details import error_details, json_pointer
 from lbagent.desired.fields import (
@@ -419,6 +420,13 @@ class LoadBalancer(_Model):
     def backend_group(self, group_id: str) -> BackendGroup:
         """The group with that id; KeyError if there is none."""
         return self._groups_by_id[group_id]
+
+    @cached_property
+    def static_servers(self) -> int:
+        """Its haproxy servers with its groups' own backends, pods aside
+        (lbagent.desired.budget): once per validated instance, like its own
+        problems, so a refresh counts only the load balancers that changed."""
+        return servers_of(self)
 
     @cached_property
     def _own_problems(self) -> list[Problem]:
