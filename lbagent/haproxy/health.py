@@ -50,6 +50,37 @@ class ServerHealth(str):
         return health
 
 
+SINCE_WOBBLE = timedelta(seconds=2)  # a whole second of rounding, and the time between reading and parsing
+
+
+class SteadySince:
+    """haproxy says how long ago a server changed in whole seconds, so the
+    moment worked out from it moves by up to a second from one read to the
+    next, and a status document read twice would differ where nothing
+    changed. The moment first worked out for a server's word is kept while
+    that word lasts. Used by one thread at a time (the stats thread)."""
+
+    def __init__(self) -> None:
+        self._first: dict[tuple[str, str], tuple[str, datetime]] = {}
+
+    def steady(self, states: dict[tuple[str, str], str], complete: bool) -> dict[tuple[str, str], str]:
+        """`states` with the moments first seen. `complete`: they are all of
+        haproxy's servers, and those not among them are forgotten."""
+        first = {} if complete else self._first
+        for key, state in states.items():
+            since = _since(state)
+            if since is None:
+                continue
+            known = self._first.get(key)
+            if known is not None and known[0] == str(state) and abs(since - known[1]) <= SINCE_WOBBLE:
+                states[key] = ServerHealth(str(state), reason_of(state), known[1], _drain_until(state))
+                first[key] = known
+            else:
+                first[key] = (str(state), since)
+        self._first = first
+        return states
+
+
 def with_drain_deadlines(states: dict[tuple[str, str], str], deadlines: dict[str, float]) -> dict[tuple[str, str], str]:
     """`states` with the deadline of each server draining ("backend/server" -> wall-clock seconds) attached."""
     for target, shut_at in deadlines.items():
@@ -65,9 +96,13 @@ def _since(health: str) -> datetime | None:
     return health.since if isinstance(health, ServerHealth) else None
 
 
+def _drain_until(health: str) -> datetime | None:
+    return health.drain_until if isinstance(health, ServerHealth) else None
+
+
 def drain_remaining(health: str, now: datetime) -> int | None:
     """Whole seconds until a draining server's sessions are shut (0 once due); None when it is not draining."""
-    until = health.drain_until if isinstance(health, ServerHealth) else None
+    until = _drain_until(health)
     if until is None:
         return None
     return max(0, math.ceil((until - now).total_seconds()))

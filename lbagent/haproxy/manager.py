@@ -49,7 +49,7 @@ from lbagent.haproxy.capacity import DEFAULT_LISTENER_MAXCONN
 from lbagent.haproxy.changes import Changes, PreparedChange
 from lbagent.haproxy.errors import HaproxyError
 from lbagent.haproxy.files import HaproxyPaths
-from lbagent.haproxy.health import with_drain_deadlines
+from lbagent.haproxy.health import SteadySince, with_drain_deadlines
 from lbagent.haproxy.lifecycle import Lifecycle
 from lbagent.haproxy.liveapply import LiveApplier
 from lbagent.haproxy.locks import LockMap
@@ -96,6 +96,7 @@ class HaproxyManager:
         self._changes = Changes(shared, self._lb_locks, self._batches, LiveApplier(shared), self._reloader.check_base)
         self._lifecycle = Lifecycle(shared, self._reloader)
         self.access_log = AccessLogReader(log_address(self.paths))
+        self._since = SteadySince()  # on the stats thread only
 
     def expect_changes_while(self, coming: Callable[[], bool]) -> None:
         """`coming()`: whether changes are on their way (see `ReloadBatcher`)."""
@@ -198,11 +199,14 @@ class HaproxyManager:
         of the backends whose names start with `backend_prefix`. Read and decoded on the stats
         thread: the event loop must not stand still while thousands of rows are parsed."""
         try:
-            states = await self._work.stats_work.run(_read_server_states, self.paths.stats_sock, backend_prefix)
+            states = await self._work.stats_work.run(
+                _read_server_states, self.paths.stats_sock, backend_prefix, self._since
+            )
         except OSError as exc:
             raise HaproxyError(f"haproxy stats socket unavailable: {exc}") from exc
         return with_drain_deadlines(states, self._worker.live.deadlines())
 
 
-def _read_server_states(stats_sock: Path, backend_prefix: str) -> dict[tuple[str, str], str]:
-    return parse_show_stat(send_command(stats_sock, "show stat"), backend_prefix)
+def _read_server_states(stats_sock: Path, backend_prefix: str, since: SteadySince) -> dict[tuple[str, str], str]:
+    states = parse_show_stat(send_command(stats_sock, "show stat"), backend_prefix)
+    return since.steady(states, complete=not backend_prefix)
