@@ -32,6 +32,7 @@ IPT_SO_GET_ENTRIES = 65
 TABLE_NAME_LEN = 32
 GETINFO_SIZE = 84  # struct ipt_getinfo
 ENTRIES_HEADER = 40  # struct ipt_get_entries: name, size, then entries aligned to 8
+PROC_READ_SIZE = 4096  # the names of every table a family has, with room to spare
 
 
 @dataclass(frozen=True)
@@ -55,11 +56,16 @@ _libc = ctypes.CDLL(None, use_errno=True)
 
 def present_tables(family: Literal[4, 6] = 4) -> set[str]:
     """The tables of this family that exist in the calling thread's namespace."""
+    # os.open and os.read, not open(): a sixth of the time (10 µs against 57 on the
+    # development VM), and a resync reads both families' lists.
     try:
-        with open(f"/proc/thread-self/net/{LAYOUTS[family].names}") as names:
-            return set(names.read().split())
+        fd = os.open(f"/proc/thread-self/net/{LAYOUTS[family].names}", os.O_RDONLY | os.O_CLOEXEC)
     except FileNotFoundError:  # a kernel without that family's tables has none
         return set()
+    try:
+        return set(os.read(fd, PROC_READ_SIZE).decode().split())
+    finally:
+        os.close(fd)
 
 
 def nat_table_digest() -> str:
