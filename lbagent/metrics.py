@@ -34,6 +34,11 @@ WRITE_KINDS = ("netlink", "iptables", "ovsdb")
 STATE_WRITES = Counter("lbagent_state_writes_total", "Atomic writes of the state file")
 RECONCILE_SECONDS = Histogram("lbagent_reconcile_seconds", "Duration of one load balancer's reconcile pass")
 RECONCILE_ERRORS = Counter("lbagent_reconcile_errors_total", "Failed reconcile passes")
+RESYNC_CHECKS = Counter(
+    "lbagent_resync_checks_total",
+    "Resyncs by what their first look found: unchanged (the pass stops there) or changed (a whole pass follows)",
+    ["result"],
+)
 API_REQUESTS = Counter(
     "lbagent_api_requests_total",
     "HTTP API requests answered, by method, route template (never the raw path) and status code",

@@ -246,6 +246,26 @@ def read_tree(directory: Path) -> dict[str, bytes]:
     return found
 
 
+def disk_stamp(paths: HaproxyPaths, lb_id: str) -> bytes:
+    """What changes whenever the load balancer's configuration or files on disk
+    do, without reading them: inode, type, size and times of each (a file is
+    replaced by a rename, which makes a new inode). A resync compares it with
+    what it was when a pass last found the disk as wanted."""
+    stamps = [_stat_of(paths.lb_file(lb_id))]
+    for root, directories, names in os.walk(paths.lb_files_dir(lb_id)):
+        directories.sort()
+        stamps += [f"{root}/{name}:{_stat_of(Path(root, name))}" for name in sorted(names + directories)]
+    return "\n".join(stamps).encode()
+
+
+def _stat_of(path: Path) -> str:
+    try:
+        seen = os.lstat(path)
+    except FileNotFoundError:
+        return "absent"
+    return f"{seen.st_ino} {seen.st_mode} {seen.st_size} {seen.st_mtime_ns} {seen.st_ctime_ns}"
+
+
 def write_tree(directory: Path, files: Mapping[str, bytes]) -> None:
     """Create `directory` (0700) holding `files` (0600 each, fsynced); it must not exist yet."""
     for name in files:

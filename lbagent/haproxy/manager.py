@@ -48,7 +48,7 @@ from lbagent.haproxy.candidate import StagedChange, discard
 from lbagent.haproxy.capacity import DEFAULT_LISTENER_MAXCONN
 from lbagent.haproxy.changes import Changes, PreparedChange
 from lbagent.haproxy.errors import HaproxyError
-from lbagent.haproxy.files import HaproxyPaths
+from lbagent.haproxy.files import HaproxyPaths, disk_stamp
 from lbagent.haproxy.health import SteadySince, with_drain_deadlines
 from lbagent.haproxy.lifecycle import Lifecycle
 from lbagent.haproxy.liveapply import LiveApplier
@@ -185,6 +185,10 @@ class HaproxyManager:
     async def drop(self, prepared: PreparedChange) -> None:
         """Forget a prepared change that will not be queued; nothing live changed."""
         await self._changes.drop(prepared)
+
+    def disk_stamp(self, lb_id: str) -> bytes:
+        """`files.disk_stamp` of the load balancer (blocking: a few stat calls)."""
+        return disk_stamp(self.paths, lb_id)
 
     def lb_ids_on_disk(self) -> set[str]:
         return self.paths.lb_ids_on_disk()

@@ -17,11 +17,12 @@ from __future__ import annotations
 import asyncio
 import logging
 import os
+from collections.abc import Callable
 from contextlib import nullcontext
 from dataclasses import dataclass, replace
 
 from lbagent.naming import NETNS_PREFIX, InterfaceNames, iface_id, names_from_interface, netns_name
-from lbagent.ovnhost import iptables, links
+from lbagent.ovnhost import iptables, links, snapshot
 from lbagent.ovnhost.bridgeports import BridgePorts
 from lbagent.ovnhost.errors import AlreadyExists, NetlinkError
 from lbagent.ovnhost.inventory import LB_KEY, Inventory, owner_host
@@ -107,6 +108,30 @@ class OvnHost:
         observed = await self._ports.converge(port, wanted_ids, reattach=spec.lb_id in self._reattach)
         self._reattach.discard(spec.lb_id)
         return HostObservation(port, bool(observed and observed.ovn_installed))
+
+    async def snapshot(self, spec: HostSpec, also: Callable[[], bytes]) -> bytes:
+        """Everything `converge` would look at, as it is now, in one short value
+        (see `snapshot`): the namespace and its mark, its links, addresses,
+        routes and NAT tables, the host ends and the reply path, the OVS port.
+        `also()` is read on the same thread and goes in too (the caller's own
+        files). One job on a namespace thread: a resync of a converged load
+        balancer costs one hand-off, not one per kind of object."""
+        return await self._namespaces.run(None, self._snapshot, spec, also)
+
+    def _snapshot(self, spec: HostSpec, also: Callable[[], bytes]) -> bytes:
+        unmarked = bool(self.netns_marks.dir) and not self.netns_marks.is_marked(spec.netns)
+        if unmarked or not netns_exists(spec.netns):
+            return b"no namespace"
+        port = self._ovs.observe_port(spec.links.names.ovn_host)
+        seen = (port.on_bridge, sorted(port.external_ids.items()), port.ofport) if port is not None else None
+        return snapshot.digest(
+            (
+                self._namespaces.call(spec.netns, snapshot.inside_namespace, spec.links, spec.nat),
+                snapshot.on_host(spec.links),
+                repr(seen).encode(),
+                also(),
+            )
+        )
 
     def _claim_namespace(self, netns: str) -> tuple[bool, bool]:
         """(whether the namespace is still to be made, whether it was unmarked).

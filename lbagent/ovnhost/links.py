@@ -177,7 +177,7 @@ def build_namespace(spec: LinkSpec, host_netns_fd: int) -> set[str]:
         if spec.ipv6 is not None:
             batch.add_address(ovn, names.ovn_ns, spec.ipv6.vip, spec.ipv6.prefixlen)
             batch.add_address(haproxy, names.haproxy_ns, spec.ipv6.inner, PAIR6_PREFIX)
-        for pair in _pairs(spec):
+        for pair in pairs(spec):
             for route in _gateway_routes(spec, ovn, pair.family):
                 batch.replace_route(route)
         batch.send(sock)
@@ -239,11 +239,11 @@ def converge_host(spec: LinkSpec) -> None:
         _ensure_link(nl, ovn, up=True, mtu=spec.mtu, alias=mark)
         _ensure_link(nl, haproxy, up=True, alias=mark)
         devconf.set_ipv6(names.haproxy_host, spec.ipv6 is not None, haproxy)
-        for pair in _pairs(spec):
+        for pair in pairs(spec):
             _converge_host_pair(nl, pair, reply_table(spec.outer), haproxy)
 
 
-def _converge_host_pair(nl: Netlink, pair: _Pair, table: int, haproxy: Link) -> None:
+def _converge_host_pair(nl: Netlink, pair: Pair, table: int, haproxy: Link) -> None:
     """OUTER on the host end, the route to INNER and the reply path, of one family."""
     # noprefixroute: every load balancer's OUTER lives in the same block on the
     # host; only the route towards its own INNER may route there.
@@ -258,7 +258,7 @@ def _converge_host_pair(nl: Netlink, pair: _Pair, table: int, haproxy: Link) -> 
 
 
 @dataclass(frozen=True)
-class _Pair:
+class Pair:
     """One family's inner/outer pair and its prefix length on the veth."""
 
     inner: str
@@ -270,10 +270,10 @@ class _Pair:
         return family_of(self.outer)
 
 
-def _pairs(spec: LinkSpec) -> list[_Pair]:
-    pairs = [_Pair(spec.inner, spec.outer, LINK_LOCAL_PREFIX)]
+def pairs(spec: LinkSpec) -> list[Pair]:
+    pairs = [Pair(spec.inner, spec.outer, LINK_LOCAL_PREFIX)]
     if spec.ipv6 is not None:
-        pairs.append(_Pair(spec.ipv6.inner, spec.ipv6.outer, PAIR6_PREFIX))
+        pairs.append(Pair(spec.ipv6.inner, spec.ipv6.outer, PAIR6_PREFIX))
     return pairs
 
 
@@ -287,29 +287,29 @@ def build_host(spec: LinkSpec) -> None:
     table = reply_table(spec.outer)
     # Before OUTER6: a link with IPv6 off takes no IPv6 address.
     devconf.set_ipv6(names.haproxy_host, spec.ipv6 is not None)
-    pairs = _pairs(spec)
+    both = pairs(spec)
     batch = RtnlBatch()
     batch.set_up(ovn, names.ovn_host, spec.mark)
     batch.set_up(haproxy, names.haproxy_host, spec.mark)
-    for pair in pairs:
+    for pair in both:
         batch.add_address(haproxy, names.haproxy_host, pair.outer, pair.prefixlen, noprefixroute=True)
         batch.replace_route(KernelRoute(f"{pair.inner}/{host_prefixlen(pair.family)}", None, haproxy, pair.outer))
         for route in _reply_routes(pair, haproxy, table):
             batch.replace_route(route)
     with closing(open_socket()) as sock:
         with _RULES_LOCK:
-            for pair in pairs:
+            for pair in both:
                 batch.add_skip_rules(*FAMILIES[pair.family].pair_block, SKIP_PRIORITY, SKIP_TARGET)
                 batch.add_source_rule(pair.outer, table, RULE_PRIORITY)
             batch.send(sock)
-        wrong = [p for p in pairs if route_via(sock, FAMILIES[p.family].reply_probe, p.outer) != (p.inner, haproxy)]
+        wrong = [p for p in both if route_via(sock, FAMILIES[p.family].reply_probe, p.outer) != (p.inner, haproxy)]
     if wrong:
         with Netlink.open() as nl:
             for pair in wrong:
                 _ensure_reply_path(nl, pair, table, haproxy)
 
 
-def _reply_routes(pair: _Pair, oif: int, table: int) -> list[KernelRoute]:
+def _reply_routes(pair: Pair, oif: int, table: int) -> list[KernelRoute]:
     """The reply table: INNER on the link, then the default route via INNER."""
     return [
         KernelRoute(f"{pair.inner}/{host_prefixlen(pair.family)}", None, oif, pair.outer, table),
@@ -317,7 +317,7 @@ def _reply_routes(pair: _Pair, oif: int, table: int) -> list[KernelRoute]:
     ]
 
 
-def _reply_path_ok(nl: Netlink, pair: _Pair, haproxy: int) -> bool:
+def _reply_path_ok(nl: Netlink, pair: Pair, haproxy: int) -> bool:
     """Does a reply from OUTER to a client leave via INNER on this load balancer's veth?
     Only its own table routes anything via INNER (pyroute2 reports the table
     of a `get` as the one its request named, so the table cannot be compared)."""
@@ -331,7 +331,7 @@ def _reply_path_ok(nl: Netlink, pair: _Pair, haproxy: int) -> bool:
 _RULES_LOCK = threading.Lock()
 
 
-def _ensure_reply_path(nl: Netlink, pair: _Pair, table: int, haproxy: int) -> None:
+def _ensure_reply_path(nl: Netlink, pair: Pair, table: int, haproxy: int) -> None:
     """`haproxy`: the index of the host end of the haproxy-side veth; `table`: the
     load balancer's reply table (one number, a table in each family)."""
     ordered = _reply_routes(pair, haproxy, table)

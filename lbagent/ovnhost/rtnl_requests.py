@@ -22,6 +22,10 @@ _IFADDRMSG = struct.Struct("=BBBBI")  # family, prefixlen, flags, scope, index
 _RTMSG = struct.Struct("=BBBBBBBBI")  # family, dst_len, src_len, tos, table, protocol, scope, type, flags
 _U32 = struct.Struct("=I")
 IFLA_IFNAME = 3
+IFLA_EXT_MASK = 29
+# Leaves the counters out of a link's answer (and out of its IPv6 settings):
+# they change all the time, and they are most of its bytes.
+RTEXT_FILTER_SKIP_STATS = 1 << 3
 RTA_DST, RTA_SRC, RTA_OIF, RTA_TABLE = 1, 2, 4, 15
 RT_TABLE_COMPAT = 252  # rtm_table of a table whose id does not fit in a byte (RTA_TABLE has it)
 
@@ -38,6 +42,16 @@ def _address(text: str) -> bytes:
 def get_link(name: str) -> bytes:
     """RTM_GETLINK of one link by name."""
     return _IFINFOMSG.pack(socket.AF_UNSPEC, 0, 0, 0, 0) + _attribute(IFLA_IFNAME, name.encode() + b"\0")
+
+
+def get_link_settings(name: str) -> bytes:
+    """RTM_GETLINK of one link by name, without its counters."""
+    return get_link(name) + _attribute(IFLA_EXT_MASK, _U32.pack(RTEXT_FILTER_SKIP_STATS))
+
+
+def dump_links() -> bytes:
+    """RTM_GETLINK dump of every link of the namespace, without their counters."""
+    return _IFINFOMSG.pack(socket.AF_UNSPEC, 0, 0, 0, 0) + _attribute(IFLA_EXT_MASK, _U32.pack(RTEXT_FILTER_SKIP_STATS))
 
 
 def get_route(dst: str, src: str | None = None) -> bytes:

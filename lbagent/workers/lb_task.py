@@ -47,7 +47,7 @@ class LbTask:
     def __init__(
         self,
         lb_id: str,
-        reconcile: Callable[[str], Awaitable[int]],
+        reconcile: Callable[[str, bool], Awaitable[int]],
         on_pass: Callable[[LbTask], None],
         resync_interval: Callable[[], float],
         readiness: Callable[[str], str | None] | None = None,
@@ -120,16 +120,17 @@ class LbTask:
 
     async def _loop(self) -> None:
         while True:
-            await wait_event(self._wake, self._next_delay())  # a kick, or time for a resync
+            kicked = await wait_event(self._wake, self._next_delay())  # a kick, or time for a resync
             self._wake.clear()
-            if await self._pass() == DONE:
+            if await self._pass(resync=not kicked and self.passed) == DONE:
                 return
 
-    async def _pass(self) -> int | None:
+    async def _pass(self, resync: bool) -> int | None:
+        """`resync`: nobody asked for this pass, and the last one succeeded."""
         started = time.monotonic()
         CURRENT_LB.set(self.lb_id)  # this task's own context
         try:
-            generation = await self._reconcile(self.lb_id)
+            generation = await self._reconcile(self.lb_id, resync)
         except asyncio.CancelledError:
             raise
         except Exception as exc:  # any failure is this load balancer's alone

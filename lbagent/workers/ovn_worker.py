@@ -41,8 +41,9 @@ from lbagent.desired.model import DesiredState, LoadBalancer
 from lbagent.errors import LbAgentError, StaleGeneration
 from lbagent.haproxy.handoff import HaproxyHandoff
 from lbagent.haproxy.render import HaproxyConfig, render_config
+from lbagent.metrics import RESYNC_CHECKS
 from lbagent.naming import interface_names, lb_id_from_netns, netns_name
-from lbagent.ovnhost.host import HostObservation, OvnHost
+from lbagent.ovnhost.host import HostObservation, HostSpec, OvnHost
 from lbagent.ovnhost.inventory import Inventory
 from lbagent.state import Allocation, PersistedState, StateStore
 from lbagent.support.blocking import BlockingPool
@@ -91,6 +92,10 @@ class LbRuntime:
     # resync pass over an unchanged load balancer compares it with the disk
     # without rendering again.
     rendered: tuple[str, HaproxyConfig] | None = None
+    spec: HostSpec | None = None  # what the host part of its last pass converged
+    # `OvnHost.snapshot` as a resync read it before a whole pass that then left it
+    # the same: a resync that reads it again, inputs unchanged, stops there.
+    baseline: bytes | None = None
 
 
 class OvnWorker(ReadinessWatch):
@@ -433,7 +438,9 @@ class OvnWorker(ReadinessWatch):
 
     # --- one pass ------------------------------------------------------------
 
-    async def reconcile(self, lb_id: str) -> int:
+    async def reconcile(self, lb_id: str, resync: bool = False) -> int:
+        """One pass; `resync`: the periodic one of a load balancer whose last pass
+        succeeded (nothing asked for it), which may stop after its first look."""
         generation = self._state().generation
         lb = self._lb(lb_id)
         try:
@@ -447,7 +454,8 @@ class OvnWorker(ReadinessWatch):
             if lb.enabled and lb_id in self.port_shortages:
                 raise ExhaustedError(self.port_shortages[lb_id])
             if lb.enabled:
-                await self._converge(lb, own + runtime.running_deps)
+                inputs_kept = (own, runtime.running_deps) == (runtime.own, runtime.deps)
+                await self._converge(lb, own + runtime.running_deps, resync and inputs_kept)
             else:
                 await self._remove_data_path(lb_id)
                 runtime.observation = None
@@ -459,7 +467,40 @@ class OvnWorker(ReadinessWatch):
             if lb_id in self.runtime:
                 self.runtime[lb_id].running_deps = None
 
-    async def _converge(self, lb: LoadBalancer, fingerprint: str) -> None:
+    async def _converge(self, lb: LoadBalancer, fingerprint: str, resync: bool) -> None:
+        """`resync`: the inputs are those of the last successful pass, and nothing
+        asked for this one. It first reads the load balancer's data path at once
+        (`OvnHost.snapshot`): the same as after a pass that found nothing to
+        change, it stops there. Otherwise the whole pass runs, and if it leaves
+        the data path as that first look found it, that look becomes the
+        baseline: taken before the pass, it holds nothing the pass did not see."""
+        runtime = self.runtime[lb.id]
+        before = await self._snapshot(lb.id) if resync else None
+        if before is not None:
+            unchanged = before == runtime.baseline
+            RESYNC_CHECKS.labels("unchanged" if unchanged else "changed").inc()
+            if unchanged:
+                # Its one piece outside the data path: a subscription that failed is tried again.
+                await self._sync_connection_logs(lb)
+                return
+        runtime.baseline = None
+        await self._converge_fully(lb, fingerprint)
+        if before is not None and await self._snapshot(lb.id) == before:
+            runtime.baseline = before
+
+    async def _snapshot(self, lb_id: str) -> bytes | None:
+        """`OvnHost.snapshot` of the load balancer's last pass; None if there is
+        none or the look failed (the whole pass then finds out why)."""
+        spec = self.runtime[lb_id].spec
+        if spec is None:
+            return None
+        try:
+            return await self._host.snapshot(spec, functools.partial(self._haproxy.disk_stamp, lb_id))
+        except (LbAgentError, OSError) as exc:
+            log.debug("lb=%s action=snapshot result=error error=%r", lb_id, str(exc))
+            return None
+
+    async def _converge_fully(self, lb: LoadBalancer, fingerprint: str) -> None:
         members = self.members(lb)
         servers = servers_in(lb, {group_id: len(group) for group_id, group in members.items()})
         if servers > MAX_SERVERS_PER_LB:  # its pods grew past it: only this one fails
@@ -504,8 +545,12 @@ class OvnWorker(ReadinessWatch):
             )
             unhealthy = self.udp_health.unhealthy(lb.id)
         spec = plan.host_spec(lb, subnet, allocation, members, self._netdev, unhealthy)
+        self.runtime[lb.id].spec = spec
         self.runtime[lb.id].observation = await self._host.converge(spec)
-        if self.connection_logs is not None:  # after converge: the namespace exists
+        await self._sync_connection_logs(lb)  # after converge: the namespace exists
+
+    async def _sync_connection_logs(self, lb: LoadBalancer) -> None:
+        if self.connection_logs is not None:
             await self.connection_logs.sync(lb.id, netns_name(lb.id), lb.network.ip, connlog.logged_listeners(lb))
 
     def resync_interval(self) -> float:

@@ -14,7 +14,7 @@ import psutil
 import pytest
 
 from agentproc import wait_until
-from helpers import VIP, host_state, netns_routes, wait_bound, web_lb
+from helpers import VIP, host_state, netns_routes, resync_checks, wait_bound, web_lb
 from lbstate import backend, desired, loadbalancer, tcp_listener
 
 URL = f"http://{VIP}:80/"
@@ -118,6 +118,47 @@ def test_drift_is_repaired_within_an_interval(agent_factory, vpc, web, sandbox):
     assert f"iface/lb/{lb_id}" in json.dumps(ids)
     nat = sh("ip", "netns", "exec", status["netns"], "iptables-legacy-save", "-t", "nat")
     assert "-j ACCEPT" not in nat and f"--to-source {VIP}" in nat
+
+
+def test_a_converged_resync_only_looks_and_still_sees_every_kind_of_drift(agent_factory, web):
+    """A resync of a converged load balancer reads its data path at once and,
+    finding it as a whole pass left it, writes and reloads nothing; drift the
+    kernel does not announce (an address, a rule, a host end's MTU, the
+    configuration on disk) still makes the whole pass that repairs it."""
+    lb_id, client, agent, status = converged_web(agent_factory, web, resync_interval=1.0)
+    checks = resync_checks(agent)
+    wait_until(lambda: resync_checks(agent)["unchanged"] >= checks["unchanged"] + 3, 20, "resyncs that only look")
+    quiet = agent.status()["agent"]
+    passes = agent.lb(lb_id)["passes"]
+    wait_until(lambda: agent.lb(lb_id)["passes"] >= passes + 3, 20, "three more resyncs")
+    after = agent.status()["agent"]
+    assert after["writes"] == quiet["writes"] and after["haproxy"]["reloads"] == quiet["haproxy"]["reloads"]
+
+    conf = agent.run_dir / "haproxy" / "conf.d" / f"{lb_id}.cfg"
+    wanted_conf = conf.read_text()
+    host_end = status["interfaces"]["ovn"][1]
+    drift = {
+        "removed address": (DRIFT["removed address"], lambda: serving(client)),
+        "edited rule": (DRIFT["edited rule"], lambda: "-j ACCEPT" not in nat_rules(status)),
+        "host end MTU": (
+            lambda s: sh("ip", "link", "set", host_end, "mtu", "1300"),
+            lambda: " mtu 1300 " not in sh("ip", "link", "show", host_end),
+        ),
+        "configuration edited on disk": (
+            lambda s: conf.write_text(wanted_conf + "# edited\n"),
+            lambda: conf.read_text() == wanted_conf,
+        ),
+    }
+    for what, (make_drift, repaired) in drift.items():
+        changed = resync_checks(agent)["changed"]
+        make_drift(status)
+        wait_until(repaired, 10, f"repaired: {what}")
+        assert resync_checks(agent)["changed"] > changed, what
+        wait_until(lambda: serving(client), 10, f"serving after: {what}")
+
+
+def nat_rules(status) -> str:
+    return sh("ip", "netns", "exec", status["netns"], "iptables-legacy-save", "-t", "nat")
 
 
 def test_a_deleted_veth_is_rebuilt_at_once_not_at_the_next_resync(agent_factory, web):

@@ -89,6 +89,8 @@ class FakeHost:
         self.not_installed = set()  # lb ids whose OVS port ovn-controller has not installed (yet)
         self.ports = {}  # lb id -> its OVS port, as the last converge left it
         self.installed_asked: list[set[str] | None] = []  # the ports each installed_ports call named (None: all)
+        self.looks = {}  # lb id -> what a snapshot of its data path reads now (a converge sets b"as wanted")
+        self.snapshots = 0
 
     async def host_addresses(self):
         return {"169.254.0.101"}
@@ -100,8 +102,13 @@ class FakeHost:
         if spec.lb_id in self.fail:
             raise RuntimeError(f"boom {spec.lb_id}")
         self.converged.append(spec)
+        self.looks[spec.lb_id] = b"as wanted"
         self.ports[spec.lb_id] = spec.links.names.ovn_host
         return HostObservation(spec.links.names.ovn_host, spec.lb_id not in self.not_installed)
+
+    async def snapshot(self, spec, also):
+        self.snapshots += 1
+        return self.looks.get(spec.lb_id, b"nothing") + b"|" + also()
 
     async def installed_ports(self, among=None):
         self.installed_asked.append(None if among is None else set(among))
@@ -126,6 +133,9 @@ class FakeHaproxy:
 
     def status(self):
         return dict(self.counts)
+
+    def disk_stamp(self, lb_id):
+        return (self.configs.get(lb_id) or "").encode()
 
     async def apply(self, lb_id, text, files=None):
         reloaded = await self.submit(lb_id, text, files)

@@ -11,7 +11,7 @@ async def test_stop_wins_over_a_kick_in_the_same_step():
     and stop() never returned."""
     passes = []
 
-    async def reconcile(lb_id):
+    async def reconcile(lb_id, resync):
         passes.append(lb_id)
         return 1
 
@@ -39,7 +39,7 @@ async def test_a_passed_task_waits_for_what_it_lacks_and_says_why():
     lacks = ["waiting for ovn-installed"]
     done = []
 
-    async def reconcile(lb_id):
+    async def reconcile(lb_id, resync):
         return 3
 
     task = LbTask("lb-1", reconcile, done.append, lambda: 3600.0, readiness=lambda lb_id: lacks[0])
@@ -55,7 +55,7 @@ async def test_a_passed_task_waits_for_what_it_lacks_and_says_why():
 
 
 async def test_a_failed_task_stays_in_error_whatever_it_waits_for():
-    async def reconcile(lb_id):
+    async def reconcile(lb_id, resync):
         raise RuntimeError("boom")
 
     done = []
@@ -66,3 +66,26 @@ async def test_a_failed_task_stays_in_error_whatever_it_waits_for():
     assert task.set_waiting("haproxy not running") is False
     assert (task.state, task.reason, task.passed) == ("error", "boom", False)
     await task.stop()
+
+
+async def test_only_a_pass_nobody_asked_for_after_a_success_is_a_resync():
+    """Kicks, the first pass and retries after a failure are whole passes; the
+    timer's pass after a success may stop after its first look."""
+    seen = []
+    outcomes = [1, RuntimeError("boom"), 2, 3]
+
+    async def reconcile(lb_id, resync):
+        seen.append(resync)
+        outcome = outcomes.pop(0)
+        if isinstance(outcome, Exception):
+            raise outcome
+        return outcome
+
+    task = LbTask("lb-1", reconcile, lambda t: None, lambda: 0.01)
+    task._next_delay = lambda: 0.01  # the retry after the failure comes as soon as a resync would
+    task.start()
+    task.kick()
+    await asyncio.wait_for(_until(lambda: len(seen) == 4), 5)
+    await task.stop()
+    # kick: whole; timer after success: resync (fails); retry: whole; timer after success: resync
+    assert seen == [False, True, False, True]

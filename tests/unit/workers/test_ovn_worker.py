@@ -765,3 +765,53 @@ async def test_a_probe_that_hangs_holds_up_only_its_own_batch(worker):
         watch.cancel()
         await asyncio.gather(watch, return_exceptions=True)
         await worker.stop()
+
+
+def resync_checks(result: str) -> float:
+    return worker_mod.RESYNC_CHECKS.labels(result)._value.get()
+
+
+async def test_a_resync_stops_after_its_first_look_once_a_whole_pass_left_the_data_path_as_it_found_it(worker):
+    await apply(worker, state(1, [lb_body("a")]))
+    assert await worker.wait_settled(1, 5)
+    host = worker._host
+    passes, unchanged, changed = len(host.converged), resync_checks("unchanged"), resync_checks("changed")
+
+    await worker.reconcile("a", resync=True)  # no baseline yet: a whole pass, which finds it as wanted
+    assert (len(host.converged), resync_checks("changed")) == (passes + 1, changed + 1)
+    await worker.reconcile("a", resync=True)  # the same look: nothing else
+    await worker.reconcile("a", resync=True)
+    assert (len(host.converged), resync_checks("unchanged")) == (passes + 1, unchanged + 2)
+
+    host.looks["a"] = b"an address gone"  # drift: a whole pass, which repairs it (the look differs after)
+    await worker.reconcile("a", resync=True)
+    assert len(host.converged) == passes + 2
+    await worker.reconcile("a", resync=True)  # the repaired look is no baseline yet: one more whole pass
+    await worker.reconcile("a", resync=True)
+    assert len(host.converged) == passes + 3
+
+    worker.haproxy.configs["a"] = "edited on disk"  # the files count too
+    await worker.reconcile("a", resync=True)
+    assert len(host.converged) == passes + 4
+    await worker.reconcile("a")  # asked for: always whole
+    assert len(host.converged) == passes + 5
+
+
+async def test_a_resync_whose_inputs_changed_or_whose_look_fails_is_a_whole_pass(worker):
+    await apply(worker, state(1, [lb_body("a")]))
+    assert await worker.wait_settled(1, 5)
+    host = worker._host
+    await worker.reconcile("a", resync=True)
+    await worker.reconcile("a", resync=True)
+    passes, looks = len(host.converged), host.snapshots
+
+    async def failing(spec, also):
+        raise OSError("namespace thread gone")
+
+    host.snapshot = failing
+    await worker.reconcile("a", resync=True)
+    assert len(host.converged) == passes + 1
+    del host.snapshot
+    worker.runtime["a"].deps = "some other subnet"  # as if a dependency changed since the last pass
+    await worker.reconcile("a", resync=True)
+    assert (len(host.converged), host.snapshots) == (passes + 2, looks)
