@@ -121,7 +121,9 @@ def evaluate(results: dict[str, Any]) -> list[dict[str, Any]]:
             f"{p2['cpu_percent']:.1f} % of one core",
             "< 5 %, every load balancer resynced every 30 s",
             p2["cpu_percent"] < 5.0 and interval is not None and interval <= 30,
-            f"{p2['passes']} passes in the window; each load balancer resynced every "
+            f"{p2['passes']} passes in the window"
+            + (f", {p2['cpu_ms_per_pass']:.1f} ms of agent CPU each" if p2.get("cpu_ms_per_pass") else "")
+            + "; each load balancer resynced every "
             + ("?" if interval is None else f"{interval:.0f} s")
             + ("" if p2.get("ready", p2["n"]) == p2["n"] else f"; not converged: {p2['ready']} of {p2['n']} ready"),
         )

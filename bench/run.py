@@ -1,6 +1,6 @@
 """`make bench`: every figure of the benchmark, measured in one run on a private OVS/OVN sandbox.
 
-    .venv/bin/python -m bench.run [--n 100 1000] [--p2-seconds 60] [--wrk-seconds 10]
+    .venv/bin/python -m bench.run [--n 100 1000] [--p2-seconds 40] [--wrk-seconds 10]
                                   [--changes 20] [--reloads 20] [--profile] [--output bench/results.json]
 
 What it builds (every name carries one random prefix; everything is removed
@@ -18,7 +18,9 @@ through tests/functional/agentproc.py, default resync interval):
 - P1: the floor (bench/floor.py) is built, timed and removed; then the agent
   gets the N load balancers in one POST ?wait and the time to the answer
   saying all are ready is P1 (and when ovn-controller has bound all ports).
-- at the largest N: P2 (an idle window of --p2-seconds), P6, P3 and P5's
+- at the largest N (whose agent resyncs each load balancer every --p2-every
+  seconds): P2 (once every load balancer has had its first resync, a window
+  of --p2-seconds without changes), P6, P3 and P5's
   reloads; at the smallest N, with the agent resized to --p3-small load
   balancers: P3, P4 (the agent; direct; haproxy and an nginx stream proxy in
   the load balancer's namespace, bench/nslegs.py; OVN's native load
@@ -112,6 +114,7 @@ class Bench(IdleLegs, TrafficLegs, Ipv6Legs, TeardownAndProfiles):
                 "n": config.ns,
                 "p3_small": config.p3_small,
                 "p2_seconds": config.p2_seconds,
+                "p2_every": config.p2_every,
                 "changes": config.changes,
                 "reloads": config.reloads,
                 "wrk_seconds": config.wrk_seconds,
@@ -329,12 +332,16 @@ class Bench(IdleLegs, TrafficLegs, Ipv6Legs, TeardownAndProfiles):
         kind = "dual-stack" if self.dual_stack else "agent"
         say(f"==> P1 {kind}, N={n}: a fresh agent, one POST of {n} load balancers")
         base = self.workdir / (f"{kind}-{n}-{attempt}" if attempt else f"{kind}-{n}")
+        # P2's agent: every load balancer resynced every p2_every seconds, whatever N.
+        p2 = n == self.config.ns[-1] and not self.dual_stack and not self.config.scale
+        resync = {"resync_interval": self.config.p2_every, "resync_rate": n / self.config.p2_every} if p2 else {}
         self.agent = AgentProcess(
             base,
             self.sandbox.ovs_db,
             host=f"{self.prefix}-gw{n}",
             env=self.sandbox.env,
             size_neighbour_tables=self.config.scale,
+            **resync,
         )
         self.agent.start()
         self.lbs = [self._lb(i) for i in range(n)]
@@ -503,7 +510,10 @@ def main(argv: list[str] | None = None) -> int:
         "--n", type=int, nargs="+", help="P1 sizes; the largest runs P2-P6 (default 100 1000; 1000 3000 with --scale)"
     )
     parser.add_argument("--p3-small", type=int, default=10, help="N of the small P3 (default 10)")
-    parser.add_argument("--p2-seconds", type=float, default=60.0)
+    parser.add_argument("--p2-seconds", type=float, default=40.0, help="P2 window, seconds (default 40)")
+    parser.add_argument(
+        "--p2-every", type=float, default=30.0, help="seconds between two resyncs of each load balancer at P2"
+    )
     parser.add_argument("--changes", type=int, default=20, help="P3 backend changes per N")
     parser.add_argument("--reloads", type=int, default=20, help="P5 reloads")
     parser.add_argument("--wrk-seconds", type=float, default=10.0, help="P4 duration of each leg")
@@ -547,6 +557,7 @@ def main(argv: list[str] | None = None) -> int:
         ns=args.n or ([1000, 3000] if args.scale else [100, 1000]),
         p3_small=args.p3_small,
         p2_seconds=args.p2_seconds,
+        p2_every=args.p2_every,
         changes=args.changes,
         reloads=args.reloads,
         wrk_seconds=args.wrk_seconds,

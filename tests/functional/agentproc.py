@@ -45,6 +45,7 @@ class AgentProcess:
         host: str,
         resync_interval: float = 30.0,
         extra_config: str = "",
+        resync_rate: float | None = None,
         env: dict | None = None,
         size_neighbour_tables: bool = False,
     ):
@@ -59,9 +60,10 @@ class AgentProcess:
         self.state_dir = base / "state"
         self.run_dir = base / "run"
         self.config_path = base / "lbagent.toml"
+        rate = f"resync_rate = {resync_rate}\n" if resync_rate is not None else ""
         self.config_path.write_text(
             f'[agent]\nhost = "{host}"\nstate_dir = "{self.state_dir}"\nrun_dir = "{self.run_dir}"\n'
-            f"resync_interval = {resync_interval}\n"
+            f"resync_interval = {resync_interval}\n{rate}"
             # The tables are the machine's: only a test that restores them lets an agent raise them.
             f"size_neighbour_tables = {str(size_neighbour_tables).lower()}\n"
             f'[api]\nlisten = "127.0.0.1:{self.port}"\ntoken_file = "{base / "token"}"\n'
@@ -123,6 +125,17 @@ class AgentProcess:
         code, body = self.request("GET", "/v1/status")
         assert code == 200, body
         return body
+
+    def resync_checks(self) -> dict[str, float]:
+        """lbagent_resync_checks_total by result ("unchanged", "changed"), from /metrics."""
+        code, text = self.request("GET", "/metrics")
+        assert code == 200, text
+        found = {"unchanged": 0.0, "changed": 0.0}
+        for line in text.splitlines():
+            if line.startswith("lbagent_resync_checks_total{"):
+                labels, _, value = line.rpartition(" ")
+                found[labels.split('result="', 1)[1].split('"', 1)[0]] = float(value)
+        return found
 
     def lb(self, lb_id: str) -> dict:
         code, body = self.request("GET", f"/v1/loadbalancers/{lb_id}")

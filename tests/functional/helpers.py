@@ -165,15 +165,3 @@ def http_backends_of(client, url: str, count: int) -> collections.Counter:
 def netns_routes(netns: str) -> str:
     """The main routing table of a namespace, as `ip -n <netns> route` prints it."""
     return subprocess.run(["ip", "-n", netns, "route"], capture_output=True, text=True, check=True).stdout
-
-
-def resync_checks(agent) -> dict[str, float]:
-    """lbagent_resync_checks_total by result ("unchanged", "changed"), from the agent's /metrics."""
-    code, text = agent.request("GET", "/metrics")
-    assert code == 200, text
-    found = {"unchanged": 0.0, "changed": 0.0}
-    for line in text.splitlines():
-        if line.startswith("lbagent_resync_checks_total{"):
-            labels, _, value = line.rpartition(" ")
-            found[labels.split('result="', 1)[1].split('"', 1)[0]] = float(value)
-    return found

@@ -20,7 +20,8 @@ def test_benchmark_runs_at_small_n_and_produces_sane_figures(sandbox, prefix, tm
     config = BenchConfig(
         ns=[3],
         p3_small=2,
-        p2_seconds=2,
+        p2_seconds=3,  # longer than the longest jittered resync interval: each load balancer resyncs in it
+        p2_every=2,
         changes=2,
         reloads=2,
         wrk_seconds=1,
@@ -42,8 +43,11 @@ def test_benchmark_runs_at_small_n_and_produces_sane_figures(sandbox, prefix, tm
     p2 = results["p2"]
     assert p2["writes"] == {"netlink": 0, "iptables": 0, "ovsdb": 0}, p2
     assert p2["reloads"] == 0 and 0 <= p2["cpu_percent"] < 100, p2
+    # Each load balancer resynced in the window, and each resync stopped after its first look.
+    assert p2["passes"] >= 3 and p2["resync_checks"]["unchanged"] >= 3 and p2["resync_checks"]["changed"] == 0, p2
+    assert p2["resync_interval"] == 2 and p2["cpu_ms_per_pass"] > 0, p2
     drift = results["drift"]
-    assert drift["n"] == 3 and 0 < drift["seconds"] < 120 and drift["resync_interval"] >= 30, drift
+    assert drift["n"] == 3 and 0 < drift["seconds"] < 120 and drift["resync_interval"] == 2, drift
 
     assert sorted(entry["n"] for entry in results["p3"]) == [2, 3]
     for entry in results["p3"]:

@@ -18,7 +18,7 @@ from devtools.topology import Vpc, self_signed_certificate
 from lbagent.naming import netns_name
 
 from agentproc import wait_until
-from helpers import UdpServers, resync_checks, udp_backends_of, wait_bound
+from helpers import UdpServers, udp_backends_of, wait_bound
 from lbstate import backend, desired, loadbalancer, tcp_listener
 
 CIDR6, GATEWAY6 = "2001:db8:0:1::/64", "2001:db8:0:1::1"
@@ -207,8 +207,8 @@ def test_restart_drift_and_deletion_of_a_dual_stack_load_balancer(agent_factory,
 
     # Resyncs of the converged load balancer stop after their look: the IPv6 routes,
     # addresses and settings read the same from one resync to the next.
-    checks = resync_checks(agent)
-    wait_until(lambda: resync_checks(agent)["unchanged"] >= checks["unchanged"] + 2, 20, "resyncs that only look")
+    checks = agent.resync_checks()
+    wait_until(lambda: agent.resync_checks()["unchanged"] >= checks["unchanged"] + 2, 20, "resyncs that only look")
     netns, ovn_ns = netns_name(lb_id), after["interfaces"]["ovn"][0]
     subprocess.run(["ip", "-n", netns, "-6", "addr", "del", f"{VIP6}/64", "dev", ovn_ns], check=True)
     subprocess.run(["ip", "netns", "exec", netns, "ip6tables-legacy", "-t", "nat", "-F", "LBAGENT-PRE"], check=True)

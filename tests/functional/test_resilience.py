@@ -14,7 +14,7 @@ import psutil
 import pytest
 
 from agentproc import wait_until
-from helpers import VIP, host_state, netns_routes, resync_checks, wait_bound, web_lb
+from helpers import VIP, host_state, netns_routes, wait_bound, web_lb
 from lbstate import backend, desired, loadbalancer, tcp_listener
 
 URL = f"http://{VIP}:80/"
@@ -126,8 +126,8 @@ def test_a_converged_resync_only_looks_and_still_sees_every_kind_of_drift(agent_
     kernel does not announce (an address, a rule, a host end's MTU, the
     configuration on disk) still makes the whole pass that repairs it."""
     lb_id, client, agent, status = converged_web(agent_factory, web, resync_interval=1.0)
-    checks = resync_checks(agent)
-    wait_until(lambda: resync_checks(agent)["unchanged"] >= checks["unchanged"] + 3, 20, "resyncs that only look")
+    checks = agent.resync_checks()
+    wait_until(lambda: agent.resync_checks()["unchanged"] >= checks["unchanged"] + 3, 20, "resyncs that only look")
     quiet = agent.status()["agent"]
     passes = agent.lb(lb_id)["passes"]
     wait_until(lambda: agent.lb(lb_id)["passes"] >= passes + 3, 20, "three more resyncs")
@@ -150,10 +150,10 @@ def test_a_converged_resync_only_looks_and_still_sees_every_kind_of_drift(agent_
         ),
     }
     for what, (make_drift, repaired) in drift.items():
-        changed = resync_checks(agent)["changed"]
+        changed = agent.resync_checks()["changed"]
         make_drift(status)
         wait_until(repaired, 10, f"repaired: {what}")
-        assert resync_checks(agent)["changed"] > changed, what
+        assert agent.resync_checks()["changed"] > changed, what
         wait_until(lambda: serving(client), 10, f"serving after: {what}")
 
 
