@@ -120,6 +120,16 @@ ROUTE = Kind(
     },
 )
 
+RULE = Kind(
+    struct.Struct("=BBBBBBBBI"),
+    ("family", "dst_len", "src_len", "tos", "table", "res1", "res2", "action", "flags"),
+    {
+        "FRA_SRC": (2, _ip),
+        "FRA_PRIORITY": (6, _u32),
+        "FRA_TABLE": (15, _u32),
+    },
+)
+
 
 class Message:
     """One answer of `kind` (the whole netlink message in `data`)."""

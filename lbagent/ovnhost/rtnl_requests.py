@@ -67,6 +67,11 @@ def dump_addresses(index: int, family: int) -> bytes:
     return _IFADDRMSG.pack(family, 0, 0, 0, index)
 
 
+def dump_rules(family: int) -> bytes:
+    """RTM_GETRULE dump of one family's policy rules."""
+    return _RTMSG.pack(family, 0, 0, 0, 0, 0, 0, 0, 0)  # struct fib_rule_hdr has rtmsg's layout
+
+
 def dump_routes(table: int, oif: int | None, family: int) -> bytes:
     """RTM_GETROUTE dump of one table (out of `oif`, if given), filtered by the kernel."""
     header = _RTMSG.pack(family, 0, 0, 0, table if table <= 255 else RT_TABLE_COMPAT, 0, 0, 0, 0)
