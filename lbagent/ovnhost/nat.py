@@ -20,6 +20,7 @@ from __future__ import annotations
 import hashlib
 import math
 from dataclasses import dataclass, replace
+from functools import cached_property
 from typing import Literal
 
 from lbagent.desired.fields import family_of
@@ -68,7 +69,7 @@ class NatRule:
     ct_orig_dport: int = 0  # ... and port
     family: Family = 4  # 6: the rule lives in the IPv6 (ip6tables) table of that name
 
-    @property
+    @cached_property  # a rule is compared by its hash at every check of its table
     def hash(self) -> str:
         fields = (
             self.chain,
