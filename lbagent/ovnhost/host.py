@@ -21,10 +21,11 @@ from collections.abc import Callable
 from contextlib import nullcontext
 from dataclasses import dataclass, replace
 
+from lbagent.errors import LbAgentError
 from lbagent.naming import NETNS_PREFIX, InterfaceNames, iface_id, names_from_interface, netns_name
 from lbagent.ovnhost import iptables, links, snapshot
 from lbagent.ovnhost.bridgeports import BridgePorts
-from lbagent.ovnhost.errors import AlreadyExists, NetlinkError
+from lbagent.ovnhost.errors import AlreadyExists, NamespaceError, NetlinkError
 from lbagent.ovnhost.inventory import LB_KEY, Inventory, owner_host
 from lbagent.ovnhost.iplib import Netlink
 from lbagent.ovnhost.links import LinkSpec
@@ -41,6 +42,8 @@ NETDEV = "netdev"
 LINKS_FREED_WITHIN = 5.0  # seconds the kernel gets to free a deleted namespace's links
 LINKS_FREED_POLL = 0.05
 MAX_RULE_REMOVALS = 1000  # reply rules removed after one read of the host's rules
+MAX_SNAPSHOTS = 64  # resync looks in one namespace-thread job (a few ms each)
+SNAPSHOT_GATHER = 0.1  # seconds a resync's look waits for others to share its job
 
 
 @dataclass(frozen=True)
@@ -74,6 +77,10 @@ class OvnHost:
         )
         self._nat_states: dict[str, str] = {}  # lb id -> what its last pass left in its nat table
         self._reattach: set[str] = set()  # lb ids whose OVN-side veth is newer than their OVS port
+        self._ports_seen: dict[str, tuple[int, bytes]] = {}  # OVS port -> (OVSDB change count, its last look)
+        self._snapshots = Coalescer(
+            "snapshots", self._take_snapshots, self._take_snapshot, NamespaceError, MAX_SNAPSHOTS, gather=_gather_looks
+        )
         self._host_fd = os.open("/proc/self/ns/net", os.O_RDONLY | os.O_CLOEXEC)
         # The owner the OVS client writes on its rows marks the links too; an
         # OVS stand-in without one (kernel-only tests) marks nothing.
@@ -109,29 +116,56 @@ class OvnHost:
         self._reattach.discard(spec.lb_id)
         return HostObservation(port, bool(observed and observed.ovn_installed))
 
-    async def snapshot(self, spec: HostSpec, also: Callable[[], bytes]) -> bytes:
+    async def snapshot(self, spec: HostSpec, also: Callable[[], bytes]) -> bytes | None:
         """Everything `converge` would look at, as it is now, in one short value
         (see `snapshot`): the namespace and its mark, its links, addresses,
         routes and NAT tables, the host ends and the reply path, the OVS port.
         `also()` is read on the same thread and goes in too (the caller's own
-        files). One job on a namespace thread: a resync of a converged load
-        balancer costs one hand-off, not one per kind of object."""
-        return await self._namespaces.run(None, self._snapshot, spec, also)
+        files). None if the look failed: the caller's whole pass finds out why.
+        The looks of resyncs that come within `SNAPSHOT_GATHER` of each other
+        share one job on a namespace thread: a hand-off to a thread and back
+        cost as much as a third of a look."""
+        return await self._snapshots.submit((spec, also))
+
+    async def _take_snapshots(self, looks: list[tuple[HostSpec, Callable[[], bytes]]]) -> list[bytes | None]:
+        return await self._namespaces.run(None, lambda: [self._snapshot_or_none(*look) for look in looks])
+
+    async def _take_snapshot(self, look: tuple[HostSpec, Callable[[], bytes]]) -> bytes | None:
+        return (await self._take_snapshots([look]))[0]
+
+    def _snapshot_or_none(self, spec: HostSpec, also: Callable[[], bytes]) -> bytes | None:
+        try:
+            return self._snapshot(spec, also)
+        except (LbAgentError, OSError) as exc:
+            log.debug("lb=%s action=snapshot result=error error=%r", spec.lb_id, str(exc))
+            return None
 
     def _snapshot(self, spec: HostSpec, also: Callable[[], bytes]) -> bytes:
         unmarked = bool(self.netns_marks.dir) and not self.netns_marks.is_marked(spec.netns)
         if unmarked or not netns_exists(spec.netns):
             return b"no namespace"
-        port = self._ovs.observe_port(spec.links.names.ovn_host)
-        seen = (port.on_bridge, sorted(port.external_ids.items()), port.ofport) if port is not None else None
         return snapshot.digest(
             (
                 self._namespaces.call(spec.netns, snapshot.inside_namespace, spec.links, spec.nat),
                 snapshot.on_host(spec.links),
-                repr(seen).encode(),
+                self._port_seen(spec.links.names.ovn_host),
                 also(),
             )
         )
+
+    def _port_seen(self, port: str) -> bytes:
+        """The OVS port as a snapshot keeps it. Looked up again only when the
+        local copy of OVSDB has changed since the last look: a lookup takes
+        the IDL's lock and builds Python objects of its rows, and a converged
+        host's OVSDB hardly changes."""
+        count = self._ovs.change_count()  # before the lookup: a change meanwhile makes the next look look again
+        last = self._ports_seen.get(port)
+        if last is not None and last[0] == count:
+            return last[1]
+        state = self._ovs.observe_port(port)
+        seen = repr((state.on_bridge, sorted(state.external_ids.items()), state.ofport) if state else None).encode()
+        self._ports_seen[port] = (count, seen)
+        return seen
 
     def _claim_namespace(self, netns: str) -> tuple[bool, bool]:
         """(whether the namespace is still to be made, whether it was unmarked).
@@ -259,6 +293,7 @@ class OvnHost:
         (Each counted write logs its own line; the namespace is not counted.)"""
         self._nat_states.pop(lb_id, None)
         self._reattach.discard(lb_id)
+        self._ports_seen.pop(names.ovn_host, None)
         for source in (outer, outer6) if outer6 else (outer,):
             await self._rule_removals.submit(source)
         await self._ports.delete(names.ovn_host)
@@ -293,6 +328,10 @@ class OvnHost:
 
     async def _delete_rule(self, outer: str) -> bool:
         return (await self._delete_rules([outer]))[0]
+
+
+async def _gather_looks(looks: list) -> None:
+    await asyncio.sleep(SNAPSHOT_GATHER)
 
 
 def _any_link_exists(names: tuple[str, ...]) -> bool:

@@ -261,6 +261,11 @@ class OvsClient(ProviderBridgeCommands):
     def observe_port(self, name: str) -> PortState | None:
         return self._execute(_ObservePort(self.api, name))
 
+    def change_count(self) -> int:
+        """A number that grows whenever a row of the local copy of the database
+        changes: a port observed at one count is the same at the same count."""
+        return self.api.idl.change_seqno
+
     def owned_ports(self) -> dict[str, str]:
         """Interface name -> load balancer id of every port marked as ours."""
         return self._execute(_OwnedPorts(self.api, self.owner))

@@ -496,7 +496,7 @@ class OvnWorker(ReadinessWatch):
             return None
         try:
             return await self._host.snapshot(spec, functools.partial(self._haproxy.disk_stamp, lb_id))
-        except (LbAgentError, OSError) as exc:
+        except (LbAgentError, OSError) as exc:  # the whole job failed
             log.debug("lb=%s action=snapshot result=error error=%r", lb_id, str(exc))
             return None
 
