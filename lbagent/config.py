@@ -154,7 +154,7 @@ class _Section(BaseModel):
     model_config = ConfigDict(extra="forbid", frozen=True)
 
 
-DEFAULT_RESYNC_RATE = 4.0  # resync passes per second, all load balancers together
+DEFAULT_RESYNC_RATE = 8.0  # resync passes per second, all load balancers together
 
 
 class AgentSection(_Section):
