@@ -141,9 +141,10 @@ class OvnHost:
             return None
 
     def _snapshot(self, spec: HostSpec, also: Callable[[], bytes]) -> bytes:
-        unmarked = bool(self.netns_marks.dir) and not self.netns_marks.is_marked(spec.netns)
-        if unmarked or not netns_exists(spec.netns):
-            return b"no namespace"
+        if self.netns_marks.dir and not self.netns_marks.is_marked(spec.netns):
+            return b"not marked"
+        # No look for the namespace itself: entering one that is gone, or a stale
+        # file where it was, fails (NamespaceError), and so does this look.
         return snapshot.digest(
             (
                 self._namespaces.call(spec.netns, snapshot.inside_namespace, spec.links, spec.nat),

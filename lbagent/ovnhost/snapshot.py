@@ -42,6 +42,7 @@ from lbagent.ovnhost.rtnl_socket import open_socket, request
 
 _ATTRIBUTE = struct.Struct("=HH")
 _LENGTH = struct.Struct("=i")
+_INDEX = struct.Struct("=i")  # ifinfomsg's ifi_index, after its family, padding and type
 _NUMBER = 0x3FFF  # without NLA_F_NESTED and NLA_F_NET_BYTEORDER
 NLMSG_HEADER = 16
 IFINFOMSG_END = NLMSG_HEADER + 16
@@ -156,16 +157,21 @@ def inside_namespace(links: LinkSpec, nat: Sequence[NatRule]) -> bytes:
     return digest(parts)
 
 
+def _host_end(sock: socket.socket, name: str) -> tuple[int, bytes]:
+    """A host end's index (0: gone) and what the look keeps of it."""
+    try:
+        (data,) = request(sock, "get link", name, rtnl_requests.get_link_settings(name), RTM_GETLINK, bytes)
+    except NetlinkError as exc:
+        return 0, f"get link {name}: errno {exc.code}".encode()
+    return _INDEX.unpack_from(data, NLMSG_HEADER + 4)[0], _link(data)
+
+
 def on_host(links: LinkSpec) -> bytes:
     names = links.names
     with closing(open_socket(strict=True)) as sock:
-        parts = []
-        for name in names.host_ends:
-            parts += _ask(sock, "get link", rtnl_requests.get_link_settings(name), RTM_GETLINK, _link, dump=False)
-        try:
-            haproxy = socket.if_nametoindex(names.haproxy_host)
-        except OSError:
-            haproxy = 0  # gone: its lookup above says so already
+        _, ovn_end = _host_end(sock, names.ovn_host)
+        haproxy, haproxy_end = _host_end(sock, names.haproxy_host)
+        parts = [ovn_end, haproxy_end]
         if haproxy:
             body = rtnl_requests.dump_addresses(haproxy, socket.AF_UNSPEC)
             parts += _ask(sock, "dump addresses", body, RTM_GETADDR, _address, dump=True)
