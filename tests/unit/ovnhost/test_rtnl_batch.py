@@ -5,6 +5,7 @@ import struct
 
 import pytest
 from pyroute2 import IPBatch
+from pyroute2.netlink.rtnl.ifaddrmsg import ifaddrmsg
 from pyroute2.netlink.rtnl.rtmsg import rtmsg
 
 from lbagent.metrics import write_counts
@@ -27,6 +28,17 @@ def _pyroute2(call) -> bytes:
         return _without_sequence(bytes(compiler.batch))
     finally:
         compiler.close()
+
+
+def _address_message(compiler, index: int, address: str, prefixlen: int, flags: int) -> None:
+    """What the agent sends for an IPv6 address, through pyroute2's message class: IPBatch's
+    `addr` leaves IFA_LOCAL out for IPv6, or puts it before IFA_FLAGS when given."""
+    msg = ifaddrmsg()
+    msg["family"], msg["prefixlen"], msg["index"] = 10, prefixlen, index
+    msg["attrs"] = [("IFA_ADDRESS", address), ("IFA_FLAGS", flags), ("IFA_LOCAL", address)]
+    msg["header"]["type"], msg["header"]["flags"] = 20, 0x605  # RTM_NEWADDR; request, ack, excl, create
+    msg.encode()
+    compiler.batch += msg.data
 
 
 def _ours(call) -> bytes:
@@ -91,6 +103,42 @@ def _ours(call) -> bytes:
         (
             lambda b: b.add_source_rule("169.254.0.101", TABLE, 31000),
             lambda c: c.rule("add", src="169.254.0.101", src_len=32, table=TABLE, priority=31000),
+        ),
+        (
+            lambda b: b.add_veth("o1", "o2", 9, mac="02:00:00:00:00:01", peer_mac="02:00:00:00:00:02", index=40),
+            lambda c: c.link(
+                "add",
+                index=40,
+                ifname="o1",
+                kind="veth",
+                address="02:00:00:00:00:01",
+                state="up",
+                peer={"ifname": "o2", "net_ns_fd": 9, "address": "02:00:00:00:00:02"},
+            ),
+        ),
+        (
+            lambda b: b.add_address(2, "x", "2001:db8::5", 64),
+            lambda c: _address_message(c, 2, "2001:db8::5", 64, 0x02),
+        ),
+        (
+            lambda b: b.add_address(5, "x", "fd4c:4241::3", 64, noprefixroute=True),
+            lambda c: _address_message(c, 5, "fd4c:4241::3", 64, 0x202),
+        ),
+        (
+            lambda b: b.replace_route(KernelRoute("::/0", "2001:db8::1", 2, None)),
+            lambda c: c.route("replace", dst="::/0", gateway="2001:db8::1", oif=2, table=254),
+        ),
+        (
+            lambda b: b.replace_route(KernelRoute("fd4c:4241::2/128", None, 5, "fd4c:4241::3", TABLE)),
+            lambda c: c.route("replace", dst="fd4c:4241::2/128", oif=5, prefsrc="fd4c:4241::3", scope=253, table=TABLE),
+        ),
+        (
+            lambda b: b.add_source_rule("fd4c:4241::3", TABLE, 31000),
+            lambda c: c.rule("add", family=10, src="fd4c:4241::3", src_len=128, table=TABLE, priority=31000),
+        ),
+        (
+            lambda b: b.add_source_rule("169.254.0.101", 100, 31000),
+            lambda c: c.rule("add", src="169.254.0.101", src_len=32, table=100, priority=31000),
         ),
     ],
 )
