@@ -36,6 +36,7 @@ from bench.measure import (
 from bench.traffic import BACKEND_PORT, LoadLoop, http_text, run_load
 from devtools.sandbox import wait_for
 from lbagent.haproxy.files import HaproxyPaths
+from lbagent.workers.lb_task import JITTER
 
 from lbstate import backend
 
@@ -335,18 +336,16 @@ class IdleLegs:
     def _p2_p6(self, n: int) -> None:
         seconds = self.config.p2_seconds
         interval = self.agent.status()["agent"]["resync_interval"]
-        say(f"==> P2 a converged agent at N={n}: every load balancer's first resync (every {interval:.0f} s)")
-        # A load balancer's first resync is a whole pass (nothing to compare with yet),
-        # so the first look of each says "changed": the window starts after all of them.
-        try:
-            wait_for(
-                lambda: self.agent.resync_checks()["changed"] >= n,
-                2 * interval + 60,
-                f"the first resync of all {n} load balancers",
-                interval=1.0,
-            )
-        except TimeoutError as exc:
-            say(f"    {exc}: measured anyway")
+        # The first resync of a load balancer is a whole pass (no look to compare
+        # with yet), and so is the next if the first came while P1 was still
+        # changing the host around it: the window starts once every load balancer
+        # has been resynced since P1 ended, each at most one jittered interval later.
+        settled_at = getattr(self, "p1_finished", time.monotonic()) + interval * (1 + JITTER) + 1
+        say(
+            f"==> P2 a converged agent at N={n}: every load balancer resynced once since P1 "
+            f"(every {interval:.0f} s, {max(0.0, settled_at - time.monotonic()):.0f} s to go)"
+        )
+        threading.Event().wait(max(0.0, settled_at - time.monotonic()))
         say(f"    idle for {seconds:.0f} s")
         status = self.agent.status()
         checks = self.agent.resync_checks()

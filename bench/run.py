@@ -244,6 +244,7 @@ class Bench(IdleLegs, TrafficLegs, Ipv6Legs, TeardownAndProfiles):
         entry: dict[str, Any] = {"n": n}
         self.results["p1"].append(entry)
         self._p1(n, entry)
+        self.p1_finished = time.monotonic()
         self._check_sandbox(f"P1 at N={n}")
         if self.config.scale:
             self._settled_memory(n, entry)
