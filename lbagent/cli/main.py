@@ -43,7 +43,9 @@ def run(config_path: Path | None) -> None:
     """Run the agent in the foreground (what the systemd unit starts)."""
     from lbagent.api.server import serve
     from lbagent.logs import setup_logging
+    from lbagent.support.heap import limit_malloc_arenas
 
+    limit_malloc_arenas()  # before any thread, the log writer's included
     config = _load(config_path)
     # The token is redacted from every log line, whichever module writes it.
     with setup_logging(config.agent.log_level, config.agent.log_format, secrets=[config.read_token()]):

@@ -24,16 +24,41 @@ either way), a few milliseconds each instead of half of one.
 
 from __future__ import annotations
 
+import ctypes
 import gc
 import logging
+import os
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 
 log = logging.getLogger(__name__)
 
 TICK_INTERVAL = 60.0  # seconds between looks
 FULL_INTERVAL = 3600.0  # seconds between collections that include the frozen objects
 YOUNG_THRESHOLD = 10_000  # allocations (less deallocations) between young collections; Python's default: 700
+M_ARENA_MAX = -8  # glibc's mallopt parameter
+MALLOC_ARENAS = 2
+
+
+def limit_malloc_arenas(
+    arenas: int = MALLOC_ARENAS, libc: object | None = None, environ: Mapping[str, str] = os.environ
+) -> bool:
+    """At most `arenas` malloc arenas for the whole process; True if set.
+
+    glibc gives a thread that finds the arenas in use by others one of its
+    own, up to eight per core, and memory freed in one arena serves only
+    that one: the namespace, iptables, OVSDB and render threads each grew
+    their own. With 1,000 load balancers the agent's RSS was 204 MB when they
+    were ready and 210 MB after their first resyncs; with two arenas, 180 MB
+    both times, for the same CPU. Called before the agent starts its threads.
+    An operator's MALLOC_ARENA_MAX wins; without glibc nothing changes."""
+    if "MALLOC_ARENA_MAX" in environ:
+        return False
+    try:
+        mallopt = getattr(libc or ctypes.CDLL(None), "mallopt")  # noqa: B009 - absent without glibc
+    except (OSError, AttributeError):  # not glibc
+        return False
+    return bool(mallopt(M_ARENA_MAX, arenas))
 
 
 class HeapKeeper:

@@ -8,6 +8,7 @@ import weakref
 
 import pytest
 
+from lbagent.support import heap
 from lbagent.support.heap import YOUNG_THRESHOLD, HeapKeeper
 
 
@@ -74,3 +75,22 @@ def test_what_the_start_made_is_frozen_busy_or_not():
     assert not any(o is made_at_start for o in gc.get_objects())  # frozen: no collection walks it
     assert gc.get_threshold()[0] == YOUNG_THRESHOLD
     assert keeper.collections == {"young": 0, "full": 0}  # no tick: the interval's full collection stays due
+
+
+class FakeLibc:
+    def __init__(self):
+        self.calls = []
+
+    def mallopt(self, parameter, value):
+        self.calls.append((parameter, value))
+        return 1
+
+
+def test_the_process_gets_two_malloc_arenas_unless_the_operator_said_otherwise():
+    libc = FakeLibc()
+    assert heap.limit_malloc_arenas(libc=libc, environ={}) is True
+    assert libc.calls == [(heap.M_ARENA_MAX, 2)]
+    assert heap.limit_malloc_arenas(libc=libc, environ={"MALLOC_ARENA_MAX": "4"}) is False
+    assert len(libc.calls) == 1
+    assert heap.limit_malloc_arenas(libc=object(), environ={}) is False  # no mallopt: not glibc
+    assert heap.limit_malloc_arenas(environ={}) is True  # this machine's glibc takes it
