@@ -107,8 +107,9 @@ ADDRESS = Kind(
         "IFA_FLAGS": (8, _u32),
     },
 )
+_RTMSG = struct.Struct("=BBBBBBBBI")  # struct rtmsg; struct fib_rule_hdr has the same layout
 ROUTE = Kind(
-    struct.Struct("=BBBBBBBBI"),
+    _RTMSG,
     ("family", "dst_len", "src_len", "tos", "table", "proto", "scope", "type", "flags"),
     {
         "RTA_DST": (1, _ip),
@@ -119,15 +120,10 @@ ROUTE = Kind(
         "RTA_TABLE": (15, _u32),
     },
 )
-
 RULE = Kind(
-    struct.Struct("=BBBBBBBBI"),
+    _RTMSG,
     ("family", "dst_len", "src_len", "tos", "table", "res1", "res2", "action", "flags"),
-    {
-        "FRA_SRC": (2, _ip),
-        "FRA_PRIORITY": (6, _u32),
-        "FRA_TABLE": (15, _u32),
-    },
+    {"FRA_SRC": (2, _ip), "FRA_PRIORITY": (6, _u32), "FRA_TABLE": (15, _u32)},
 )
 
 
