@@ -120,7 +120,9 @@ class LbTask:
 
     async def _loop(self) -> None:
         while True:
-            kicked = await wait_event(self._wake, self._next_delay())  # a kick, or time for a resync
+            # A kick, or time for a resync; a kick in the very turn the timer
+            # ran out is still a kick (it may be the only word of a change).
+            kicked = await wait_event(self._wake, self._next_delay()) or self._wake.is_set()
             self._wake.clear()
             if await self._pass(resync=not kicked and self.passed) == DONE:
                 return

@@ -89,3 +89,30 @@ async def test_only_a_pass_nobody_asked_for_after_a_success_is_a_resync():
     await task.stop()
     # kick: whole; timer after success: resync (fails); retry: whole; timer after success: resync
     assert seen == [False, True, False, True]
+
+
+async def test_a_kick_in_the_turn_the_resync_timer_ran_out_is_still_a_kick(monkeypatch):
+    """The kick may be the only word of a change (a UDP member's health): that pass is whole."""
+    from lbagent.workers import lb_task as lb_task_mod
+
+    seen = []
+
+    async def reconcile(lb_id, resync):
+        seen.append(resync)
+        return 1
+
+    task = LbTask("lb-1", reconcile, lambda t: None, lambda: 3600.0)
+
+    async def timer_ran_out_as_a_kick_came(event, timeout):
+        await asyncio.sleep(0)
+        if len(seen) == 1:  # after the first pass: the timer's turn, with a kick in it
+            task._wake.set()
+            return False
+        return await asyncio.wait_for(event.wait(), 5)
+
+    monkeypatch.setattr(lb_task_mod, "wait_event", timer_ran_out_as_a_kick_came)
+    task.start()
+    task.kick()
+    await asyncio.wait_for(_until(lambda: len(seen) >= 2), 5)
+    await task.stop()
+    assert seen[:2] == [False, False]
