@@ -56,11 +56,24 @@ HA_RENEW_SECONDS = Histogram(
 )
 
 
+_writes_lock = threading.Lock()
+_writes_so_far = 0
+
+
 def count_write(kind: str, amount: int = 1, what: str = "") -> None:
     """Count (and log, one line per applied change) a write to the host."""
+    global _writes_so_far
     HOST_WRITES.labels(kind).inc(amount)
+    with _writes_lock:
+        _writes_so_far += amount
     if what:
         _log.info("lb=%s object=%s action=%s", CURRENT_LB.get(), kind, what)
+
+
+def writes_so_far() -> int:
+    """Every write counted since the agent started, of any kind: cheap to read
+    (what changed between two reads is that a write happened meanwhile)."""
+    return _writes_so_far
 
 
 def write_counts() -> dict[str, int]:

@@ -41,7 +41,7 @@ from lbagent.desired.model import DesiredState, LoadBalancer
 from lbagent.errors import LbAgentError, StaleGeneration
 from lbagent.haproxy.handoff import HaproxyHandoff
 from lbagent.haproxy.render import HaproxyConfig, render_config
-from lbagent.metrics import RESYNC_CHECKS
+from lbagent.metrics import RESYNC_CHECKS, writes_so_far
 from lbagent.naming import interface_names, lb_id_from_netns, netns_name
 from lbagent.ovnhost.host import HostObservation, HostSpec, OvnHost
 from lbagent.ovnhost.inventory import Inventory
@@ -93,6 +93,7 @@ class LbRuntime:
     # without rendering again.
     rendered: tuple[str, HaproxyConfig] | None = None
     spec: HostSpec | None = None  # what the host part of its last pass converged
+    unhealthy: dict[str, set[str]] | None = None  # the UDP members that pass left out
     # `OvnHost.snapshot` as a resync read it before a whole pass that then left it
     # the same: a resync that reads it again, inputs unchanged, stops there.
     baseline: bytes | None = None
@@ -454,7 +455,9 @@ class OvnWorker(ReadinessWatch):
             if lb.enabled and lb_id in self.port_shortages:
                 raise ExhaustedError(self.port_shortages[lb_id])
             if lb.enabled:
-                inputs_kept = (own, runtime.running_deps) == (runtime.own, runtime.deps)
+                inputs_kept = (own, runtime.running_deps) == (runtime.own, runtime.deps) and (
+                    self._unhealthy(lb.id) == runtime.unhealthy
+                )
                 await self._converge(lb, own + runtime.running_deps, resync and inputs_kept)
             else:
                 await self._remove_data_path(lb_id)
@@ -484,8 +487,12 @@ class OvnWorker(ReadinessWatch):
                 await self._sync_connection_logs(lb)
                 return
         runtime.baseline = None
+        writes = writes_so_far()
         await self._converge_fully(lb, fingerprint)
-        if before is not None and await self._snapshot(lb.id) == before:
+        # Also no write meanwhile, by any pass: a repair that someone undid
+        # before the second look would otherwise make their state the baseline.
+        after = await self._snapshot(lb.id) if before is not None else None
+        if after is not None and after == before and writes_so_far() == writes:
             runtime.baseline = before
 
     async def _snapshot(self, lb_id: str) -> bytes | None:
@@ -532,7 +539,6 @@ class OvnWorker(ReadinessWatch):
         subnet = self._state().subnet(lb.network.subnet_id)
         if self._netdev is None:
             self._netdev = await self._host.bridge_is_netdev()
-        unhealthy = {}
         if self.udp_health is not None:
             self.udp_health.sync(
                 lb.id,
@@ -543,11 +549,16 @@ class OvnWorker(ReadinessWatch):
                     if ls.health_check is not None
                 ],
             )
-            unhealthy = self.udp_health.unhealthy(lb.id)
+        unhealthy = self._unhealthy(lb.id)
         spec = plan.host_spec(lb, subnet, allocation, members, self._netdev, unhealthy)
-        self.runtime[lb.id].spec = spec
+        self.runtime[lb.id].spec, self.runtime[lb.id].unhealthy = spec, unhealthy
         self.runtime[lb.id].observation = await self._host.converge(spec)
         await self._sync_connection_logs(lb)  # after converge: the namespace exists
+
+    def _unhealthy(self, lb_id: str) -> dict[str, set[str]]:
+        """The UDP members health checks have taken out, by listener (a pass's input
+        that no fingerprint holds: a change of it kicks the pass)."""
+        return self.udp_health.unhealthy(lb_id) if self.udp_health is not None else {}
 
     async def _sync_connection_logs(self, lb: LoadBalancer) -> None:
         if self.connection_logs is not None:

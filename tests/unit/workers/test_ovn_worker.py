@@ -815,3 +815,45 @@ async def test_a_resync_whose_inputs_changed_or_whose_look_fails_is_a_whole_pass
     worker.runtime["a"].deps = "some other subnet"  # as if a dependency changed since the last pass
     await worker.reconcile("a", resync=True)
     assert (len(host.converged), host.snapshots) == (passes + 2, looks)
+
+
+async def test_no_baseline_from_a_pass_during_which_something_was_written(worker, monkeypatch):
+    """A repair that someone undid before the second look looks like nothing changed: only a
+    pass with no write anywhere meanwhile gives the baseline."""
+    await apply(worker, state(1, [lb_body("a")]))
+    assert await worker.wait_settled(1, 5)
+    host = worker._host
+    written = iter(range(100))
+    monkeypatch.setattr(worker_mod, "writes_so_far", lambda: next(written))  # a write between any two reads
+    await worker.reconcile("a", resync=True)
+    await worker.reconcile("a", resync=True)
+    assert worker.runtime["a"].baseline is None
+    passes = len(host.converged)
+    monkeypatch.setattr(worker_mod, "writes_so_far", lambda: 7)  # quiet
+    await worker.reconcile("a", resync=True)
+    await worker.reconcile("a", resync=True)
+    assert len(host.converged) == passes + 1 and worker.runtime["a"].baseline is not None
+
+
+class FlippingHealth:
+    def __init__(self):
+        self.down = {}
+
+    def sync(self, lb_id, netns, checks):
+        pass
+
+    def unhealthy(self, lb_id):
+        return self.down
+
+
+async def test_a_resync_after_a_udp_member_went_down_is_a_whole_pass(worker):
+    worker.udp_health = FlippingHealth()
+    await apply(worker, state(1, [lb_body("a")]))
+    assert await worker.wait_settled(1, 5)
+    host = worker._host
+    await worker.reconcile("a", resync=True)
+    await worker.reconcile("a", resync=True)
+    passes = len(host.converged)
+    worker.udp_health.down = {"lsn-1": {"be-1"}}
+    await worker.reconcile("a", resync=True)
+    assert len(host.converged) == passes + 1
