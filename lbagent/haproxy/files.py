@@ -31,6 +31,7 @@ import ctypes
 import os
 import re
 import shutil
+import stat
 import tempfile
 from collections.abc import Mapping
 from dataclasses import dataclass
@@ -259,10 +260,20 @@ def disk_stamp(paths: HaproxyPaths, lb_id: str) -> bytes:
 
 
 def _stat_of(path: Path) -> str:
+    """The file itself and, for a symlink (which a pass reads through), what it points to."""
     try:
-        seen = os.lstat(path)
+        own = os.lstat(path)
     except FileNotFoundError:
         return "absent"
+    if not stat.S_ISLNK(own.st_mode):
+        return _stamp(own)
+    try:
+        return f"{_stamp(own)} -> {_stamp(os.stat(path))}"
+    except FileNotFoundError:
+        return f"{_stamp(own)} -> absent"
+
+
+def _stamp(seen: os.stat_result) -> str:
     return f"{seen.st_ino} {seen.st_mode} {seen.st_size} {seen.st_mtime_ns} {seen.st_ctime_ns}"
 
 

@@ -33,3 +33,17 @@ def test_the_stamp_changes_with_the_configuration_and_the_files_and_only_then(tm
 def test_an_id_that_is_no_file_name_is_refused(tmp_path):
     with pytest.raises(HaproxyError):
         disk_stamp(HaproxyPaths(tmp_path), "../escape")
+
+
+def test_a_configuration_replaced_by_a_symlink_is_stamped_through_it(tmp_path):
+    """A pass reads through a symlink: an edit of what it points to must show too."""
+    paths = HaproxyPaths(tmp_path)
+    paths.make_dirs()
+    target = tmp_path / "elsewhere.cfg"
+    target.write_text("frontend a\n")
+    paths.lb_file("lb-1").symlink_to(target)
+    linked = disk_stamp(paths, "lb-1")
+    target.write_text("frontend a\n# and more\n")
+    assert disk_stamp(paths, "lb-1") != linked
+    target.unlink()
+    assert disk_stamp(paths, "lb-1").endswith(b"-> absent")
