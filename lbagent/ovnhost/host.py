@@ -138,7 +138,9 @@ class OvnHost:
             return self._snapshot(spec, also)
         except (LbAgentError, OSError) as exc:
             log.debug("lb=%s action=snapshot result=error error=%r", spec.lb_id, str(exc))
-            return None
+        except Exception as exc:  # a look's own defect: its whole pass runs, the others' looks stand
+            log.warning("lb=%s action=snapshot result=error error=%r", spec.lb_id, repr(exc), exc_info=True)
+        return None
 
     def _snapshot(self, spec: HostSpec, also: Callable[[], bytes]) -> bytes:
         if self.netns_marks.dir and not self.netns_marks.is_marked(spec.netns):
