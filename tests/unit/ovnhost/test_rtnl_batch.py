@@ -137,6 +137,10 @@ def _ours(call) -> bytes:
             lambda c: c.rule("add", family=10, src="fd4c:4241::3", src_len=128, table=TABLE, priority=31000),
         ),
         (
+            lambda b: b.replace_route(KernelRoute("::/0", "fd4c:4241::2", 5, None, TABLE)),
+            lambda c: c.route("replace", dst="::/0", gateway="fd4c:4241::2", oif=5, table=TABLE),
+        ),
+        (
             lambda b: b.add_source_rule("169.254.0.101", 100, 31000),
             lambda c: c.rule("add", src="169.254.0.101", src_len=32, table=100, priority=31000),
         ),
@@ -154,6 +158,18 @@ def test_skip_rules_are_the_pair_iplib_adds():
     assert skip == _pyroute2(
         lambda c: c.rule(
             "add", priority=30999, src="169.254.0.0", src_len=16, flags=2, action="FR_ACT_GOTO", goto=31999
+        )
+    )
+
+
+def test_ipv6_skip_rules_are_the_pair_iplib_adds():
+    batch = RtnlBatch()
+    batch.add_skip_rules("fc00::", 7, 30999, 31999)
+    nop, skip = (_without_sequence(r.data) for r in batch._requests)
+    assert nop == _pyroute2(lambda c: c.rule("add", family=10, priority=31999, action="FR_ACT_NOP"))
+    assert skip == _pyroute2(
+        lambda c: c.rule(
+            "add", family=10, priority=30999, src="fc00::", src_len=7, flags=2, action="FR_ACT_GOTO", goto=31999
         )
     )
 
