@@ -43,6 +43,7 @@ from lbagent.ovnhost.errors import LinkNotFound, NetlinkError
 from lbagent.ovnhost.iplib import Address, KernelRoute, Link, Netlink, SourceRule, family_of, host_prefixlen
 from lbagent.ovnhost.rtnl_batch import RtnlBatch, route_via
 from lbagent.ovnhost.rtnl_socket import open_socket
+from lbagent.support.readfile import read_small
 
 LINK_LOCAL_PREFIX = 16
 # The IPv6 pair's prefix length on its veth: INNER6 and OUTER6 differ in their
@@ -383,7 +384,6 @@ def reply_rule_sources() -> set[str]:
 
 
 SYS_CLASS_NET = "/sys/class/net"
-ALIAS_READ_SIZE = 4096  # an ifalias holds at most IFALIASZ (256) bytes
 
 
 def marked_host_links(mark: str) -> set[str]:
@@ -401,17 +401,10 @@ def marked_host_links(mark: str) -> set[str]:
 
 
 def _alias(name: str) -> str | None:
-    # os.open and os.read: open() in text mode took five times as long, for each of thousands of veths.
     try:
-        fd = os.open(os.path.join(SYS_CLASS_NET, name, "ifalias"), os.O_RDONLY | os.O_CLOEXEC)
+        return read_small(os.path.join(SYS_CLASS_NET, name, "ifalias")).rstrip("\n")
     except OSError:  # gone meanwhile
         return None
-    try:
-        return os.read(fd, ALIAS_READ_SIZE).decode(errors="replace").rstrip("\n")
-    except OSError:
-        return None
-    finally:
-        os.close(fd)
 
 
 def _is_veth(name: str) -> bool:
