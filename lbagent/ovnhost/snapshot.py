@@ -27,7 +27,7 @@ from __future__ import annotations
 import hashlib
 import socket
 import struct
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Callable, Iterable, Iterator, Sequence
 from contextlib import closing
 
 from pyroute2.netlink.rtnl import RTM_GETADDR, RTM_GETLINK, RTM_GETROUTE
@@ -41,8 +41,7 @@ from lbagent.ovnhost.nat import NatRule
 from lbagent.ovnhost.rtnl_socket import open_socket, request
 
 _ATTRIBUTE = struct.Struct("=HH")
-_LENGTH = struct.Struct("=i")
-_INDEX = struct.Struct("=i")  # ifinfomsg's ifi_index, after its family, padding and type
+_I32 = struct.Struct("=i")  # a part's length in the digest; ifinfomsg's ifi_index
 _NUMBER = 0x3FFF  # without NLA_F_NESTED and NLA_F_NET_BYTEORDER
 NLMSG_HEADER = 16
 IFINFOMSG_END = NLMSG_HEADER + 16
@@ -58,17 +57,22 @@ IFLA_INET6_CACHEINFO = 5
 _ROUTE_KEPT = frozenset((1, 4, 5, 6, 7, 15))
 
 
-def _attribute_at(data: bytes, start: int, end: int, wanted: int) -> tuple[int, int] | None:
-    """(start, end) of the first attribute numbered `wanted` in data[start:end]."""
+def _attributes(data: bytes, start: int, end: int) -> Iterator[tuple[int, int, int]]:
+    """(number, start, end) of each attribute in data[start:end], its padding
+    not included; a truncated attribute ends the list, as the kernel's own
+    parser does."""
     unpack = _ATTRIBUTE.unpack_from
     while start + _ATTRIBUTE.size <= end:
         length, number = unpack(data, start)
         if length < _ATTRIBUTE.size or start + length > end:
-            return None  # a truncated attribute ends the list, as the kernel's own parser does
-        if number & _NUMBER == wanted:
-            return start, start + length
+            return
+        yield number & _NUMBER, start, start + length
         start += (length + 3) & ~3
-    return None
+
+
+def _attribute_at(data: bytes, start: int, end: int, wanted: int) -> tuple[int, int] | None:
+    """(start, end) of the first attribute numbered `wanted` in data[start:end]."""
+    return next(((first, last) for number, first, last in _attributes(data, start, end) if number == wanted), None)
 
 
 def _link(data: bytes) -> bytes:
@@ -77,21 +81,14 @@ def _link(data: bytes) -> bytes:
     reachable time is drawn anew every few minutes). Header: type, index and
     flags (not `change`)."""
     parts = [data[NLMSG_HEADER + 2 : NLMSG_HEADER + 12]]
-    start = kept_from = IFINFOMSG_END
-    end, unpack = len(data), _ATTRIBUTE.unpack_from
-    while start + _ATTRIBUTE.size <= end:
-        length, number = unpack(data, start)
-        if length < _ATTRIBUTE.size or start + length > end:
-            break  # a truncated attribute ends the list, as the kernel's own parser does
-        number &= _NUMBER
-        following = start + ((length + 3) & ~3)
+    kept_from = IFINFOMSG_END
+    for number, first, last in _attributes(data, IFINFOMSG_END, len(data)):
         if number in _LINK_COUNTERS or number == IFLA_AF_SPEC:
-            parts.append(data[kept_from:start])
+            parts.append(data[kept_from:first])
             if number == IFLA_AF_SPEC:
-                parts.append(_without_ipv6_cacheinfo(data, start, start + length))
-            kept_from = following
-        start = following
-    parts.append(data[kept_from:end])
+                parts.append(_without_ipv6_cacheinfo(data, first, last))
+            kept_from = (last + 3) & ~3  # and its padding (attributes start 4-aligned)
+    parts.append(data[kept_from:])
     return b"".join(parts)
 
 
@@ -112,16 +109,9 @@ def _address(data: bytes) -> bytes:
 
 
 def _route(data: bytes) -> bytes:
-    parts = [data[NLMSG_HEADER:RTMSG_END]]
-    start, end, unpack = RTMSG_END, len(data), _ATTRIBUTE.unpack_from
-    while start + _ATTRIBUTE.size <= end:
-        length, number = unpack(data, start)
-        if length < _ATTRIBUTE.size or start + length > end:
-            break
-        if number & _NUMBER in _ROUTE_KEPT:
-            parts.append(data[start : start + length])
-        start += (length + 3) & ~3
-    return b"".join(parts)
+    attributes = _attributes(data, RTMSG_END, len(data))
+    kept = (data[first:last] for number, first, last in attributes if number in _ROUTE_KEPT)
+    return data[NLMSG_HEADER:RTMSG_END] + b"".join(kept)
 
 
 def _ask(
@@ -137,7 +127,7 @@ def digest(parts: Iterable[bytes]) -> bytes:
     """The parts, in order, as one short value."""
     hashed = hashlib.blake2b(digest_size=16)
     for part in parts:
-        hashed.update(_LENGTH.pack(len(part)))
+        hashed.update(_I32.pack(len(part)))
         hashed.update(part)
     return hashed.digest()
 
@@ -163,7 +153,7 @@ def _host_end(sock: socket.socket, name: str) -> tuple[int, bytes]:
         (data,) = request(sock, "get link", name, rtnl_requests.get_link_settings(name), RTM_GETLINK, bytes)
     except NetlinkError as exc:
         return 0, f"get link {name}: errno {exc.code}".encode()
-    return _INDEX.unpack_from(data, NLMSG_HEADER + 4)[0], _link(data)
+    return _I32.unpack_from(data, NLMSG_HEADER + 4)[0], _link(data)
 
 
 def on_host(links: LinkSpec) -> bytes:
