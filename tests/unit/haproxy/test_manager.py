@@ -25,7 +25,7 @@ from lbagent.haproxy.batching import MAX_RELOAD_PAUSE
 from lbagent.haproxy.errors import HaproxyCheckError, HaproxyError, HaproxyReloadError
 from lbagent.haproxy.manager import HaproxyManager
 from lbagent.haproxy.render import HaproxyConfig
-from lbagent.haproxy.sockets import parse_show_proc, parse_show_stat
+from lbagent.haproxy.sockets import parse_show_proc, parse_show_stat, send_command
 from tests.unit.samples import (
     HAPROXY,
     WAIT,
@@ -104,6 +104,14 @@ async def test_apply_serves_and_the_same_text_again_does_not_reload(manager, ech
     assert manager.status()["pid"] == status["pid"]
     assert manager.process.show_proc().workers == workers
     assert manager.lb_ids_on_disk() == {"lb-a"}
+
+
+async def test_the_running_haproxy_holds_no_system_ca_store(manager, echo_port):
+    # haproxy 2.6 loads every system CA at each start and reload unless told not to:
+    # most of the time of a check or a reload, for a client nothing here uses.
+    assert await manager.apply("lb-a", lb_text("lb-a", free_port(), echo_port)) is True
+    # With the store loaded this lists "@system-ca - 144 certificate(s)"; with none, nothing.
+    assert send_command(manager.paths.stats_sock, "show ssl ca-file").strip() == ""
 
 
 async def test_a_reload_is_answered_before_its_staging_directories_go(manager, echo_port, monkeypatch):
