@@ -66,17 +66,11 @@ class NeighbourCapacity:
 
     async def accommodate(self, desired: DesiredState) -> None:
         """Raise the limits for `desired`, writing only a limit below it; errors go to status."""
-        needed = await self._run(entries_needed, desired)  # every pod against every selector: not on the loop
-        wanted = Limits(soft=needed, hard=HARD_PER_SOFT * needed)
-        before, errors = dict(self._limits), []
-        for family in FAMILIES:
-            try:
-                if self._enabled:
-                    self._limits[family] = await self._run(raise_limits, family, wanted, self._root)
-                else:
-                    self._limits[family] = await self._run(read_limits, family, self._root)
-            except NeighbourTableError as exc:
-                errors.append(str(exc))
+        # One hop to a thread for all of it: each hop waited for a thread and
+        # then for the loop, and the answer to a refresh waited for three.
+        needed, limits, errors = await self._run(self._size, desired)
+        before = dict(self._limits)
+        self._limits.update(limits)
         self._needed, self.last_error = needed, "; ".join(errors) or None
         short = sorted(family for family, limits in self._limits.items() if limits.hard < needed)
         if errors or short or self._limits != before:
@@ -88,6 +82,22 @@ class NeighbourCapacity:
                 ",".join(short) or "none",
                 self.last_error,
             )
+
+    def _size(self, desired: DesiredState) -> tuple[int, dict[str, Limits], list[str]]:
+        """(entries needed, each family's limits after raising them or only reading them, errors).
+        Blocking: every pod against every selector, and files under /proc."""
+        needed = entries_needed(desired)
+        wanted = Limits(soft=needed, hard=HARD_PER_SOFT * needed)
+        limits, errors = {}, []
+        for family in FAMILIES:
+            try:
+                if self._enabled:
+                    limits[family] = raise_limits(family, wanted, self._root)
+                else:
+                    limits[family] = read_limits(family, self._root)
+            except NeighbourTableError as exc:
+                errors.append(str(exc))
+        return needed, limits, errors
 
     def status(self) -> dict:
         return {
