@@ -35,9 +35,14 @@ class ProbeError(HostError):
 
 
 def open_socket(ifname: str) -> socket.socket:
-    """A non-blocking packet socket for ARP on `ifname`; call it inside the interface's namespace."""
+    """A non-blocking packet socket for ARP on `ifname`; call it inside the interface's namespace.
+
+    Made with no protocol and given ARP by the bind: a socket made with one is
+    hooked into the stack at once, and the bind that moves the hook to the
+    interface waits for an RCU grace period (15 ms and more), holding the
+    namespace thread."""
     try:
-        sock = socket.socket(socket.AF_PACKET, socket.SOCK_RAW, socket.htons(ETH_P_ARP))
+        sock = socket.socket(socket.AF_PACKET, socket.SOCK_RAW, 0)
     except OSError as exc:
         raise ProbeError(f"ARP socket: {exc}") from None
     try:

@@ -1,6 +1,7 @@
 """ARP frames built and recognised, and the exchange over a socket pair standing in for a packet socket."""
 
 import asyncio
+import os
 import socket
 
 import pytest
@@ -82,3 +83,15 @@ def test_a_socket_on_a_missing_interface_is_a_typed_error():
         assert "lbagent-none0" in str(exc) or "ARP socket" in str(exc)
     else:
         pytest.fail("a packet socket bound to a missing interface")
+
+
+@pytest.mark.skipif(os.geteuid() != 0, reason="packet sockets need CAP_NET_RAW")
+def test_the_socket_takes_arp_only_from_its_bind():
+    # Made with a protocol, the socket is hooked in at once and its bind waits an RCU grace period.
+    sock = arpprobe.open_socket("lo")
+    try:
+        assert sock.proto == 0
+        name, protocol = sock.getsockname()[:2]
+        assert name == "lo" and protocol == arpprobe.ETH_P_ARP
+    finally:
+        sock.close()
