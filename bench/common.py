@@ -20,7 +20,7 @@ SUBNET = {"id": "net-1", "cidr": "198.18.0.0/16", "gateway": "198.18.0.1", "mtu"
 # of a subnet (and load balancers) without one.
 SUBNET6 = {**SUBNET, "cidr6": "2001:db8:0:1::/64", "gateway6": "2001:db8:0:1::1"}
 BACKEND_HOSTS = {"b1": "198.18.0.21", "b2": "198.18.0.22", "b3": "198.18.0.23", "b4": "198.18.0.24"}
-SPARE_HOSTS = {"s1": "198.18.0.25", "s2": "198.18.0.26"}
+SPARE_HOSTS = {"s1": "198.18.0.25", "s2": "198.18.0.26", "s3": "198.18.0.27"}
 CLIENT = ("client", "198.18.0.31")
 FIRST_VIP = ipaddress.IPv4Address("198.18.4.1")
 FIRST_VIP6 = ipaddress.IPv6Address("2001:db8:0:1::4:1")

@@ -82,7 +82,11 @@ class TrafficLegs:
         )
         try:
             for k in range(1, changes + 1):
-                spare = "s1" if k % 2 else "s2"
+                # Three spares in turn: the one a change brings in was taken out two
+                # changes before, which the change in between (seen answering) proves
+                # is over. With two, a change could be "seen" on the spare the last
+                # change was still taking out.
+                spare = f"s{k % 3 + 1}"
                 members = four_backends()[:3] + [backend(f"be-x{k}", spares[spare], BACKEND_PORT)]
                 self.lbs[0] = self._lb(0, members)
                 body = self._body()

@@ -5,7 +5,7 @@
 
 What it builds (every name carries one random prefix; everything is removed
 afterwards, also on failure): a sandbox (devtools.sandbox), a VPC
-198.18.0.0/16 with gateway .1, four backends .21-.24 and two spares .25-.26
+198.18.0.0/16 with gateway .1, four backends .21-.24 and three spares .25-.27
 answering their names (nginx, or the devtools Python server without nginx),
 a client .31, an OVN native load balancer 198.19.0.10:80 over the four
 backends, and a logical switch port for every load balancer (VIPs from
@@ -155,7 +155,8 @@ class Bench(IdleLegs, TrafficLegs, Ipv6Legs, TeardownAndProfiles):
         v6 = self.config.ipv6
         say(
             f"==> VPC {SUBNET['cidr']}{' and ' + SUBNET6['cidr6'] if v6 else ''} ({self.prefix}): 4 backends, "
-            f"2 spares, a client ({self.backends.kind} backends, {'wrk' if which('wrk') else 'Python'} load)"
+            f"{len(SPARE_HOSTS)} spares, a client ({self.backends.kind} backends, "
+            f"{'wrk' if which('wrk') else 'Python'} load)"
         )
         six = {"cidr6": SUBNET6["cidr6"], "gateway6": SUBNET6["gateway6"]} if v6 else {}
         self.vpc = Vpc(self.sandbox, self.prefix, SUBNET["cidr"], SUBNET["gateway"], **six)
