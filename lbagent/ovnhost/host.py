@@ -17,8 +17,9 @@ from __future__ import annotations
 import asyncio
 import logging
 import os
+import socket
 from collections.abc import Callable
-from contextlib import nullcontext
+from contextlib import closing, nullcontext
 from dataclasses import dataclass, replace
 
 from lbagent.errors import LbAgentError
@@ -32,6 +33,7 @@ from lbagent.ovnhost.links import LinkSpec
 from lbagent.ovnhost.nat import NatRule
 from lbagent.ovnhost.netns import NamespaceExecutor, NamespaceMarks, list_netns, netns_exists, netns_path
 from lbagent.ovnhost.ovs import OvsClient
+from lbagent.ovnhost.rtnl_socket import open_socket
 from lbagent.support.blocking import BlockingPool
 from lbagent.support.coalesce import Coalescer
 from lbagent.support.waits import InFlight
@@ -128,21 +130,31 @@ class OvnHost:
         return await self._snapshots.submit((spec, also))
 
     async def _take_snapshots(self, looks: list[tuple[HostSpec, Callable[[], bytes]]]) -> list[bytes | None]:
-        return await self._namespaces.run(None, lambda: [self._snapshot_or_none(*look) for look in looks])
+        return await self._namespaces.run(None, self._look_at_all, looks)
+
+    def _look_at_all(self, looks: list[tuple[HostSpec, Callable[[], bytes]]]) -> list[bytes | None]:
+        """The looks of one job, their host parts asked over one socket."""
+        try:
+            host_socket = open_socket(strict=True)
+        except NetlinkError as exc:  # no look without it: their whole passes find out why
+            log.debug("action=snapshot result=error error=%r", str(exc))
+            return [None] * len(looks)
+        with closing(host_socket):
+            return [self._snapshot_or_none(spec, also, host_socket) for spec, also in looks]
 
     async def _take_snapshot(self, look: tuple[HostSpec, Callable[[], bytes]]) -> bytes | None:
         return (await self._take_snapshots([look]))[0]
 
-    def _snapshot_or_none(self, spec: HostSpec, also: Callable[[], bytes]) -> bytes | None:
+    def _snapshot_or_none(self, spec: HostSpec, also: Callable[[], bytes], host_socket: socket.socket) -> bytes | None:
         try:
-            return self._snapshot(spec, also)
+            return self._snapshot(spec, also, host_socket)
         except (LbAgentError, OSError) as exc:
             log.debug("lb=%s action=snapshot result=error error=%r", spec.lb_id, str(exc))
         except Exception as exc:  # a look's own defect: its whole pass runs, the others' looks stand
             log.warning("lb=%s action=snapshot result=error error=%r", spec.lb_id, repr(exc), exc_info=True)
         return None
 
-    def _snapshot(self, spec: HostSpec, also: Callable[[], bytes]) -> bytes:
+    def _snapshot(self, spec: HostSpec, also: Callable[[], bytes], host_socket: socket.socket) -> bytes:
         if self.netns_marks.dir and not self.netns_marks.is_marked(spec.netns):
             return b"not marked"
         # No look for the namespace itself: entering one that is gone, or a stale
@@ -150,7 +162,7 @@ class OvnHost:
         return snapshot.digest(
             (
                 self._namespaces.call(spec.netns, snapshot.inside_namespace, spec.links, spec.nat),
-                snapshot.on_host(spec.links),
+                snapshot.on_host(spec.links, host_socket),
                 self._port_seen(spec.links.names.ovn_host),
                 also(),
             )

@@ -12,7 +12,7 @@ there.
   every link, every address and the main routing table (one dump each), the
   digests of the NAT tables and, on the userspace datapath, the OVN-side
   end's TX checksum setting.
-- `on_host(links)`, in the host namespace: the two host ends, the
+- `on_host(links, sock)`, in the host namespace: the two host ends, the
   addresses of the haproxy-side one, and for each family the route to
   INNER and the path a reply from OUTER takes.
 
@@ -156,17 +156,18 @@ def _host_end(sock: socket.socket, name: str) -> tuple[int, bytes]:
     return _I32.unpack_from(data, NLMSG_HEADER + 4)[0], _link(data)
 
 
-def on_host(links: LinkSpec) -> bytes:
+def on_host(links: LinkSpec, sock: socket.socket) -> bytes:
+    """`sock`: a strict rtnetlink socket of the host's namespace, which the looks of
+    one job share (answers are told apart by their sequence numbers)."""
     names = links.names
-    with closing(open_socket(strict=True)) as sock:
-        _, ovn_end = _host_end(sock, names.ovn_host)
-        haproxy, haproxy_end = _host_end(sock, names.haproxy_host)
-        parts = [ovn_end, haproxy_end]
-        if haproxy:
-            body = rtnl_requests.dump_addresses(haproxy, socket.AF_UNSPEC)
-            parts += _ask(sock, "dump addresses", body, RTM_GETADDR, _address, dump=True)
-        for pair in pairs(links):
-            parts += _ask(sock, "get route", rtnl_requests.get_route(pair.inner), RTM_GETROUTE, _route, dump=False)
-            probe = rtnl_requests.get_route(FAMILIES[pair.family].reply_probe, pair.outer)
-            parts += _ask(sock, "get route", probe, RTM_GETROUTE, _route, dump=False)
+    _, ovn_end = _host_end(sock, names.ovn_host)
+    haproxy, haproxy_end = _host_end(sock, names.haproxy_host)
+    parts = [ovn_end, haproxy_end]
+    if haproxy:
+        body = rtnl_requests.dump_addresses(haproxy, socket.AF_UNSPEC)
+        parts += _ask(sock, "dump addresses", body, RTM_GETADDR, _address, dump=True)
+    for pair in pairs(links):
+        parts += _ask(sock, "get route", rtnl_requests.get_route(pair.inner), RTM_GETROUTE, _route, dump=False)
+        probe = rtnl_requests.get_route(FAMILIES[pair.family].reply_probe, pair.outer)
+        parts += _ask(sock, "get route", probe, RTM_GETROUTE, _route, dump=False)
     return digest(parts)

@@ -3,6 +3,7 @@
 import asyncio
 from types import SimpleNamespace
 
+from lbagent.ovnhost import host as host_module
 from lbagent.ovnhost.errors import NetlinkError
 from lbagent.ovnhost.host import OvnHost
 from lbagent.ovnhost.ovs import PortState
@@ -42,7 +43,7 @@ def make_host():
 
 async def test_looks_that_come_together_share_one_job(monkeypatch):
     host, _, namespaces = make_host()
-    monkeypatch.setattr(host, "_snapshot", lambda spec, also: f"look of {spec.lb_id}".encode())
+    monkeypatch.setattr(host, "_snapshot", lambda spec, also, sock: f"look of {spec.lb_id}".encode())
     looks = await asyncio.gather(*(host.snapshot(SimpleNamespace(lb_id=n), lambda: b"") for n in ("a", "b", "c")))
     assert looks == [b"look of a", b"look of b", b"look of c"] and namespaces.jobs == 1
 
@@ -50,7 +51,7 @@ async def test_looks_that_come_together_share_one_job(monkeypatch):
 async def test_a_look_that_fails_is_none_and_fails_no_other(monkeypatch):
     host, _, _ = make_host()
 
-    def look(spec, also):
+    def look(spec, also, sock):
         if spec.lb_id == "bad":
             raise NetlinkError("dump links", 1)
         if spec.lb_id == "worse":
@@ -62,6 +63,26 @@ async def test_a_look_that_fails_is_none_and_fails_no_other(monkeypatch):
         *(host.snapshot(SimpleNamespace(lb_id=n), lambda: b"") for n in ("bad", "good", "worse"))
     )
     assert looks == [None, b"fine", None]
+
+
+async def test_the_looks_of_one_job_ask_the_host_over_one_socket_closed_after_them(monkeypatch):
+    host, _, _ = make_host()
+    sockets = []
+    monkeypatch.setattr(host, "_snapshot", lambda spec, also, sock: sockets.append(sock) or b"look")
+    await asyncio.gather(*(host.snapshot(SimpleNamespace(lb_id=n), lambda: b"") for n in ("a", "b")))
+    assert len(sockets) == 2 and sockets[0] is sockets[1] and sockets[0].fileno() == -1
+
+
+async def test_without_a_host_socket_every_look_of_the_job_is_none(monkeypatch):
+    host, _, _ = make_host()
+
+    def refused(strict):
+        raise NetlinkError("open socket", 24)
+
+    monkeypatch.setattr(host_module, "open_socket", refused)
+    monkeypatch.setattr(host, "_snapshot", lambda spec, also, sock: b"never")
+    looks = await asyncio.gather(*(host.snapshot(SimpleNamespace(lb_id=n), lambda: b"") for n in ("a", "b")))
+    assert looks == [None, None]
 
 
 def test_the_ovs_port_is_looked_up_again_only_after_ovsdb_changed():
