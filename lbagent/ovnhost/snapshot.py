@@ -153,9 +153,9 @@ def inside_namespace(links: LinkSpec, nat: Sequence[NatRule]) -> bytes:
         for family in families:
             body = rtnl_requests.dump_routes(MAIN_TABLE, None, family)
             parts += _ask(sock, "dump routes", body, RTM_GETROUTE, _route, dump=True)
+        if links.tx_checksum_off:
+            parts.append(b"tx checksum %d" % ethtool.tx_checksum_enabled(links.names.ovn_ns, sock))
     parts.append(nat_state(list(nat)).encode())
-    if links.tx_checksum_off:
-        parts.append(b"tx checksum %d" % ethtool.tx_checksum_enabled(links.names.ovn_ns))
     return digest(parts)
 
 
