@@ -148,7 +148,7 @@ def converge_namespace(spec: LinkSpec, host_netns_fd: int) -> set[str]:
         _ensure_gateway_routes(nl, set(_gateway_routes(spec, ovn.index, socket.AF_INET)))
         if spec.ipv6 is not None:
             _converge_namespace_ipv6(nl, spec, spec.ipv6, ovn, haproxy)
-    _finish_namespace(spec, ovn)
+    _finish_namespace(spec, (ovn, haproxy))
     return created
 
 
@@ -164,7 +164,8 @@ def build_namespace(spec: LinkSpec, host_netns_fd: int) -> set[str]:
     directly on the host), then addresses and routes; two batches, no reads.
     Returns the namespace ends it created, like `converge_namespace`."""
     names = spec.names
-    devconf.set_ipv6("default", spec.ipv6 is not None)  # the veth ends made next come up with it set
+    # The veth ends made next come up with it set: they need no look.
+    devconf.set_ipv6("default", spec.ipv6 is not None, fresh=True)
     batch = RtnlBatch()
     with closing(open_socket()) as sock:
         batch.set_up(LOOPBACK_INDEX, "lo")
@@ -181,8 +182,10 @@ def build_namespace(spec: LinkSpec, host_netns_fd: int) -> set[str]:
         for pair in pairs(spec):
             for route in _gateway_routes(spec, ovn, pair.family):
                 batch.replace_route(route)
+        # A fresh namespace does not forward; both directions route through it.
+        batch.forward_ipv4(ovn, names.ovn_ns)
+        batch.forward_ipv4(haproxy, names.haproxy_ns)
         batch.send(sock)
-    _set_ipv6_of_namespace_ends(spec)
     _finish_namespace(spec)
     return {names.ovn_ns, names.haproxy_ns}
 
@@ -203,19 +206,22 @@ def _gateway_routes(spec: LinkSpec, oif: int, family: int) -> list[KernelRoute]:
     return [default] + [KernelRoute(cidr, nexthop, oif, None) for cidr, nexthop in sorted(routes.items())]
 
 
-def _set_ipv6_of_namespace_ends(spec: LinkSpec, ends: tuple[Link, Link] | None = None) -> None:
-    """`ends`: the lookups of the OVN-side and haproxy-side ends, when the pass made them."""
+def _set_ipv6_of_namespace_ends(spec: LinkSpec, ends: tuple[Link, Link]) -> None:
+    """`ends`: the lookups of the OVN-side and haproxy-side ends."""
     names = (spec.names.ovn_ns, spec.names.haproxy_ns)
-    for interface, link in zip(names, ends or (None, None), strict=True):
+    for interface, link in zip(names, ends, strict=True):
         devconf.set_ipv6(interface, spec.ipv6 is not None, link)
 
 
-def _finish_namespace(spec: LinkSpec, ovn: Link | None = None) -> None:
-    """`ovn`: the lookup of the OVN-side end, when the pass made one."""
+def _finish_namespace(spec: LinkSpec, ends: tuple[Link, Link] | None = None) -> None:
+    """`ends`: the lookups of the OVN-side and haproxy-side ends, when the pass
+    made them; without, the namespace was just built, IPv4 forwarding with it."""
     if spec.tx_checksum_off:
         ethtool.ensure_tx_checksum_off(spec.names.ovn_ns)
-    # A fresh namespace does not forward; both directions route through it.
-    devconf.ensure_forwarding(spec.ipv6 is not None, ovn)
+    if ends is not None:
+        devconf.ensure_forwarding(spec.ipv6 is not None, ends)
+    elif spec.ipv6 is not None:
+        devconf.ensure_ipv6_forwarding()
 
 
 def _index_of(name: str) -> int:
@@ -287,7 +293,7 @@ def build_host(spec: LinkSpec) -> None:
     ovn, haproxy = _index_of(names.ovn_host), _index_of(names.haproxy_host)
     table = reply_table(spec.outer)
     # Before OUTER6: a link with IPv6 off takes no IPv6 address.
-    devconf.set_ipv6(names.haproxy_host, spec.ipv6 is not None)
+    devconf.set_ipv6(names.haproxy_host, spec.ipv6 is not None, fresh=True)
     both = pairs(spec)
     batch = RtnlBatch()
     batch.set_up(ovn, names.ovn_host, spec.mark)

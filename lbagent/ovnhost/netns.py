@@ -192,12 +192,14 @@ def delete_netns(name: str) -> None:
         pass
 
 
-def write_sysctl(path: str, value: str) -> bool:
-    """Set a sysctl in the calling thread's namespace; True if it changed."""
+def write_sysctl(path: str, value: str, read_first: bool = True) -> bool:
+    """Set a sysctl in the calling thread's namespace; True if it changed (or,
+    without `read_first`, was written)."""
     full = os.path.join("/proc/sys", path)
-    with open(full) as f:
-        if f.read().strip() == value:
-            return False
+    if read_first:
+        with open(full) as f:
+            if f.read().strip() == value:
+                return False
     with open(full, "w") as f:
         f.write(value)
     return True

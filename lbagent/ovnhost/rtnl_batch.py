@@ -60,7 +60,11 @@ from lbagent.ovnhost.rtnl_requests import address as address_bytes
 from lbagent.ovnhost.rtnl_socket import ERRNO, HEADER
 
 RTPROT_STATIC = 4  # what pyroute2 (and so the agent's other route writes) marks its routes with
-IFLA_ADDRESS, IFLA_MTU, IFLA_LINKINFO, IFLA_IFALIAS, IFLA_NET_NS_FD = 1, 4, 18, 20, 28
+IFLA_ADDRESS, IFLA_MTU, IFLA_LINKINFO, IFLA_IFALIAS, IFLA_AF_SPEC, IFLA_NET_NS_FD = 1, 4, 18, 20, 26, 28
+IFLA_INET_CONF = 1
+# enum IPV4_DEVCONF_*: a link's own copy of net/ipv4/conf/<link>/<setting>.
+IPV4_DEVCONF_FORWARDING, IPV4_DEVCONF_ACCEPT_REDIRECTS = 1, 4
+NLA_F_NESTED = 1 << 15
 IFLA_INFO_KIND, IFLA_INFO_DATA, VETH_INFO_PEER = 1, 2, 1
 IFA_ADDRESS, IFA_LOCAL, IFA_FLAGS = 1, 2, 8
 RTA_GATEWAY, RTA_PREFSRC = 5, 7
@@ -124,6 +128,17 @@ class RtnlBatch:
         (the kernel ignores an alias in the request that creates a link)."""
         attributes = attribute(IFLA_IFALIAS, text(alias)) if alias else b""
         self._add("set link", name, _link_msg(index, attributes), RTM_NEWLINK, _SET)
+
+    def forward_ipv4(self, index: int, name: str) -> None:
+        """IPv4 forwarding on for packets that come in on the link, and ICMP
+        redirects refused there, as they are once `net.ipv4.ip_forward=1`: a
+        namespace just built forwards without a file under /proc/sys/net
+        opened (see `devconf`)."""
+        on, off = U32.pack(1), U32.pack(0)
+        settings = attribute(IPV4_DEVCONF_FORWARDING, on) + attribute(IPV4_DEVCONF_ACCEPT_REDIRECTS, off)
+        inet = attribute(socket.AF_INET | NLA_F_NESTED, attribute(IFLA_INET_CONF | NLA_F_NESTED, settings))
+        body = IFINFOMSG.pack(0, 0, index, 0, 0) + attribute(IFLA_AF_SPEC | NLA_F_NESTED, inet)
+        self._add("forward ipv4", name, body, RTM_NEWLINK, _SET)
 
     def add_address(self, index: int, name: str, address: str, prefixlen: int, noprefixroute: bool = False) -> None:
         """An address of either family; an IPv6 one skips duplicate address detection (see iplib.Address)."""

@@ -76,7 +76,7 @@ async def test_converge_builds_the_data_path_and_a_second_pass_writes_nothing(ex
 
     before = write_counts()
     sysctls = []
-    monkeypatch.setattr(devconf, "write_sysctl", lambda path, value: sysctls.append(path) or False)
+    monkeypatch.setattr(devconf, "write_sysctl", lambda path, value, **_: sysctls.append(path) or False)
     assert await converge(executors, netns, names, spec(names), rules(names)) == 0
     assert write_counts() == before
     # The per-link settings come with the link lookups: no file under /proc/sys read.
@@ -89,7 +89,7 @@ def assert_data_path(netns, names):
     assert "default via 198.18.0.1" in sh(f"ip netns exec {netns} ip route")
     assert "198.19.0.0/16 via 198.18.0.254" in sh(f"ip netns exec {netns} ip route")
     assert "tx-checksumming: off" in sh(f"ip netns exec {netns} ethtool -k {names.ovn_ns}")
-    assert sh(f"ip netns exec {netns} sysctl -n net.ipv4.ip_forward").strip() == "1"
+    assert_forwards(netns, names)
     for ns_end in (names.ovn_ns, names.haproxy_ns):  # nothing multicast from it into OVN
         assert sh(f"ip netns exec {netns} sysctl -n net.ipv6.conf.{ns_end}.disable_ipv6").strip() == "1"
         assert "inet6" not in sh(f"ip netns exec {netns} ip -6 addr show dev {ns_end}")
@@ -111,6 +111,17 @@ def assert_data_path(netns, names):
     assert "mtu 1442" in sh(f"ip link show {names.ovn_host}")
     ovn_ns = sh(f"ip netns exec {netns} ip link show {names.ovn_ns}")
     assert "mtu 1442" in ovn_ns and "00:22:0a:00:00:12" in ovn_ns and ",UP," in ovn_ns
+
+
+def assert_forwards(netns, names):
+    """Both directions route through the namespace: each end forwards IPv4 (whether
+    the namespace's ip_forward or the link's own setting turned it on), and
+    neither takes ICMP redirects (refused by `all` or by the link)."""
+    for ns_end in (names.ovn_ns, names.haproxy_ns):
+        keys = ("forwarding", "accept_redirects")
+        settings = " ".join(f"net.ipv4.conf.{link}.{key}" for link in (ns_end, "all") for key in keys)
+        forwarding, redirects, _, all_redirects = sh(f"ip netns exec {netns} sysctl -n {settings}").split()
+        assert forwarding == "1" and "0" in (redirects, all_redirects), (ns_end, settings)
 
 
 async def test_changes_and_drift_are_repaired(executors, lb):
@@ -244,11 +255,25 @@ async def test_a_new_namespace_is_built_in_batches_and_a_second_pass_writes_noth
     monkeypatch.setattr(
         iplib.Netlink, "_request", lambda self, op, *a, **k: one_by_one.append(op) or real_request(self, op, *a, **k)
     )
+    sysctls = []
+
+    def write_sysctl(path, value, read_first=True):
+        sysctls.append((path, read_first))
+        return real_sysctl(path, value, read_first)
+
+    real_sysctl = devconf.write_sysctl
+    monkeypatch.setattr(devconf, "write_sysctl", write_sysctl)
     before = write_counts()
     await ovn_host.converge(host_spec(lb_id, netns, names))
     assert one_by_one == []
-    assert write_counts()["netlink"] - before["netlink"] >= 14  # each batched request is counted (and logged)
+    assert write_counts()["netlink"] - before["netlink"] >= 16  # each batched request is counted (and logged)
     assert_data_path(netns, names)
+    # Each file under /proc/sys/net costs a compare per namespace on the machine to open: the
+    # build reads none, and its forwarding comes with the batch.
+    assert sysctls == [
+        ("net/ipv6/conf/default/disable_ipv6", False),
+        (f"net/ipv6/conf/{names.haproxy_host}/disable_ipv6", False),
+    ]
 
     before = write_counts()
     await ovn_host.converge(host_spec(lb_id, netns, names))

@@ -18,13 +18,19 @@ def link(ipv4_conf=(), ipv6_conf=()) -> Link:
 def sysctls(monkeypatch):
     """path -> value of the sysctls written; every file reads as "0" before."""
     written: dict[str, str] = {}
-    monkeypatch.setattr(devconf, "write_sysctl", lambda path, value: written.update({path: value}) or value != "0")
+
+    def write(path: str, value: str, read_first: bool = True) -> bool:
+        written[path] = value if read_first else f"{value} unread"
+        return value != "0" or not read_first
+
+    monkeypatch.setattr(devconf, "write_sysctl", write)
     return written
 
 
 def test_a_setting_the_lookup_shows_in_place_is_not_touched(sysctls):
     devconf.set_ipv6("lb0", False, link(ipv6_conf=IPV6_OFF_CONF))
-    devconf.ensure_forwarding(True, link(ipv4_conf=(1, 0), ipv6_conf=(1,) + IPV6_OFF_CONF[1:]))
+    forwarding = link(ipv4_conf=(1, 0), ipv6_conf=(1,) + IPV6_OFF_CONF[1:])
+    devconf.ensure_forwarding(True, (forwarding, forwarding))
     assert sysctls == {}
 
 
@@ -33,7 +39,7 @@ def test_a_difference_or_no_lookup_goes_to_proc_sys(sysctls):
     assert sysctls["net/ipv6/conf/lb0/accept_dad"] == "0" and sysctls["net/ipv6/conf/lb0/disable_ipv6"] == "0"
     sysctls.clear()
     devconf.set_ipv6("default", False)
-    devconf.ensure_forwarding(True, link(ipv4_conf=(0,), ipv6_conf=()))  # too short to tell: written
+    devconf.ensure_forwarding(True, (link(ipv4_conf=(0,), ipv6_conf=()),))  # too short to tell: written
     assert sysctls == {
         "net/ipv6/conf/default/disable_ipv6": "1",
         "net/ipv4/ip_forward": "1",
@@ -41,8 +47,28 @@ def test_a_difference_or_no_lookup_goes_to_proc_sys(sysctls):
     }
 
 
+def test_what_the_pass_has_just_made_is_written_unread(sysctls):
+    devconf.set_ipv6("default", False, fresh=True)
+    devconf.set_ipv6("h1234abcd1", True, fresh=True)
+    assert sysctls == {
+        "net/ipv6/conf/default/disable_ipv6": "1 unread",
+        **{f"net/ipv6/conf/h1234abcd1/{key}": f"{value} unread" for key, value in devconf.IPV6_ON},
+    }
+
+
+@pytest.mark.parametrize("off", [0, 1])
+def test_one_end_that_does_not_forward_is_enough_to_turn_forwarding_on(sysctls, off):
+    ends = [link(ipv4_conf=(1,), ipv6_conf=(1,)), link(ipv4_conf=(1,), ipv6_conf=(1,))]
+    ends[off] = link(ipv4_conf=(0,), ipv6_conf=(0,))
+    devconf.ensure_forwarding(True, ends)
+    assert sysctls == {"net/ipv4/ip_forward": "1", "net/ipv6/conf/all/forwarding": "1"}
+    sysctls.clear()
+    devconf.ensure_forwarding(False, ends)  # IPv4 only: IPv6's copies are not looked at
+    assert sysctls == {"net/ipv4/ip_forward": "1"}
+
+
 def test_without_ipv6_in_the_kernel_off_is_nothing_to_do_and_on_is_an_error(monkeypatch):
-    def missing(path, value):
+    def missing(path, value, read_first=True):
         raise FileNotFoundError(path)
 
     monkeypatch.setattr(devconf, "write_sysctl", missing)

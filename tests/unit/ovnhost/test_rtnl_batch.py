@@ -1,7 +1,12 @@
 """The batch encoder says what pyroute2 would say, and reads every answer."""
 
+import ctypes
 import errno
+import os
+import socket
 import struct
+import threading
+from contextlib import closing
 
 import pytest
 from pyroute2 import IPBatch
@@ -12,8 +17,10 @@ from lbagent.metrics import write_counts
 from lbagent.ovnhost.errors import AlreadyExists, LinkNotFound, NetlinkError
 from lbagent.ovnhost.iplib import KernelRoute
 from lbagent.ovnhost.rtnl_batch import RtnlBatch, route_via
+from lbagent.ovnhost.rtnl_socket import open_socket
 
 TABLE = 0x4C420065
+CLONE_NEWNET = 0x40000000
 
 
 def _without_sequence(data: bytes) -> bytes:
@@ -288,3 +295,46 @@ def test_an_answer_to_something_else_is_skipped():
     stray = struct.pack("=IHHII", 16, 3, 0, 7, 0)  # NLMSG_DONE of another request
     with pytest.raises(NetlinkError, match="get route 198.18.255.254: EPERM"):
         route_via(Replies(stray, stray, _error_reply(errno.EPERM)), "198.18.255.254", "169.254.0.101")
+
+
+def _in_a_namespace_of_its_own(work):
+    """work() on a thread of its own in a fresh network namespace, which goes with the thread."""
+    outcome: list = []
+
+    def run() -> None:
+        try:
+            if ctypes.CDLL(None, use_errno=True).unshare(CLONE_NEWNET) != 0:
+                raise OSError(ctypes.get_errno(), "unshare")
+            outcome.append(work())
+        except BaseException as exc:  # handed to the test's thread
+            outcome.append(exc)
+
+    thread = threading.Thread(target=run)
+    thread.start()
+    thread.join(30)
+    if isinstance(outcome[0], BaseException):
+        raise outcome[0]
+    return outcome[0]
+
+
+def _setting(name: str, key: str) -> str:
+    with open(f"/proc/sys/net/ipv4/conf/{name}/{key}") as f:
+        return f.read().strip()
+
+
+@pytest.mark.skipif(os.geteuid() != 0, reason="a namespace of its own needs CAP_SYS_ADMIN")
+def test_a_link_forwards_ipv4_and_refuses_redirects_while_the_namespace_forwards_nothing_else():
+    def build() -> dict[str, str]:
+        with open("/proc/thread-self/ns/net") as own, closing(open_socket()) as sock:
+            batch = RtnlBatch()
+            batch.add_veth("fw0", "fw1", own.fileno())
+            batch.send(sock)
+            batch.forward_ipv4(socket.if_nametoindex("fw0"), "fw0")
+            batch.send(sock)
+        return {
+            "fw0": _setting("fw0", "forwarding") + _setting("fw0", "accept_redirects"),
+            "fw1": _setting("fw1", "forwarding") + _setting("fw1", "accept_redirects"),
+            "all": _setting("all", "forwarding"),
+        }
+
+    assert _in_a_namespace_of_its_own(build) == {"fw0": "10", "fw1": "01", "all": "0"}
