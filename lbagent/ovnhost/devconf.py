@@ -8,8 +8,8 @@ pass looks its links up anyway: given the link, a setting already in place
 costs nothing, and /proc/sys is read and written only for a difference (or
 for a link not looked up, such as `default`).
 
-What a pass has just made is written without a read (`fresh`), and the
-forwarding of a new namespace comes with its links (`RtnlBatch.forward_ipv4`):
+What a pass has just made is written without a read (`fresh`), and IPv4
+forwarding is set on each link with a request (`RtnlBatch.forward_ipv4`):
 every namespace has entries of its own under /proc/sys/net by the same
 names, and opening a file there compares each name on its path with those of
 every other namespace: 11 µs with no other namespace, 108 µs with 1,000. In
@@ -21,11 +21,14 @@ from __future__ import annotations
 
 import errno
 from collections.abc import Sequence
+from contextlib import closing
 
 from lbagent.metrics import count_write
 from lbagent.ovnhost.errors import LinkNotFound
 from lbagent.ovnhost.iplib import Link
 from lbagent.ovnhost.netns import write_sysctl
+from lbagent.ovnhost.rtnl_batch import RtnlBatch
+from lbagent.ovnhost.rtnl_socket import open_socket
 
 # IPv6 on an interface of a dual-stack load balancer: no router solicitations
 # or advertisements (its routes are the subnet's), and no duplicate address
@@ -67,20 +70,31 @@ def set_ipv6(interface: str, on: bool, link: Link | None = None, fresh: bool = F
 
 
 def ensure_forwarding(ipv6: bool, ends: Sequence[Link]) -> None:
-    """Forwarding on in the namespace, IPv4 and, with `ipv6`, IPv6; `ends`: the
-    lookups of the links packets come in on, whose own copies are read.
+    """Forwarding on for the packets that come in on `ends` (their lookups):
+    IPv4 link by link, for each end whose own copy is off, with one request
+    (`forward_ipv4`); IPv6 for the whole namespace when some end's copy is off.
 
-    Turning forwarding on for a namespace turns it on in every link's own
-    copy, the links made later included: written when some end's copy is off."""
-    if any(link.ipv4_conf[IPV4_FORWARDING_INDEX : IPV4_FORWARDING_INDEX + 1] != (1,) for link in ends):
-        if write_sysctl("net/ipv4/ip_forward", "1"):
-            count_write("netlink", what="ip_forward on")
+    Not `ip_forward`: once it reads 1, writing it again changes no link, so
+    an end turned off on its own would stay off."""
+    off = [link for link in ends if link.ipv4_conf[IPV4_FORWARDING_INDEX : IPV4_FORWARDING_INDEX + 1] != (1,)]
+    if off:
+        forward_ipv4(off)
     if ipv6 and not all(_holds(link.ipv6_conf, (("forwarding", "1"),)) for link in ends):
         ensure_ipv6_forwarding()
 
 
+def forward_ipv4(links: Sequence[Link]) -> None:
+    """`RtnlBatch.forward_ipv4` for each of these links of the calling thread's namespace."""
+    batch = RtnlBatch()
+    for link in links:
+        batch.forward_ipv4(link.index, link.name)
+    with closing(open_socket()) as sock:
+        batch.send(sock)
+
+
 def ensure_ipv6_forwarding() -> None:
     """IPv6 forwarding on in the namespace (`all`: unlike IPv4's, a link's own
-    copy does not make the kernel forward IPv6)."""
-    if write_sysctl("net/ipv6/conf/all/forwarding", "1"):
-        count_write("netlink", what="ipv6 forwarding on")
+    copy does not make the kernel forward IPv6). Written without a read:
+    writing `all` sets every link's own copy again, even where it reads 1."""
+    write_sysctl("net/ipv6/conf/all/forwarding", "1", read_first=False)
+    count_write("netlink", what="ipv6 forwarding on")

@@ -182,7 +182,7 @@ def build_namespace(spec: LinkSpec, host_netns_fd: int) -> set[str]:
         for pair in pairs(spec):
             for route in _gateway_routes(spec, ovn, pair.family):
                 batch.replace_route(route)
-        # A fresh namespace does not forward; both directions route through it.
+        # Both directions route through the namespace (a new one forwards only if the host does).
         batch.forward_ipv4(ovn, names.ovn_ns)
         batch.forward_ipv4(haproxy, names.haproxy_ns)
         batch.send(sock)

@@ -150,9 +150,19 @@ async def test_changes_and_drift_are_repaired(executors, lb):
     assert "mtu 1400" in sh(f"ip netns exec {netns} ip link show {names.ovn_ns}")
     assert f"169.254.0.100 dev {names.haproxy_host}" in sh("ip route")
     assert sh(f"ip netns exec {netns} sysctl -n net.ipv6.conf.{names.ovn_ns}.disable_ipv6").strip() == "1"
-    assert sh(f"ip netns exec {netns} sysctl -n net.ipv4.ip_forward").strip() == "1"
+    assert_forwards(netns, names)
     # Made again on the host, whose default has IPv6 on: turned off again.
     assert sh(f"sysctl -n net.ipv6.conf.{names.haproxy_host}.disable_ipv6").strip() == "1"
+
+
+async def test_an_end_that_stopped_forwarding_alone_is_repaired(executors, lb):
+    """ip_forward may still read 1: writing it again would change no link."""
+    lb_id, names, netns = lb
+    await converge(executors, netns, names, spec(names), rules(names))
+    sh(f"ip netns exec {netns} sysctl -qw net.ipv4.ip_forward=1")
+    sh(f"ip netns exec {netns} sysctl -qw net.ipv4.conf.{names.haproxy_ns}.forwarding=0")
+    assert await converge(executors, netns, names, spec(names), rules(names)) == 0  # no NAT rule changed
+    assert_forwards(netns, names)
 
 
 async def test_passes_never_read_all_host_rules_unless_the_reply_path_is_wrong(executors, lb, monkeypatch):

@@ -10,8 +10,8 @@ IPV6_OFF_CONF = tuple(1 if i == devconf.IPV6_CONF_INDEX["disable_ipv6"] else 0 f
 IPV6_ON_CONF = tuple(-1 if i == devconf.IPV6_CONF_INDEX["accept_dad"] else 0 for i in range(60))
 
 
-def link(ipv4_conf=(), ipv6_conf=()) -> Link:
-    return Link(3, "lb0", "veth", "00:22:0a:00:00:12", 1442, True, 4, ipv4_conf=ipv4_conf, ipv6_conf=ipv6_conf)
+def link(ipv4_conf=(), ipv6_conf=(), name="lb0") -> Link:
+    return Link(3, name, "veth", "00:22:0a:00:00:12", 1442, True, 4, ipv4_conf=ipv4_conf, ipv6_conf=ipv6_conf)
 
 
 @pytest.fixture
@@ -24,6 +24,11 @@ def sysctls(monkeypatch):
         return value != "0" or not read_first
 
     monkeypatch.setattr(devconf, "write_sysctl", write)
+
+    def forward_ipv4(links) -> None:  # over netlink, link by link: noted as "forward <name>"
+        written.update({f"forward {each.name}": "" for each in links})
+
+    monkeypatch.setattr(devconf, "forward_ipv4", forward_ipv4)
     return written
 
 
@@ -42,8 +47,8 @@ def test_a_difference_or_no_lookup_goes_to_proc_sys(sysctls):
     devconf.ensure_forwarding(True, (link(ipv4_conf=(0,), ipv6_conf=()),))  # too short to tell: written
     assert sysctls == {
         "net/ipv6/conf/default/disable_ipv6": "1",
-        "net/ipv4/ip_forward": "1",
-        "net/ipv6/conf/all/forwarding": "1",
+        "forward lb0": "",
+        "net/ipv6/conf/all/forwarding": "1 unread",  # writing all sets each link's copy, even at 1
     }
 
 
@@ -57,14 +62,14 @@ def test_what_the_pass_has_just_made_is_written_unread(sysctls):
 
 
 @pytest.mark.parametrize("off", [0, 1])
-def test_one_end_that_does_not_forward_is_enough_to_turn_forwarding_on(sysctls, off):
-    ends = [link(ipv4_conf=(1,), ipv6_conf=(1,)), link(ipv4_conf=(1,), ipv6_conf=(1,))]
-    ends[off] = link(ipv4_conf=(0,), ipv6_conf=(0,))
+def test_only_the_end_that_does_not_forward_is_set_and_ip_forward_is_left_alone(sysctls, off):
+    ends = [link(ipv4_conf=(1,), ipv6_conf=(1,), name=name) for name in ("o0", "h0")]
+    ends[off] = link(ipv4_conf=(0,), ipv6_conf=(0,), name=ends[off].name)
     devconf.ensure_forwarding(True, ends)
-    assert sysctls == {"net/ipv4/ip_forward": "1", "net/ipv6/conf/all/forwarding": "1"}
+    assert sysctls == {f"forward {ends[off].name}": "", "net/ipv6/conf/all/forwarding": "1 unread"}
     sysctls.clear()
     devconf.ensure_forwarding(False, ends)  # IPv4 only: IPv6's copies are not looked at
-    assert sysctls == {"net/ipv4/ip_forward": "1"}
+    assert sysctls == {f"forward {ends[off].name}": ""}
 
 
 def test_without_ipv6_in_the_kernel_off_is_nothing_to_do_and_on_is_an_error(monkeypatch):
