@@ -8,8 +8,8 @@ makes in the kernel (see ../shared/design.md and lbagent/ovnhost/links.py):
   namespace ends placed in the namespace in the same request;
 - inside: the VIP on the OVN-side end, INNER/16 on the haproxy-side end, the
   default route via the subnet gateway, TX checksum offload off (userspace
-  datapath), ip_forward on, and the nat table (two owned chains, the jumps,
-  a DNAT per listener and per backend, the SNAT, all with comments) in one
+  datapath), IPv4 forwarding on both ends, and the nat table (two owned
+  chains, the jumps, a DNAT per listener and per backend, the SNAT, all with comments) in one
   python-iptables commit, the rules built by the agent's own `nat_rules` and
   `iptables.build_rule`;
 - on the host: OUTER/16 noprefixroute, the route to INNER/32, the reply table
@@ -216,15 +216,13 @@ def _build_one(
     batch: RtnlBatch, host: socket.socket, host_fd: int, lb: FloorLb, index: int, tx_checksum_off: bool
 ) -> None:
     # The namespace: this thread enters it, makes what must be made from inside
-    # (sysctl, nat table, the sockets), and comes back once.
+    # (nat table, the sockets), and comes back once.
     if _libc.unshare(CLONE_NEWNET) != 0:
         raise OSError(ctypes.get_errno(), "unshare")
     try:
         pyroute_netns.attach(lb.netns, "thread-self")
         inside = open_socket()  # bound to the namespace for good
         ioctl_sock = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
-        with open("/proc/sys/net/ipv4/ip_forward", "w") as f:
-            f.write("1")
         _write_nat(lb)
         ns_fd = os.open(f"/run/netns/{lb.netns}", os.O_RDONLY | os.O_CLOEXEC)
     finally:
@@ -261,6 +259,8 @@ def _build_one(
             batch.add_address(NS_OVN_INDEX, lb.ovn_ns, lb.vip, lb.prefixlen)
             batch.add_address(NS_HAPROXY_INDEX, lb.haproxy_ns, lb.inner, 16)
             batch.replace_route(KernelRoute("0.0.0.0/0", lb.gateway, NS_OVN_INDEX, None))
+            for link, name in ((NS_OVN_INDEX, lb.ovn_ns), (NS_HAPROXY_INDEX, lb.haproxy_ns)):
+                batch.forward_ipv4(link, name)  # as the agent does: no file under /proc/sys/net
             batch.send(inside)
             if tx_checksum_off:
                 _tx_checksum_off(ioctl_sock, lb.ovn_ns)
