@@ -9,9 +9,9 @@ makes in the kernel (see ../shared/design.md and lbagent/ovnhost/links.py):
 - inside: the VIP on the OVN-side end, INNER/16 on the haproxy-side end, the
   default route via the subnet gateway, TX checksum offload off (userspace
   datapath), IPv4 forwarding on both ends, and the nat table (two owned
-  chains, the jumps, a DNAT per listener and per backend, the SNAT, all with comments) in one
-  python-iptables commit, the rules built by the agent's own `nat_rules` and
-  `iptables.build_rule`;
+  chains, the jumps, a DNAT per listener and per backend, the SNAT, all with
+  comments) in one python-iptables commit, the rules built by the agent's
+  own `nat_rules` and `iptables.build_rule`;
 - on the host: OUTER/16 noprefixroute, the route to INNER/32, the reply table
   (two routes) and its policy rule, plus the two shared skip rules once.
 

@@ -266,12 +266,12 @@ async def test_a_new_namespace_is_built_in_batches_and_a_second_pass_writes_noth
         iplib.Netlink, "_request", lambda self, op, *a, **k: one_by_one.append(op) or real_request(self, op, *a, **k)
     )
     sysctls = []
+    real_sysctl = devconf.write_sysctl
 
     def write_sysctl(path, value, read_first=True):
         sysctls.append((path, read_first))
         return real_sysctl(path, value, read_first)
 
-    real_sysctl = devconf.write_sysctl
     monkeypatch.setattr(devconf, "write_sysctl", write_sysctl)
     before = write_counts()
     await ovn_host.converge(host_spec(lb_id, netns, names))

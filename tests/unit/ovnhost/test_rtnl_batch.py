@@ -16,11 +16,11 @@ from pyroute2.netlink.rtnl.rtmsg import rtmsg
 from lbagent.metrics import write_counts
 from lbagent.ovnhost.errors import AlreadyExists, LinkNotFound, NetlinkError
 from lbagent.ovnhost.iplib import KernelRoute
+from lbagent.ovnhost.netns import CLONE_NEWNET
 from lbagent.ovnhost.rtnl_batch import RtnlBatch, route_via
 from lbagent.ovnhost.rtnl_socket import open_socket
 
 TABLE = 0x4C420065
-CLONE_NEWNET = 0x40000000
 
 
 def _without_sequence(data: bytes) -> bytes:
