@@ -25,11 +25,9 @@ import hashlib
 import os
 from typing import TYPE_CHECKING, NamedTuple
 
-import iptc
-import iptc.xtables
-
 from lbagent.metrics import count_write
 from lbagent.ovnhost.errors import IptablesError
+from lbagent.ovnhost.iptc_import import iptc
 from lbagent.ovnhost.iptdigest import present_tables, table_digest
 from lbagent.ovnhost.nat import (
     HMARK_SEED,
