@@ -18,7 +18,6 @@ from collections.abc import Callable
 from ipaddress import IPv4Address, IPv4Network, IPv6Address, IPv6Network
 from typing import Annotated, Any, Literal
 
-from cryptography import x509
 from pydantic import AfterValidator, Field, PlainValidator, Strict, WithJsonSchema
 
 from lbagent.desired import pem
@@ -710,7 +709,7 @@ def _check_crl(value: str) -> None:
         raise ValueError("must contain a PEM certificate revocation list (-----BEGIN X509 CRL----- ...)")
     for block in blocks:
         try:
-            x509.load_pem_x509_crl(block.encode())
+            pem.check_crl(block)
         except ValueError:
             raise ValueError("has an X509 CRL block that does not decode") from None
 

@@ -10,6 +10,10 @@ Decoding is cached by a digest of the text, never the text itself: a
 thousand load balancers share a few certificates, and a key of a load
 balancer that is gone must not stay in a cache. Errors raise ValueError with
 a message that never repeats the input.
+
+cryptography is imported where it is first needed: its bindings (a 15 MB
+library with an OpenSSL of its own) add 10 MB to the agent's resident memory,
+which a host without https listeners never uses.
 """
 
 from __future__ import annotations
@@ -21,12 +25,10 @@ from collections import OrderedDict
 from collections.abc import Callable
 from dataclasses import dataclass
 from datetime import datetime
-from typing import TypeVar
+from typing import TYPE_CHECKING, TypeVar
 
-from cryptography import x509
-from cryptography.exceptions import UnsupportedAlgorithm
-from cryptography.hazmat.primitives import serialization
-from cryptography.hazmat.primitives.asymmetric import ec, rsa
+if TYPE_CHECKING:
+    from cryptography.hazmat.primitives.asymmetric import rsa
 
 MIN_RSA_BITS = 2048
 # Every handshake signs with the key in the haproxy all tenants share: 16,384
@@ -101,12 +103,17 @@ def check_pair(certificate: str, private_key: str) -> None:
 
 
 def _public_der(key: object) -> bytes:
+    from cryptography.hazmat.primitives import serialization
+
     return key.public_bytes(  # type: ignore[attr-defined]
         serialization.Encoding.DER, serialization.PublicFormat.SubjectPublicKeyInfo
     )
 
 
 def _decode_chain(text: str) -> CertificateChain:
+    from cryptography import x509
+    from cryptography.exceptions import UnsupportedAlgorithm
+
     blocks = _CERT_BLOCK_RE.findall(text)
     if not blocks:
         raise ValueError("must contain a PEM certificate")
@@ -125,6 +132,10 @@ def _decode_chain(text: str) -> CertificateChain:
 
 
 def _decode_key(text: str) -> bytes:
+    from cryptography.exceptions import UnsupportedAlgorithm
+    from cryptography.hazmat.primitives import serialization
+    from cryptography.hazmat.primitives.asymmetric import rsa
+
     found = len(_ANY_KEY_BEGIN_RE.findall(text))
     if found != 1:
         raise ValueError(f"must hold exactly one private key block, not {found}")
@@ -165,6 +176,8 @@ def _check_rsa_numbers(numbers: rsa.RSAPrivateNumbers) -> None:
 
 
 def _check_strength(key: object) -> None:
+    from cryptography.hazmat.primitives.asymmetric import ec, rsa
+
     if isinstance(key, rsa.RSAPrivateKey):
         if not MIN_RSA_BITS <= key.key_size <= MAX_RSA_BITS:
             raise ValueError(f"must be an RSA key of {MIN_RSA_BITS} to {MAX_RSA_BITS} bits, not {key.key_size}")
@@ -182,3 +195,10 @@ def _kind(key: object) -> str:
     # The class names of cryptography's key types: DSAPrivateKey, Ed25519PrivateKey, ...
     name = type(key).__name__.removeprefix("_")
     return re.sub(r"PrivateKey$", "", name) or "this kind"
+
+
+def check_crl(block: str) -> None:
+    """ValueError unless one PEM X509 CRL block decodes."""
+    from cryptography import x509
+
+    x509.load_pem_x509_crl(block.encode())
