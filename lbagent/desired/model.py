@@ -453,9 +453,10 @@ class LoadBalancer(_Model):
                 found += [((*at, c), cert) for c, cert in enumerate(rule.certificates)]
         return found
 
-    @cached_property
+    @property
     def canonical_json(self) -> str:
-        """The load balancer as canonical JSON, computed once per instance (a fingerprint's basis)."""
+        """The load balancer as canonical JSON, a fingerprint's basis: computed on each use,
+        as the worker keeps the fingerprint (1-2 kB a load balancer less to keep)."""
         return json.dumps(self.model_dump(mode="json"), sort_keys=True)
 
 
