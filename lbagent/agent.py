@@ -34,7 +34,7 @@ from lbagent.ovnhost.northbound import NorthboundClient
 from lbagent.ovnhost.ovs import OvsClient
 from lbagent.state import PersistedState, StateFileError, StateStore, private_dir
 from lbagent.support.blocking import BlockingPool
-from lbagent.support.heap import TICK_INTERVAL, HeapKeeper
+from lbagent.support.heap import TICK_INTERVAL, TRIM_INTERVAL, HeapKeeper
 from lbagent.workers.connlog import ConnectionLogs
 from lbagent.workers.controllers import requeue_loadbalancers, wire
 from lbagent.workers.dispatch import LOADBALANCER, kind_of
@@ -165,6 +165,7 @@ class Agent:
             self._background.append(asyncio.create_task(self.worker.watch_traffic(), name="traffic-probes"))
         self._background.append(asyncio.create_task(self._collect_garbage(), name="gc"))
         self._background.append(asyncio.create_task(self._keep_heap(), name="heap"))
+        self._background.append(asyncio.create_task(self._trim_heap(), name="heap-trim"))
         if self.ha is not None:
             self._background.append(asyncio.create_task(self.ha.run(), name="ha"))
         log.info("action=started host=%s generation=%s", self.config.agent.host, self.worker.generation)
@@ -210,6 +211,11 @@ class Agent:
         while True:
             await asyncio.sleep(TICK_INTERVAL)
             self.heap.tick()
+
+    async def _trim_heap(self) -> None:
+        while True:
+            await asyncio.sleep(TRIM_INTERVAL)
+            await asyncio.to_thread(self.heap.trim)
 
     async def _collect_garbage(self) -> None:
         while True:

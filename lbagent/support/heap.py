@@ -20,6 +20,13 @@ collected after a count of young collections, and a cold start of 1,000 ran
 ten full collections (0.6 s of CPU with the GIL held) where it now runs none;
 the young collections take as long in all (a pass makes cyclic garbage
 either way), a few milliseconds each instead of half of one.
+
+Memory that Python and the libraries free goes back to malloc, which keeps
+it: after the first resyncs of 1,000 load balancers the agent's RSS had
+grown from 122 to 140 MB for as many objects. `trim` hands malloc's free
+pages back to the kernel (glibc's malloc_trim, which also releases pages in
+the middle of its heaps): 6 to 16 MB each time in that run, in under 5 ms,
+on a thread of its own, as the interpreter lock is not held meanwhile.
 """
 
 from __future__ import annotations
@@ -34,6 +41,7 @@ from collections.abc import Callable, Mapping
 log = logging.getLogger(__name__)
 
 TICK_INTERVAL = 60.0  # seconds between looks
+TRIM_INTERVAL = 10.0  # seconds between handing malloc's free pages back
 FULL_INTERVAL = 3600.0  # seconds between collections that include the frozen objects
 YOUNG_THRESHOLD = 10_000  # allocations (less deallocations) between young collections; Python's default: 700
 M_ARENA_MAX = -8  # glibc's mallopt parameter
@@ -61,18 +69,37 @@ def limit_malloc_arenas(
     return bool(mallopt(M_ARENA_MAX, arenas))
 
 
+def _malloc_trim() -> Callable[[int], int] | None:
+    try:
+        return getattr(ctypes.CDLL(None), "malloc_trim")  # noqa: B009 - absent without glibc
+    except (OSError, AttributeError):  # not glibc
+        return None
+
+
 class HeapKeeper:
     def __init__(
         self,
         quiet: Callable[[], bool],
         full_interval: float = FULL_INTERVAL,
         clock: Callable[[], float] = time.monotonic,
+        malloc_trim: Callable[[int], int] | None = None,
     ):
         self._quiet = quiet  # nothing being converged: a pause now delays nobody
         self._full_interval = full_interval
         self._clock = clock
         self._last_full = clock()
+        self._malloc_trim = malloc_trim or _malloc_trim()
         self.collections = {"young": 0, "full": 0}
+        self.trims = 0
+
+    def trim(self) -> bool:
+        """Hand malloc's free pages back to the kernel (blocking: run it off the event loop);
+        False without glibc."""
+        if self._malloc_trim is None:
+            return False
+        self._malloc_trim(0)
+        self.trims += 1
+        return True
 
     def freeze_start(self) -> None:
         """Freeze what the start made (it lives as long as the agent), and space out young collections."""
