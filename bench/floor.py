@@ -288,7 +288,7 @@ def _write_nat(lb: FloorLb) -> None:
         for chain in CHAIN_HOOKS:
             table.create_chain(chain)
         for rule in rules:
-            table.append_entry(rule.chain, iptables.build_rule(rule).rule)
+            table.append_entry(rule.chain, iptables.rule_entry(rule))
         table.commit()
     finally:
         table.close()  # leave no handle (and socket) pinned to this namespace
