@@ -43,7 +43,6 @@ import threading
 import time
 from dataclasses import dataclass
 
-import iptc
 from pyroute2 import IPRoute
 from pyroute2 import netns as pyroute_netns
 
@@ -53,6 +52,7 @@ from lbagent.ovnhost import (
     iptables,
 )
 from lbagent.ovnhost.iplib import KernelRoute
+from lbagent.ovnhost.iptc_import import iptc
 from lbagent.ovnhost.nat import CHAIN_HOOKS, NatPlan, nat_rules
 from lbagent.ovnhost.rtnl_batch import RtnlBatch
 from lbagent.ovnhost.rtnl_socket import open_socket

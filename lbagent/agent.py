@@ -215,7 +215,10 @@ class Agent:
     async def _trim_heap(self) -> None:
         while True:
             await asyncio.sleep(TRIM_INTERVAL)
-            await asyncio.to_thread(self.heap.trim)
+            try:
+                await asyncio.to_thread(self.heap.trim)
+            except Exception as exc:  # next interval tries again
+                log.warning("object=heap action=trim result=error error=%r", str(exc))
 
     async def _collect_garbage(self) -> None:
         while True:

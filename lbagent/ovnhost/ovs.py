@@ -164,7 +164,7 @@ CHURNING_COLUMNS = {
 # commands read or write: a row keeps every registered column, set or not,
 # and the thirty-odd others of an Interface cost 6 MB at a thousand ports.
 PORT_COLUMNS = {
-    "Interface": {"name", "type", "external_ids", "ofport", "mtu_request", "error"},
+    "Interface": {"name", "type", "external_ids", "ofport", "mtu_request"},
     "Port": {"name", "interfaces", "external_ids"},
 }
 
