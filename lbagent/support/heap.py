@@ -62,17 +62,15 @@ def limit_malloc_arenas(
     An operator's MALLOC_ARENA_MAX wins; without glibc nothing changes."""
     if "MALLOC_ARENA_MAX" in environ:
         return False
-    try:
-        mallopt = getattr(libc or ctypes.CDLL(None), "mallopt")  # noqa: B009 - absent without glibc
-    except (OSError, AttributeError):  # not glibc
-        return False
-    return bool(mallopt(M_ARENA_MAX, arenas))
+    mallopt = _glibc("mallopt", libc)
+    return mallopt is not None and bool(mallopt(M_ARENA_MAX, arenas))
 
 
-def _malloc_trim() -> Callable[[int], int] | None:
+def _glibc(function: str, libc: object | None = None) -> Callable[..., int] | None:
+    """`function` of the C library the process runs on (or of `libc`); None if it has none such (not glibc)."""
     try:
-        return getattr(ctypes.CDLL(None), "malloc_trim")  # noqa: B009 - absent without glibc
-    except (OSError, AttributeError):  # not glibc
+        return getattr(libc or ctypes.CDLL(None), function)
+    except (OSError, AttributeError):
         return None
 
 
@@ -88,7 +86,7 @@ class HeapKeeper:
         self._full_interval = full_interval
         self._clock = clock
         self._last_full = clock()
-        self._malloc_trim = malloc_trim or _malloc_trim()
+        self._malloc_trim = malloc_trim or _glibc("malloc_trim")
         self.collections = {"young": 0, "full": 0}
         self.trims = 0
 
