@@ -87,9 +87,16 @@ def _ipv6_or_none(value: object) -> bool:
 class PersistedState:
     desired: dict | None = None  # the raw body of the last accepted refresh
     allocations: dict[str, Allocation] = field(default_factory=dict)
-    # The JSON text `desired` was decoded from, when the caller has it: saved as
-    # it came rather than encoded again (600 kB for a thousand load balancers).
+    # The JSON text of the body, which stands for `desired` when given: saved as
+    # it came rather than encoded again (600 kB for a thousand load balancers),
+    # and all the agent keeps of the body once it is accepted (decoded, the
+    # same body is 3 MB of dicts, lists and strings).
     desired_text: str | None = field(default=None, compare=False, repr=False)
+
+
+def desired_json(desired: dict | None) -> str:
+    """The JSON text the state file keeps for a body that came without one (not UTF-8, say)."""
+    return json.dumps(desired, separators=(",", ":"))
 
 
 def private_dir(path: Path) -> None:
@@ -148,9 +155,7 @@ class StateStore:
         """The file's JSON: {"format", "version", "desired", "allocations"}, assembled
         from texts already at hand where there are some (one POST of a thousand
         load balancers re-encoded all of them, 10-20 ms, before its 202)."""
-        desired = state.desired_text
-        if desired is None:
-            desired = json.dumps(state.desired, separators=(",", ":"))
+        desired = state.desired_text if state.desired_text is not None else desired_json(state.desired)
         allocations = ",".join(
             f"{json.dumps(lb_id)}:{allocation.json_text}" for lb_id, allocation in sorted(state.allocations.items())
         )

@@ -45,7 +45,7 @@ from lbagent.metrics import RESYNC_CHECKS, writes_so_far
 from lbagent.naming import interface_names, lb_id_from_netns, netns_name
 from lbagent.ovnhost.host import HostObservation, HostSpec, OvnHost
 from lbagent.ovnhost.inventory import Inventory
-from lbagent.state import Allocation, PersistedState, StateStore
+from lbagent.state import Allocation, PersistedState, StateStore, desired_json
 from lbagent.support.blocking import BlockingPool
 from lbagent.support.coalesce import Coalescer
 from lbagent.support.turns import in_turns
@@ -144,8 +144,7 @@ class OvnWorker(ReadinessWatch):
         self.installed_ports: Callable[[Collection[str]], Awaitable[set[str]]] | None = None
         self._changed = asyncio.Condition()
         self.desired: DesiredState | None = None
-        self._raw: dict | None = None
-        self._raw_text: str | None = None
+        self._desired_text: str | None = None  # the accepted body's JSON text, what the state file keeps
         self.allocations: dict[str, Allocation] = {}
         # Load balancers whose members did not all get a port, and why: their passes fail with it.
         self.port_shortages: dict[str, str] = {}
@@ -167,7 +166,8 @@ class OvnWorker(ReadinessWatch):
         if desired is not None:
             async with self._lock:
                 self.allocations, self.port_shortages = await self._allocate(desired, frozenset())
-                self.desired, self._raw, self._raw_text = desired, persisted.desired, None
+                self._desired_text = await asyncio.to_thread(desired_json, persisted.desired)
+                self.desired = desired
                 self._accept(desired, frozenset())
 
     def _inside_prefix6(self, lb_id: str, allocation: Allocation) -> Allocation:
@@ -214,9 +214,10 @@ class OvnWorker(ReadinessWatch):
                 raise StaleGeneration(desired.generation, current)
             unchanged = self._unchanged(desired)
             allocations, shortages = await self._allocate(desired, unchanged)
-            await asyncio.to_thread(self._store.save, PersistedState(raw, allocations, raw_text))
+            text = raw_text if raw_text is not None else await asyncio.to_thread(desired_json, raw)
+            await asyncio.to_thread(self._store.save, PersistedState(allocations=allocations, desired_text=text))
             self.port_shortages = shortages
-            self.allocations, self.desired, self._raw, self._raw_text = allocations, desired, raw, raw_text
+            self.allocations, self.desired, self._desired_text = allocations, desired, text
             await self._fingerprint(desired, unchanged)
             self._accept(desired, unchanged)
             return desired.generation
@@ -610,7 +611,8 @@ class OvnWorker(ReadinessWatch):
         ended meanwhile: 2,500 of them one save each, under the lock, took as
         long as the rest of their removal."""
         async with self._lock:  # never interleaved with apply's save of a newer state
-            await asyncio.to_thread(self._store.save, PersistedState(self._raw, dict(self.allocations), self._raw_text))
+            state = PersistedState(allocations=dict(self.allocations), desired_text=self._desired_text)
+            await asyncio.to_thread(self._store.save, state)
         return [None] * len(teardowns)
 
     async def _save_state_alone(self, teardown: None) -> None:

@@ -3,6 +3,7 @@ waiting, the rule that nothing unchanged is touched, and which load balancers a
 refresh queues itself and which it leaves to their dependencies' controllers."""
 
 import asyncio
+import json
 import threading
 from dataclasses import replace
 
@@ -156,6 +157,19 @@ async def test_removed_load_balancer_is_torn_down_and_released(worker, tmp_path)
     assert "b" not in worker.tasks and "b" not in worker.allocations
     assert worker._host.removed == ["b"] and "b" not in worker.haproxy.configs
     assert set(StateStore(tmp_path).load().allocations) == {"a"}
+
+
+async def test_the_worker_keeps_the_accepted_body_as_text_only(worker, tmp_path):
+    """A save after a teardown writes the body as it was accepted: the worker
+    keeps its JSON text, not the decoded body (3 MB at a thousand load
+    balancers), so the caller's dict changed afterwards changes nothing."""
+    body = state(1, [lb_body("a"), lb_body("b", ip="198.18.0.13")])
+    accepted = json.loads(json.dumps(body))
+    await apply(worker, body)
+    body["generation"] = 7
+    body["loadbalancers"].clear()
+    await worker._save_state([None])
+    assert StateStore(tmp_path).load().desired == accepted
 
 
 async def test_stale_generation_is_refused(worker):
