@@ -129,9 +129,7 @@ def check_reason(status: str, check_status: str, check_code: str) -> str | None:
     return CHECK_REASONS.get(check)
 
 
-def from_stat_row(row: dict[str, str], now: datetime) -> ServerHealth:
-    """The health of one server row of `show stat` read at `now`."""
-    status = row.get("status") or ""
-    lastchg = row.get("lastchg") or ""
+def from_stat_fields(status: str, lastchg: str, check_status: str, check_code: str, now: datetime) -> ServerHealth:
+    """The health of one server row of `show stat` read at `now`, from its columns of those names."""
     since = now - timedelta(seconds=int(lastchg)) if lastchg.isdigit() else None
-    return ServerHealth(status, check_reason(status, row.get("check_status") or "", row.get("check_code") or ""), since)
+    return ServerHealth(status, check_reason(status, check_status, check_code), since)

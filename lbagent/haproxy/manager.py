@@ -57,7 +57,7 @@ from lbagent.haproxy.parts import Shared
 from lbagent.haproxy.process import HaproxyProcess
 from lbagent.haproxy.reloads import Reloader
 from lbagent.haproxy.settings import HaproxySettings, Privileges
-from lbagent.haproxy.sockets import parse_show_stat, send_command
+from lbagent.haproxy.sockets import SHOW_SERVER_STATS, answer_lines, parse_show_stat
 
 __all__ = ["HaproxyManager", "PreparedChange"]
 
@@ -212,5 +212,5 @@ class HaproxyManager:
 
 
 def _read_server_states(stats_sock: Path, backend_prefix: str, since: SteadySince) -> dict[tuple[str, str], str]:
-    states = parse_show_stat(send_command(stats_sock, "show stat"), backend_prefix)
+    states = parse_show_stat(answer_lines(stats_sock, SHOW_SERVER_STATS), backend_prefix)
     return since.steady(states, complete=not backend_prefix)

@@ -3,23 +3,23 @@
 The master CLI (`master.sock`) answers `show proc` and takes `reload`; the
 runtime API of the current worker (`stats.sock`) answers `show stat`. Both
 are one command per connection here: the command is sent, the write side
-shut down, and the answer read to EOF. Everything is synchronous with a
+shut down, and the answer read to EOF, line by line for the long ones. Everything is synchronous with a
 deadline; callers on the event loop use a worker thread.
 """
 
 from __future__ import annotations
 
 import csv
-import io
 import re
 import socket
 import time
+from collections.abc import Iterable, Iterator
 from dataclasses import dataclass
 from datetime import UTC, datetime
 from pathlib import Path
 
 from lbagent.haproxy.errors import HaproxyAnswerError
-from lbagent.haproxy.health import from_stat_row
+from lbagent.haproxy.health import from_stat_fields
 
 DEFAULT_TIMEOUT = 5.0
 MAX_ANSWER_BYTES = 64 * 1024 * 1024  # show stat of thousands of servers fits easily
@@ -27,6 +27,13 @@ MAX_ANSWER_BYTES = 64 * 1024 * 1024  # show stat of thousands of servers fits ea
 
 def send_command(path: Path, command: str, timeout: float = DEFAULT_TIMEOUT) -> str:
     """haproxy's whole answer to `command`; OSError (refused, reset, timed out) when there is none."""
+    return "".join(answer_lines(path, command, timeout))
+
+
+def answer_lines(path: Path, command: str, timeout: float = DEFAULT_TIMEOUT) -> Iterator[str]:
+    """haproxy's answer to `command`, line by line as it arrives, all within `timeout`:
+    an answer of thousands of rows is never held whole. OSError (refused, reset,
+    timed out) when there is none; HaproxyAnswerError past MAX_ANSWER_BYTES."""
     deadline = time.monotonic() + timeout
     with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as sock:
         sock.settimeout(timeout)
@@ -34,18 +41,17 @@ def send_command(path: Path, command: str, timeout: float = DEFAULT_TIMEOUT) -> 
         sock.sendall(command.encode("ascii") + b"\n")
         # Without the shutdown haproxy keeps the session open for more commands.
         sock.shutdown(socket.SHUT_WR)
-        chunks = []
         size = 0
-        while True:
-            sock.settimeout(max(deadline - time.monotonic(), 0.001))
-            chunk = sock.recv(65536)
-            if not chunk:
-                break
-            size += len(chunk)
-            if size > MAX_ANSWER_BYTES:
-                raise HaproxyAnswerError(f"answer to {command!r} larger than {MAX_ANSWER_BYTES} bytes")
-            chunks.append(chunk)
-    return b"".join(chunks).decode("utf-8", errors="replace")
+        with sock.makefile("rb", buffering=65536) as answer:
+            while True:
+                sock.settimeout(max(deadline - time.monotonic(), 0.001))
+                line = answer.readline(MAX_ANSWER_BYTES + 1 - size)
+                if not line:
+                    return
+                size += len(line)
+                if size > MAX_ANSWER_BYTES:
+                    raise HaproxyAnswerError(f"answer to {command!r} larger than {MAX_ANSWER_BYTES} bytes")
+                yield line.decode("utf-8", errors="replace")
 
 
 @dataclass(frozen=True)
@@ -87,19 +93,31 @@ def parse_show_proc(text: str) -> ProcTable | None:
     )
 
 
-def parse_show_stat(text: str, proxy_prefix: str = "") -> dict[tuple[str, str], str]:
+SHOW_SERVER_STATS = "show stat -1 4 -1"  # every proxy (-1), server rows only (4), every server (-1)
+# The columns a server's health is read from, in from_stat_fields' order.
+HEALTH_COLUMNS = ("status", "lastchg", "check_status", "check_code")
+
+
+def parse_show_stat(answer: str | Iterable[str], proxy_prefix: str = "") -> dict[tuple[str, str], str]:
     """(proxy name, server name) -> status ("UP", "DOWN", "MAINT", "no check", ...) for every server row
     of the proxies whose names start with `proxy_prefix`, each a `ServerHealth` that carries its
-    reason and since when it holds. Rows of other proxies are not decoded: at a thousand load
-    balancers the whole answer takes a third of a second."""
-    lines = text.splitlines()
-    if not lines or not lines[0].startswith("# "):
+    reason and since when it holds. `answer` is the text, or its lines as they arrive
+    (`answer_lines`). Rows of other proxies are not decoded, and no row is kept once read:
+    at a thousand load balancers the whole answer is 2.7 MB of text in 12,000 lines."""
+    lines = iter(answer.splitlines() if isinstance(answer, str) else answer)
+    header = next(lines, "")
+    if not header.startswith("# "):
         return {}
-    wanted = [line for line in lines[1:] if line.startswith(proxy_prefix)] if proxy_prefix else lines[1:]
-    rows = csv.DictReader(io.StringIO("\n".join([lines[0][2:], *wanted])))
+    columns = header[2:].rstrip("\r\n").split(",")
+    if "pxname" not in columns or "svname" not in columns:
+        return {}
+    proxy, server = columns.index("pxname"), columns.index("svname")
+    health = [columns.index(name) if name in columns else None for name in HEALTH_COLUMNS]
     now = datetime.now(UTC)
-    return {
-        (row["pxname"], row["svname"]): from_stat_row(row, now)
-        for row in rows
-        if row.get("svname") not in (None, "FRONTEND", "BACKEND") and row.get("pxname")
-    }
+    states: dict[tuple[str, str], str] = {}
+    for row in csv.reader(line for line in lines if line.startswith(proxy_prefix)):
+        if len(row) <= max(proxy, server) or not row[proxy] or row[server] in ("FRONTEND", "BACKEND"):
+            continue
+        status, lastchg, check_status, check_code = (row[i] if i is not None and i < len(row) else "" for i in health)
+        states[(row[proxy], row[server])] = from_stat_fields(status, lastchg, check_status, check_code, now)
+    return states
