@@ -24,7 +24,7 @@ HASH_CHARS = 8
 INTERFACE_RE = re.compile(rf"^[oh][0-9a-f]{{{HASH_CHARS}}}[01]$")
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, slots=True)
 class InterfaceNames:
     ovn_ns: str  # namespace end of the OVN-side veth; carries the VIP and MAC
     ovn_host: str  # host end, attached to the integration bridge

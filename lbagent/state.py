@@ -21,7 +21,6 @@ import stat
 import tempfile
 import time
 from dataclasses import dataclass, field
-from functools import cached_property
 from pathlib import Path
 
 from lbagent.errors import LbAgentError
@@ -38,7 +37,7 @@ class StateFileError(LbAgentError):
     """The state file does not parse, is not ours, or cannot be written."""
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, slots=True)
 class Allocation:
     # Frozen: allocations are replaced, never changed in place, which the
     # worker's memo and the kept `json_text` rely on.
@@ -50,17 +49,17 @@ class Allocation:
     # there was one, until the next allocation gives it.
     inner6: str | None = None
     outer6: str | None = None
+    # `to_json()` encoded, once per allocation (the state file and the worker's fingerprints use it).
+    json_text: str = field(init=False, repr=False, compare=False)
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "json_text", json.dumps(self.to_json(), separators=(",", ":")))
 
     def to_json(self) -> dict:
         data = {"inner": self.inner, "outer": self.outer, "salt": self.salt, "ports": dict(self.ports)}
         if self.inner6 is not None:
             data.update(inner6=self.inner6, outer6=self.outer6)
         return data
-
-    @cached_property
-    def json_text(self) -> str:
-        """`to_json()` encoded, once per allocation (the state file and the worker's fingerprints use it)."""
-        return json.dumps(self.to_json(), separators=(",", ":"))
 
     @classmethod
     def from_json(cls, data: dict) -> Allocation:

@@ -19,7 +19,7 @@ from lbagent.desired.members import Member
 CHECK_KEY_SUFFIX = ":check"
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, slots=True)
 class TrafficOptions:
     backup: bool = False  # serves only while no other member of its group is up
     slow_start: int = 0  # seconds over which it ramps up to its weight
@@ -30,7 +30,7 @@ class TrafficOptions:
 NO_OPTIONS = TrafficOptions()
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, slots=True)
 class GroupMember(Member):
     options: TrafficOptions = NO_OPTIONS
 

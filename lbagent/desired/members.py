@@ -11,7 +11,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, slots=True)
 class Member:
     key: str  # stable identity: backend id, or "<group id>/<pod id>"
     address: str  # the backend's real address in the VPC

@@ -12,7 +12,7 @@ from lbagent.haproxy.routing import RedirectView, RuleView
 from lbagent.haproxy.tls import TlsBindView
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, slots=True)
 class HaproxyConfig:
     """One load balancer's config text and its files (relative path -> content; keys among them)."""
 

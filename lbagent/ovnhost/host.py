@@ -48,7 +48,7 @@ MAX_SNAPSHOTS = 64  # resync looks in one namespace-thread job (a few ms each)
 SNAPSHOT_GATHER = 0.1  # seconds a resync's look waits for others to share its job
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, slots=True)
 class HostSpec:
     lb_id: str
     netns: str
@@ -56,7 +56,7 @@ class HostSpec:
     nat: tuple[NatRule, ...]
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, slots=True)
 class HostObservation:
     ovs_port: str
     ovn_installed: bool

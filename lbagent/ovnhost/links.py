@@ -104,7 +104,7 @@ class Ipv6Spec:
     outer: str
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, slots=True)
 class LinkSpec:
     """What the kernel must hold for one load balancer."""
 

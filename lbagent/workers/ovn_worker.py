@@ -79,7 +79,7 @@ class ReconcileError(LbAgentError):
         self.generation = generation
 
 
-@dataclass
+@dataclass(slots=True)
 class LbRuntime:
     """What the last pass of one load balancer observed, and which inputs it had."""
 
@@ -356,9 +356,7 @@ class OvnWorker(ReadinessWatch):
             ("deps", lb_id),
             (subnet, targets),
             lambda: digest(
-                json.dumps(
-                    [subnet, {g: [list(vars(t).values()) for t in ts] for g, ts in targets.items()}], sort_keys=True
-                )
+                json.dumps([subnet, {g: [t.values() for t in ts] for g, ts in targets.items()}], sort_keys=True)
             ),
         )
 

@@ -7,10 +7,10 @@ balancer to namespaces, links, rules and haproxy servers is unit-testable.
 from __future__ import annotations
 
 import ipaddress
-from dataclasses import dataclass
+from dataclasses import astuple, dataclass
 
 from lbagent.desired.fields import family_of
-from lbagent.desired.memberoptions import GroupMember, TrafficOptions, check_port_key
+from lbagent.desired.memberoptions import NO_OPTIONS, GroupMember, TrafficOptions, check_port_key
 from lbagent.desired.members import Member
 from lbagent.naming import interface_names, netns_name
 from lbagent.ovnhost.host import HostSpec
@@ -19,7 +19,7 @@ from lbagent.ovnhost.nat import NatPlan, UdpAcl, UdpListener, nat_rules
 from lbagent.state import Allocation
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, slots=True)
 class Target:
     """A group member before it has a port on INNER."""
 
@@ -32,6 +32,10 @@ class Target:
     backup: bool = False
     slow_start: int = 0  # the group's
     check_port: int | None = None  # the group's health_check_port
+
+    def values(self) -> tuple:
+        """Its fields' values, in their order."""
+        return astuple(self)
 
 
 def selected_pods(selector, pods) -> list[Target]:
@@ -94,6 +98,8 @@ def _member(target: Target, ports: dict[str, int]) -> GroupMember:
         check_port=target.check_port,
         mapped_check_port=None if target.check_port is None else ports[check_port_key(target.key)],
     )
+    if options == NO_OPTIONS:  # most members: one shared object rather than thousands of equal ones
+        options = NO_OPTIONS
     t = target
     return GroupMember(t.key, t.address, t.port, t.weight, t.send_proxy, t.ssl, ports[t.key], options=options)
 
