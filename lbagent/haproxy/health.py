@@ -13,6 +13,7 @@ haproxy's reasons come from the check columns of `show stat`: `check_status`
 from __future__ import annotations
 
 import math
+import sys
 from datetime import UTC, datetime, timedelta
 
 # check_status -> health_reason; L7STS is "bad_status:<check_code>".
@@ -76,7 +77,8 @@ class SteadySince:
                 states[key] = ServerHealth(str(state), reason_of(state), known[1], _drain_until(state))
                 first[key] = known
             else:
-                first[key] = (str(state), since)
+                # Interned: a few words ("UP", "DOWN", ...) for thousands of servers.
+                first[key] = (sys.intern(str(state)), since)
         self._first = first
         return states
 

@@ -12,6 +12,7 @@ from __future__ import annotations
 import csv
 import re
 import socket
+import sys
 import time
 from collections.abc import Iterable, Iterator
 from dataclasses import dataclass
@@ -119,5 +120,7 @@ def parse_show_stat(answer: str | Iterable[str], proxy_prefix: str = "") -> dict
         if len(row) <= max(proxy, server) or not row[proxy] or row[server] in ("FRONTEND", "BACKEND"):
             continue
         status, lastchg, check_status, check_code = (row[i] if i is not None and i < len(row) else "" for i in health)
-        states[(row[proxy], row[server])] = from_stat_fields(status, lastchg, check_status, check_code, now)
+        # A backend's name, interned, is one string for all its servers in what is kept.
+        key = (sys.intern(row[proxy]), row[server])
+        states[key] = from_stat_fields(status, lastchg, check_status, check_code, now)
     return states

@@ -88,3 +88,9 @@ def test_parse_show_stat_reads_lines_as_they_come_and_quoted_fields():
     assert states[("be:lb-a:l", "short")] == "" and reason_of(states[("be:lb-a:l", "short")]) is None
     assert parse_show_stat(iter(["# qcur,status\n", "1,UP\n"])) == {}  # no names to key the rows by
     assert parse_show_stat(iter([])) == {}
+
+
+def test_the_servers_of_one_backend_share_its_name():
+    lines = ["# pxname,svname,status\n", "be:lb-a:l,be-1,UP\n", "be:lb-a:l,be-2,UP\n"]
+    first, second = parse_show_stat(iter(lines))
+    assert first[0] == second[0] == "be:lb-a:l" and first[0] is second[0]

@@ -44,3 +44,10 @@ def test_a_read_of_one_load_balancer_keeps_the_others_and_a_complete_read_forget
 def test_a_health_without_a_moment_is_left_as_it_is():
     states = {KEY: "no check"}
     assert SteadySince().steady(states, complete=True) == {KEY: "no check"}
+
+
+def test_the_words_kept_for_thousands_of_servers_are_one_string_each():
+    steady = SteadySince()
+    steady.steady({**read("UP", T0), **read("UP", T0, OTHER)}, complete=True)
+    (word_a, _), (word_b, _) = steady._first[KEY], steady._first[OTHER]
+    assert word_a == "UP" and type(word_a) is str and word_a is word_b
