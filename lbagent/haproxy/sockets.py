@@ -32,9 +32,11 @@ def send_command(path: Path, command: str, timeout: float = DEFAULT_TIMEOUT) -> 
 
 
 def answer_lines(path: Path, command: str, timeout: float = DEFAULT_TIMEOUT) -> Iterator[str]:
-    """haproxy's answer to `command`, line by line as it arrives, all within `timeout`:
-    an answer of thousands of rows is never held whole. OSError (refused, reset,
-    timed out) when there is none; HaproxyAnswerError past MAX_ANSWER_BYTES."""
+    """haproxy's answer to `command`, line by line as it arrives: an answer of
+    thousands of rows is never held whole. Every read waits only for what is
+    left of `timeout` (the caller's time between lines counts too). OSError
+    (refused, reset, timed out) when there is none; HaproxyAnswerError past
+    MAX_ANSWER_BYTES."""
     deadline = time.monotonic() + timeout
     with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as sock:
         sock.settimeout(timeout)
@@ -43,16 +45,25 @@ def answer_lines(path: Path, command: str, timeout: float = DEFAULT_TIMEOUT) -> 
         # Without the shutdown haproxy keeps the session open for more commands.
         sock.shutdown(socket.SHUT_WR)
         size = 0
-        with sock.makefile("rb", buffering=65536) as answer:
-            while True:
-                sock.settimeout(max(deadline - time.monotonic(), 0.001))
-                line = answer.readline(MAX_ANSWER_BYTES + 1 - size)
-                if not line:
-                    return
-                size += len(line)
-                if size > MAX_ANSWER_BYTES:
-                    raise HaproxyAnswerError(f"answer to {command!r} larger than {MAX_ANSWER_BYTES} bytes")
-                yield line.decode("utf-8", errors="replace")
+        partial: list[bytes] = []  # the start of a line that has not ended yet
+        while True:
+            sock.settimeout(max(deadline - time.monotonic(), 0.001))
+            chunk = sock.recv(65536)
+            if not chunk:
+                break
+            size += len(chunk)
+            if size > MAX_ANSWER_BYTES:
+                raise HaproxyAnswerError(f"answer to {command!r} larger than {MAX_ANSWER_BYTES} bytes")
+            *ended, rest = chunk.split(b"\n")
+            if ended:
+                ended[0] = b"".join([*partial, ended[0]])
+                partial = []
+                for line in ended:
+                    yield line.decode("utf-8", errors="replace") + "\n"
+            if rest:
+                partial.append(rest)
+        if partial:
+            yield b"".join(partial).decode("utf-8", errors="replace")
 
 
 @dataclass(frozen=True)

@@ -7,7 +7,7 @@ balancer to namespaces, links, rules and haproxy servers is unit-testable.
 from __future__ import annotations
 
 import ipaddress
-from dataclasses import astuple, dataclass
+from dataclasses import dataclass
 
 from lbagent.desired.fields import family_of
 from lbagent.desired.memberoptions import NO_OPTIONS, GroupMember, TrafficOptions, check_port_key
@@ -35,7 +35,7 @@ class Target:
 
     def values(self) -> tuple:
         """Its fields' values, in their order."""
-        return astuple(self)
+        return tuple(getattr(self, name) for name in self.__slots__)
 
 
 def selected_pods(selector, pods) -> list[Target]:

@@ -1,7 +1,7 @@
 """The objects the agent keeps for every load balancer (thousands on a host)
 carry no instance dict, and members without options share one."""
 
-from dataclasses import replace
+from dataclasses import astuple, replace
 
 import pytest
 
@@ -42,6 +42,11 @@ def test_what_was_computed_once_comes_with_the_object():
     assert rule == NatRule("LB-PRE", "listener", "DNAT", to="169.254.0.3:80")
     allocation = Allocation("169.254.0.2", "169.254.0.3", ports={"be-1": 1025})
     assert allocation.json_text == '{"inner":"169.254.0.2","outer":"169.254.0.3","salt":0,"ports":{"be-1":1025}}'
+
+
+def test_a_targets_values_are_its_fields_in_order():
+    target = Target("be-1", "198.18.0.20", 80, 1, check_port=8080)
+    assert target.values() == astuple(target) == ("be-1", "198.18.0.20", 80, 1, "off", False, False, 0, 8080)
 
 
 def test_members_without_options_share_one():

@@ -3,6 +3,7 @@ and `show stat` rows parsed as they come."""
 
 import socket
 import threading
+import time
 from datetime import UTC, datetime, timedelta
 
 import pytest
@@ -22,13 +23,17 @@ def answering(tmp_path):
     server.listen(1)
     received = []
 
-    def serve(chunks, hold: threading.Event | None = None):
+    def serve(chunks, hold: threading.Event | None = None, pause: float = 0.0):
         def run():
             connection, _ = server.accept()
             with connection:
                 received.append(connection.makefile("rb").readline())
                 for chunk in chunks:
-                    connection.sendall(chunk)
+                    try:
+                        connection.sendall(chunk)
+                    except (BrokenPipeError, ConnectionResetError):
+                        return  # the reader gave up, as some tests want it to
+                    time.sleep(pause)  # the pace haproxy answers at, in this test
                 if hold is not None:
                     hold.wait(10)
 
@@ -59,6 +64,20 @@ def test_an_answer_past_the_bound_is_refused(answering, monkeypatch):
         list(answer_lines(answering([b"0123\n", b"45678\n", b"9\n"]), "show stat"))
     with pytest.raises(HaproxyAnswerError):  # one line longer than the bound is not read whole either
         list(answer_lines(answering([b"x" * 64 + b"\n"]), "show stat"))
+
+
+def test_lines_that_come_in_pieces_are_whole_and_the_last_one_too(answering):
+    path = answering([b"# pxna", b"me,svname", b"\nbe:a,", b"s1\nbe:a,s2\n", b"\n", b"no newline"])
+    assert list(answer_lines(path, "show stat")) == ["# pxname,svname\n", "be:a,s1\n", "be:a,s2\n", "\n", "no newline"]
+
+
+def test_an_answer_that_drips_in_stops_at_the_deadline(answering):
+    # One byte every 0.1 s, never a whole line: each read waits only for what is left.
+    path = answering([b"x"] * 40, pause=0.1)
+    started = time.monotonic()
+    with pytest.raises(OSError):
+        list(answer_lines(path, "show stat", timeout=0.5))
+    assert time.monotonic() - started < 2
 
 
 def test_an_answer_that_stops_coming_times_out(answering):
