@@ -25,7 +25,7 @@ from collections.abc import Awaitable, Callable
 from datetime import UTC, datetime
 
 from lbagent.metrics import CURRENT_LB, RECONCILE_ERRORS, RECONCILE_SECONDS
-from lbagent.support.waits import wait_event
+from lbagent.support.waits import Wake, wait_event
 
 log = logging.getLogger(__name__)
 
@@ -57,7 +57,7 @@ class LbTask:
         self._on_pass = on_pass
         self._resync = resync_interval
         self._readiness = readiness
-        self._wake = asyncio.Event()  # not set: the first pass waits for the first kick, which is queued
+        self._wake = Wake()  # not set: the first pass waits for the first kick, which is queued
         self.state = "pending"
         self.deleting = False
         self.generation: int | None = None  # generation of the last successful pass
