@@ -3,8 +3,9 @@
 The master CLI (`master.sock`) answers `show proc` and takes `reload`; the
 runtime API of the current worker (`stats.sock`) answers `show stat`. Both
 are one command per connection here: the command is sent, the write side
-shut down, and the answer read to EOF, line by line for the long ones. Everything is synchronous with a
-deadline; callers on the event loop use a worker thread.
+shut down, and the answer read to EOF, line by line for the long ones.
+Everything is synchronous with a deadline; callers on the event loop use a
+worker thread.
 """
 
 from __future__ import annotations
