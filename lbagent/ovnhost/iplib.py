@@ -26,7 +26,7 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
 
-from pyroute2 import IPRoute
+from pyroute2.iproute.linux import IPRoute
 from pyroute2.netlink.exceptions import NetlinkError as PyrouteNetlinkError
 from pyroute2.netlink.rtnl import RTM_GETADDR, RTM_GETLINK, RTM_GETROUTE, RTM_GETRULE
 
