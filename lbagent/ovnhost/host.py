@@ -55,6 +55,22 @@ class HostSpec:
     links: LinkSpec
     nat: tuple[NatRule, ...]
 
+    def look(self) -> HostLook:
+        """What a look at this load balancer's data path (`OvnHost.snapshot`) needs of this spec."""
+        return HostLook(self.lb_id, self.netns, self.links, iptables.wanted_nat(self.nat))
+
+
+@dataclass(frozen=True, slots=True)
+class HostLook:
+    """A `HostSpec` as a resync's look needs it: kept between passes, for as
+    many load balancers as the host has, so it holds a digest of the NAT
+    rules rather than the rules."""
+
+    lb_id: str
+    netns: str
+    links: LinkSpec
+    nat: iptables.WantedNat
+
 
 @dataclass(frozen=True, slots=True)
 class HostObservation:
@@ -118,7 +134,7 @@ class OvnHost:
         self._reattach.discard(spec.lb_id)
         return HostObservation(port, bool(observed and observed.ovn_installed))
 
-    async def snapshot(self, spec: HostSpec, also: Callable[[], bytes]) -> bytes | None:
+    async def snapshot(self, look: HostLook, also: Callable[[], bytes]) -> bytes | None:
         """Everything `converge` would look at, as it is now, in one short value
         (see `snapshot`): the namespace and its mark, its links, addresses,
         routes and NAT tables, the host ends and the reply path, the OVS port.
@@ -127,12 +143,12 @@ class OvnHost:
         The looks of resyncs that come within `SNAPSHOT_GATHER` of each other
         share one job on a namespace thread: a hand-off to a thread and back
         cost as much as a third of a look."""
-        return await self._snapshots.submit((spec, also))
+        return await self._snapshots.submit((look, also))
 
-    async def _take_snapshots(self, looks: list[tuple[HostSpec, Callable[[], bytes]]]) -> list[bytes | None]:
+    async def _take_snapshots(self, looks: list[tuple[HostLook, Callable[[], bytes]]]) -> list[bytes | None]:
         return await self._namespaces.run(None, self._look_at_all, looks)
 
-    def _look_at_all(self, looks: list[tuple[HostSpec, Callable[[], bytes]]]) -> list[bytes | None]:
+    def _look_at_all(self, looks: list[tuple[HostLook, Callable[[], bytes]]]) -> list[bytes | None]:
         """The looks of one job, their host parts asked over one socket."""
         try:
             host_socket = open_socket(strict=True)
@@ -140,30 +156,30 @@ class OvnHost:
             log.debug("action=snapshot result=error error=%r", str(exc))
             return [None] * len(looks)
         with closing(host_socket):
-            return [self._snapshot_or_none(spec, also, host_socket) for spec, also in looks]
+            return [self._snapshot_or_none(look, also, host_socket) for look, also in looks]
 
-    async def _take_snapshot(self, look: tuple[HostSpec, Callable[[], bytes]]) -> bytes | None:
+    async def _take_snapshot(self, look: tuple[HostLook, Callable[[], bytes]]) -> bytes | None:
         return (await self._take_snapshots([look]))[0]
 
-    def _snapshot_or_none(self, spec: HostSpec, also: Callable[[], bytes], host_socket: socket.socket) -> bytes | None:
+    def _snapshot_or_none(self, look: HostLook, also: Callable[[], bytes], host_socket: socket.socket) -> bytes | None:
         try:
-            return self._snapshot(spec, also, host_socket)
+            return self._snapshot(look, also, host_socket)
         except (LbAgentError, OSError) as exc:
-            log.debug("lb=%s action=snapshot result=error error=%r", spec.lb_id, str(exc))
+            log.debug("lb=%s action=snapshot result=error error=%r", look.lb_id, str(exc))
         except Exception as exc:  # a look's own defect: its whole pass runs, the others' looks stand
-            log.warning("lb=%s action=snapshot result=error error=%r", spec.lb_id, repr(exc), exc_info=True)
+            log.warning("lb=%s action=snapshot result=error error=%r", look.lb_id, repr(exc), exc_info=True)
         return None
 
-    def _snapshot(self, spec: HostSpec, also: Callable[[], bytes], host_socket: socket.socket) -> bytes:
-        if self.netns_marks.dir and not self.netns_marks.is_marked(spec.netns):
+    def _snapshot(self, look: HostLook, also: Callable[[], bytes], host_socket: socket.socket) -> bytes:
+        if self.netns_marks.dir and not self.netns_marks.is_marked(look.netns):
             return b"not marked"
         # No look for the namespace itself: entering one that is gone, or a stale
         # file where it was, fails (NamespaceError), and so does this look.
         return snapshot.digest(
             (
-                self._namespaces.call(spec.netns, snapshot.inside_namespace, spec.links, spec.nat),
-                snapshot.on_host(spec.links, host_socket),
-                self._port_seen(spec.links.names.ovn_host),
+                self._namespaces.call(look.netns, snapshot.inside_namespace, look.links, look.nat),
+                snapshot.on_host(look.links, host_socket),
+                self._port_seen(look.links.names.ovn_host),
                 also(),
             )
         )

@@ -23,6 +23,8 @@ import ctypes
 import errno
 import hashlib
 import os
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass
 from typing import TYPE_CHECKING, NamedTuple
 
 from lbagent.metrics import count_write
@@ -127,7 +129,7 @@ def sync_nat(rules: list[NatRule]) -> int:
     own chains are ours entirely. Returns the number of rules changed.
     """
     changes = 0
-    for table_id in _tables_to_converge(rules, _present()):
+    for table_id in _tables_to_converge(map(_table_of, rules), _present()):
         changes += _sync_table(table_id, [rule for rule in rules if _table_of(rule) == table_id])
     return changes
 
@@ -136,10 +138,10 @@ def _table_of(rule: NatRule) -> TableId:
     return TableId(rule.family, rule.table)
 
 
-def _tables_to_converge(rules: list[NatRule], present: set[TableId]) -> list[TableId]:
+def _tables_to_converge(wanted: Iterable[TableId], present: set[TableId]) -> list[TableId]:
     """The filter tables before the nat tables; a table other than IPv4's nat
     only if a rule wants it or it exists (to take our rules out again)."""
-    wanted = {_table_of(rule) for rule in rules}
+    wanted = set(wanted)
     return [table_id for table_id in TABLE_ORDER if table_id == NAT or table_id in wanted or table_id in present]
 
 
@@ -163,12 +165,33 @@ def _sync_table(table_id: TableId, rules: list[NatRule]) -> int:
     raise AssertionError("unreachable")
 
 
-def nat_state(rules: list[NatRule]) -> str:
-    """These rules and this namespace's tables as they are now, for the next
-    pass to compare (`converge_nat`): the wanted rules' hashes and the digests
-    of the tables a pass converges. It reads the kernel through a plain socket,
-    not python-iptables, so any thread in the namespace may take it."""
-    wanted = hashlib.sha256(repr(sorted((r.table, r.chain, r.hash) for r in rules)).encode()).hexdigest()
+@dataclass(frozen=True, slots=True)
+class WantedNat:
+    """What `nat_state` needs of a set of rules: a digest of their hashes and the
+    tables they are in. A load balancer's last pass is remembered by this
+    rather than by its rules (2.5 kB of rule objects each)."""
+
+    digest: str
+    tables: frozenset[TableId]
+
+
+_TABLE_SETS: dict[frozenset[TableId], frozenset[TableId]] = {}  # one object per combination of tables
+
+
+def wanted_nat(rules: Iterable[NatRule]) -> WantedNat:
+    rules = list(rules)
+    digest = hashlib.sha256(repr(sorted((r.table, r.chain, r.hash) for r in rules)).encode()).hexdigest()
+    tables = frozenset(map(_table_of, rules))
+    return WantedNat(digest, _TABLE_SETS.setdefault(tables, tables))
+
+
+def nat_state(rules: Sequence[NatRule] | WantedNat) -> str:
+    """These rules (or what `wanted_nat` kept of them) and this namespace's
+    tables as they are now, for the next pass to compare (`converge_nat`):
+    the wanted rules' hashes and the digests of the tables a pass converges.
+    It reads the kernel through a plain socket, not python-iptables, so any
+    thread in the namespace may take it."""
+    wanted = rules if isinstance(rules, WantedNat) else wanted_nat(rules)
     present = _present()
     # A table a rule wants but that does not exist yet is not read (reading it
     # would make it): its name alone stands for its absence.
@@ -176,9 +199,9 @@ def nat_state(rules: list[NatRule]) -> str:
         table_digest(table_id.name, table_id.family)
         if table_id == NAT or table_id in present
         else f"no {table_id.family} {table_id.name}"
-        for table_id in _tables_to_converge(rules, present)
+        for table_id in _tables_to_converge(wanted.tables, present)
     ]
-    return ":".join([wanted, *digests])
+    return ":".join([wanted.digest, *digests])
 
 
 def write_nat(rules: list[NatRule]) -> tuple[int, str]:

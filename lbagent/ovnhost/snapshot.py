@@ -27,7 +27,7 @@ from __future__ import annotations
 import hashlib
 import socket
 import struct
-from collections.abc import Callable, Iterable, Iterator, Sequence
+from collections.abc import Callable, Iterable, Iterator
 from contextlib import closing
 
 from pyroute2.netlink.rtnl import RTM_GETADDR, RTM_GETLINK, RTM_GETROUTE
@@ -35,9 +35,8 @@ from pyroute2.netlink.rtnl import RTM_GETADDR, RTM_GETLINK, RTM_GETROUTE
 from lbagent.ovnhost import ethtool, rtnl_requests
 from lbagent.ovnhost.errors import NetlinkError
 from lbagent.ovnhost.iplib import MAIN_TABLE
-from lbagent.ovnhost.iptables import nat_state
+from lbagent.ovnhost.iptables import WantedNat, nat_state
 from lbagent.ovnhost.links import FAMILIES, LinkSpec, pairs
-from lbagent.ovnhost.nat import NatRule
 from lbagent.ovnhost.rtnl_socket import open_socket, request
 
 _ATTRIBUTE = struct.Struct("=HH")
@@ -132,7 +131,7 @@ def digest(parts: Iterable[bytes]) -> bytes:
     return hashed.digest()
 
 
-def inside_namespace(links: LinkSpec, nat: Sequence[NatRule]) -> bytes:
+def inside_namespace(links: LinkSpec, nat: WantedNat) -> bytes:
     families = [socket.AF_INET] + ([socket.AF_INET6] if links.ipv6 is not None else [])
     with closing(open_socket(strict=True)) as sock:
         parts = _ask(sock, "dump links", rtnl_requests.dump_links(), RTM_GETLINK, _link, dump=True)
@@ -143,7 +142,7 @@ def inside_namespace(links: LinkSpec, nat: Sequence[NatRule]) -> bytes:
             parts += _ask(sock, "dump routes", body, RTM_GETROUTE, _route, dump=True)
         if links.tx_checksum_off:
             parts.append(b"tx checksum %d" % ethtool.tx_checksum_enabled(links.names.ovn_ns, sock))
-    parts.append(nat_state(list(nat)).encode())
+    parts.append(nat_state(nat).encode())
     return digest(parts)
 
 

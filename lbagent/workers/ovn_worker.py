@@ -43,7 +43,7 @@ from lbagent.haproxy.handoff import HaproxyHandoff
 from lbagent.haproxy.render import HaproxyConfig, render_config
 from lbagent.metrics import RESYNC_CHECKS, writes_so_far
 from lbagent.naming import interface_names, lb_id_from_netns, netns_name
-from lbagent.ovnhost.host import HostObservation, HostSpec, OvnHost
+from lbagent.ovnhost.host import HostLook, HostObservation, OvnHost
 from lbagent.ovnhost.inventory import Inventory
 from lbagent.state import Allocation, PersistedState, StateStore, desired_json
 from lbagent.support.blocking import BlockingPool
@@ -92,7 +92,7 @@ class LbRuntime:
     # resync pass over an unchanged load balancer compares it with the disk
     # without rendering again.
     rendered: tuple[str, HaproxyConfig] | None = None
-    spec: HostSpec | None = None  # what the host part of its last pass converged
+    look: HostLook | None = None  # what a look needs of what the host part of its last pass converged
     unhealthy: dict[str, set[str]] | None = None  # the UDP members that pass left out
     # `OvnHost.snapshot` as a resync read it before a whole pass that then left it
     # the same: a resync that reads it again, inputs unchanged, stops there.
@@ -497,11 +497,11 @@ class OvnWorker(ReadinessWatch):
     async def _snapshot(self, lb_id: str) -> bytes | None:
         """`OvnHost.snapshot` of the load balancer's last pass; None if there is
         none or the look failed (the whole pass then finds out why)."""
-        spec = self.runtime[lb_id].spec
-        if spec is None:
+        look = self.runtime[lb_id].look
+        if look is None:
             return None
         try:
-            return await self._host.snapshot(spec, functools.partial(self._haproxy.disk_stamp, lb_id))
+            return await self._host.snapshot(look, functools.partial(self._haproxy.disk_stamp, lb_id))
         except (LbAgentError, OSError) as exc:  # the whole job failed
             log.debug("lb=%s action=snapshot result=error error=%r", lb_id, str(exc))
             return None
@@ -550,7 +550,7 @@ class OvnWorker(ReadinessWatch):
             )
         unhealthy = self._unhealthy(lb.id)
         spec = plan.host_spec(lb, subnet, allocation, members, self._netdev, unhealthy)
-        self.runtime[lb.id].spec, self.runtime[lb.id].unhealthy = spec, unhealthy
+        self.runtime[lb.id].look, self.runtime[lb.id].unhealthy = spec.look(), unhealthy
         self.runtime[lb.id].observation = await self._host.converge(spec)
         await self._sync_connection_logs(lb)  # after converge: the namespace exists
 

@@ -166,19 +166,57 @@ def test_a_failing_extension_check_raises():
 FILTER, NAT, FILTER6, NAT6 = (TableId(4, "filter"), TableId(4, "nat"), TableId(6, "filter"), TableId(6, "nat"))
 
 
+def _tables(rules, present):
+    """The tables a pass converges for `rules`, as a look finds them from what is kept of the rules."""
+    return iptables._tables_to_converge(iptables.wanted_nat(rules).tables, present)
+
+
 def test_the_filter_table_is_converged_first_and_only_when_wanted_or_present():
     nat_only = [rule for rule in RULES if rule.table == "nat" and rule.family == 4]
-    assert iptables._tables_to_converge(nat_only, {NAT}) == [NAT]  # never made without a list
+    assert _tables(nat_only, {NAT}) == [NAT]  # never made without a list
     ipv4 = [rule for rule in RULES if rule.family == 4]
-    assert iptables._tables_to_converge(ipv4, {NAT}) == [FILTER, NAT]  # the lists first
-    assert iptables._tables_to_converge(nat_only, {NAT, FILTER}) == [FILTER, NAT]  # to take ours out
+    assert _tables(ipv4, {NAT}) == [FILTER, NAT]  # the lists first
+    assert _tables(nat_only, {NAT, FILTER}) == [FILTER, NAT]  # to take ours out
 
 
 def test_the_ipv6_tables_are_converged_only_when_wanted_or_present():
     ipv4 = [rule for rule in RULES if rule.family == 4 and rule.table == "nat"]
-    assert iptables._tables_to_converge(ipv4, {NAT, FILTER}) == [FILTER, NAT]  # no ip6tables state made
-    assert iptables._tables_to_converge(RULES, {NAT}) == [FILTER, FILTER6, NAT, NAT6]  # lists of both first
-    assert iptables._tables_to_converge(ipv4, {NAT, NAT6}) == [NAT, NAT6]  # to take ours out again
+    assert _tables(ipv4, {NAT, FILTER}) == [FILTER, NAT]  # no ip6tables state made
+    assert _tables(RULES, {NAT}) == [FILTER, FILTER6, NAT, NAT6]  # lists of both first
+    assert _tables(ipv4, {NAT, NAT6}) == [NAT, NAT6]  # to take ours out again
+
+
+@pytest.fixture
+def tables_read(monkeypatch):
+    """`nat_state` on made-up tables: those present, and a digest per table read, each read recorded."""
+    read = []
+
+    def digest(name, family):
+        read.append(TableId(family, name))
+        return f"digest of {family} {name}"
+
+    monkeypatch.setattr(iptables, "_present", lambda: {NAT, FILTER})
+    monkeypatch.setattr(iptables, "table_digest", digest)
+    return read
+
+
+def test_what_is_kept_of_the_rules_gives_the_state_the_rules_give(tables_read):
+    nat4 = [rule for rule in RULES if rule.family == 4 and rule.table == "nat"]
+    for rules in (RULES, nat4, []):
+        kept = iptables.wanted_nat(reversed(rules))  # the order of the rules does not count
+        assert iptables.nat_state(kept) == iptables.nat_state(rules)
+    assert tables_read == [FILTER, NAT] * 6
+    assert iptables.nat_state(nat4).split(":")[1:] == ["digest of 4 filter", "digest of 4 nat"]
+    assert "no 6 nat" in iptables.nat_state(RULES)  # wanted, not there yet: not read, which would make it
+    assert iptables.wanted_nat(RULES) != iptables.wanted_nat(nat4)
+
+
+def test_what_is_kept_of_the_rules_is_small_and_shares_its_table_sets():
+    first = iptables.wanted_nat(RULES)
+    again = iptables.wanted_nat(list(RULES))
+    assert first == again and first.tables is again.tables
+    assert first.tables == {FILTER, FILTER6, NAT, NAT6}
+    assert not hasattr(first, "__dict__") and len(first.digest) == 64
 
 
 def test_the_digest_layouts_match_the_kernel_structures():

@@ -1,6 +1,7 @@
 import pytest
 
 from lbagent.desired.model import LoadBalancer, Pod, PodSelector, Subnet
+from lbagent.ovnhost.iptables import TableId, wanted_nat
 from lbagent.state import Allocation
 from lbagent.workers.plan import Target, group_targets, host_spec, members_by_group, selected_pods
 
@@ -154,6 +155,9 @@ def test_a_dual_stack_host_spec_carries_the_ipv6_half_and_its_nat_rules():
         (6, "[2001:db8:0:1::22]:8080"),
     }
     assert host_spec(_web_lb(), DUAL_SUBNET, PAIR6, members, True).links.ipv6 is None
+    look = spec.look()  # what is kept for the resyncs' looks: the rules' digest, not the rules
+    assert (look.lb_id, look.netns, look.links) == (spec.lb_id, spec.netns, spec.links)
+    assert look.nat == wanted_nat(spec.nat) and look.nat.tables == {TableId(4, "nat"), TableId(6, "nat")}
 
 
 def test_ip6_without_an_ipv6_subnet_or_pair_is_refused_rather_than_half_built():
