@@ -95,7 +95,7 @@ class Agent:
             inner_prefix6=config.agent.inner_prefix6,
         )
         self.probe_sockets = BlockingPool("probe-close", PROBE_CLOSERS)
-        self.worker.udp_health = UdpHealthChecker(self.namespaces, self.worker.kick)
+        self.worker.udp_health = UdpHealthChecker(self.namespaces, self.worker.kick, self.worker.carries_traffic)
         self.worker.connection_logs = ConnectionLogs(self.namespaces, self.haproxy.access_log)
         self.worker.installed_ports = self.installed_ports
         if config.agent.probe_traffic:

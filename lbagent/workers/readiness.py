@@ -105,6 +105,18 @@ class ReadinessWatch:
             return WAITING_FOR_TRAFFIC
         return None
 
+    def carries_traffic(self, lb_id: str) -> bool:
+        """Whether what is sent from the load balancer's namespace can reach its
+        members: its port is installed and bound here (not a standby's) and,
+        with traffic probes, its gateway answered through it."""
+        lb, runtime = self._lb(lb_id), self.runtime.get(lb_id)
+        observation = runtime.observation if runtime is not None else None
+        if lb is None or observation is None or not observation.ovn_installed:
+            return False
+        if lb.ha is not None and self.ha_role(lb_id) != "active":
+            return False
+        return self.traffic is None or self.traffic.confirmed(lb_id)
+
     def _forget_traffic(self, lb_id: str) -> None:
         if self.traffic is not None:
             self.traffic.forget(lb_id)

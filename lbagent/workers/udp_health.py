@@ -61,9 +61,18 @@ def _open_socket(kind: str, address: str) -> socket.socket:
 
 
 class UdpHealthChecker:
-    def __init__(self, namespaces, on_change: Callable[[str], None]):
+    def __init__(
+        self,
+        namespaces,
+        on_change: Callable[[str], None],
+        carries_traffic: Callable[[str], bool] = lambda lb_id: True,
+    ):
         self._namespaces = namespaces
         self._on_change = on_change
+        # Whether a load balancer's own port carries traffic: until it does (a
+        # new one, a standby's port bound elsewhere) no probe can leave its
+        # namespace, and a failed one says nothing of the member.
+        self._carries_traffic = carries_traffic
         self._probes: dict[Key, Probe] = {}
         self._tasks: dict[Key, asyncio.Task] = {}
         self._up: dict[Key, bool] = {}
@@ -138,15 +147,20 @@ class UdpHealthChecker:
             reason = await self.check_once(probe)
             if key not in self._probes:
                 return  # dropped while probing
-            self._reason[key] = reason
-            passed, failed = (passed + 1, 0) if reason == OK else (0, failed + 1)
-            up = self._up.get(key, True)
-            if (up and failed >= probe.fall) or (not up and passed >= probe.rise):
-                self._up[key] = not up
-                self._since[key] = datetime.now(UTC)
-                log.info("lb=%s listener=%s member=%s object=health action=%s", *key, "up" if not up else "down")
-                self._on_change(key[0])
+            if reason == OK or self._carries_traffic(key[0]):
+                self._reason[key] = reason
+                passed, failed = (passed + 1, 0) if reason == OK else (0, failed + 1)
+                self._count(key, probe, passed, failed)
             await asyncio.sleep(probe.interval)  # the check's own period, not a wait for a condition
+
+    def _count(self, key: Key, probe: Probe, passed: int, failed: int) -> None:
+        """The member turns after `fall` failures in a row, or back after `rise` passes."""
+        up = self._up.get(key, True)
+        if (up and failed >= probe.fall) or (not up and passed >= probe.rise):
+            self._up[key] = not up
+            self._since[key] = datetime.now(UTC)
+            log.info("lb=%s listener=%s member=%s object=health action=%s", *key, "up" if not up else "down")
+            self._on_change(key[0])
 
     async def probe_once(self, probe: Probe) -> bool:
         return await self.check_once(probe) == OK

@@ -664,14 +664,17 @@ async def test_a_standby_is_ready_once_built_and_the_active_one_once_installed(w
     a, b = worker.tasks["a"], worker.tasks["b"]
     assert (a.state, a.reason) == ("pending", "waiting to learn its role from the OVN Northbound database")
     assert not await worker.wait_settled(1, 0.05)
+    assert not worker.carries_traffic("a")  # its UDP members' failed probes do not count meanwhile
 
     roles.update(a="standby", b="active")
     worker.ha_role_changed("a")
     worker.ha_role_changed("b")
     assert (a.state, b.state, b.reason) == ("ready", "pending", "waiting for ovn-installed")
+    assert not worker.carries_traffic("a") and not worker.carries_traffic("b")  # a standby; not installed yet
     worker._host.not_installed.discard("b")  # ovn-controller binds the active host's port
     assert await worker.check_readiness() == 1
     assert b.state == "ready"
+    assert worker.carries_traffic("b")  # active and installed, with no traffic probes
 
     roles["a"] = "active"  # a failover to this host: it serves once bound
     worker.ha_role_changed("a")
@@ -697,6 +700,7 @@ async def test_an_installed_port_is_ready_once_its_gateway_answers_and_pending_w
     a = worker.tasks["a"]
     assert (a.state, a.reason) == ("pending", WAITING_FOR_TRAFFIC)
     assert not await worker.wait_settled(1, 0.05)
+    assert not worker.carries_traffic("a")
     assert await worker.check_traffic() == 0  # not answered
     names = interface_names("a", worker.allocations["a"].salt)
     assert asked == [ProbeTarget(netns_name("a"), names.ovn_ns, "00:22:0a:00:00:0c", "198.18.0.12", "198.18.0.1")]
@@ -706,6 +710,7 @@ async def test_an_installed_port_is_ready_once_its_gateway_answers_and_pending_w
     clock[0] += 1.0
     assert await worker.check_traffic() == 1
     assert (a.state, a.reason) == ("ready", None) and await worker.wait_settled(1, 0)
+    assert worker.carries_traffic("a")
 
     answers[netns_name("a")] = False  # the port stops forwarding: two rechecks unanswered
     clock[0] += 30.0
@@ -713,10 +718,11 @@ async def test_an_installed_port_is_ready_once_its_gateway_answers_and_pending_w
     clock[0] += 1.0
     assert await worker.check_traffic() == 1
     assert (a.state, a.reason) == ("pending", WAITING_FOR_TRAFFIC)
-    assert WAITING_FOR_TRAFFIC in worker.not_serving()
+    assert WAITING_FOR_TRAFFIC in worker.not_serving() and not worker.carries_traffic("a")
 
     await apply(worker, state(2, []))  # gone: forgotten, never probed again
     assert await worker.wait_settled(2, 5)
+    assert not worker.carries_traffic("a")
     clock[0] += 60.0
     asked.clear()
     assert await worker.check_traffic() == 0 and asked == []

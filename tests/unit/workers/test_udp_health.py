@@ -124,3 +124,40 @@ def test_an_ipv6_member_is_probed_over_ipv6():
             return await asyncio.gather(checker.check_once(ipv6), answer())
 
         assert asyncio.run(both())[0] == "ok"
+
+
+def test_failures_while_the_load_balancer_carries_no_traffic_do_not_count():
+    """A new load balancer's port does not forward yet (nor does a standby's):
+    its probes fail whatever the member, which stays up, with no reason
+    recorded, until probes through a port that carries traffic fail."""
+    member = GroupMember("be-1", "127.0.0.1", closed_udp_port(), 1, "off", False, 2000)
+    check_model = HealthCheck(type="udp", udp_request="ping", udp_expect="pong", rise=1, fall=1, interval=1, timeout=1)
+    carries = {"lb-1": False}
+
+    async def scenario():
+        changed, probed = asyncio.Event(), asyncio.Queue[str]()
+        checker = UdpHealthChecker(HostNamespaces(), lambda lb_id: changed.set(), carries.__getitem__)
+        check_once = checker.check_once
+
+        async def recorded(probe: Probe) -> str:
+            reason = await check_once(probe)
+            probed.put_nowait(reason)
+            return reason
+
+        checker.check_once = recorded  # type: ignore[method-assign]
+        checker.sync("lb-1", "ns", [("dns", check_model, [member])])
+        try:
+            async with asyncio.timeout(WAIT):
+                first = await probed.get()  # the checker has taken it in by now
+                before = checker.health("lb-1"), checker.unhealthy("lb-1")
+                carries["lb-1"] = True
+                await changed.wait()
+            return first, before, checker.health("lb-1"), checker.unhealthy("lb-1")
+        finally:
+            await checker.stop()
+
+    first, (health_before, unhealthy_before), health, unhealthy = asyncio.run(scenario())
+    assert first == "connect_refused"
+    assert health_before == {"be-1": "up"} and reason_of(health_before["be-1"]) is None and unhealthy_before == {}
+    assert health == {"be-1": "down"} and unhealthy == {"dns": {"be-1"}}
+    assert reason_of(health["be-1"]) == "connect_refused"
