@@ -88,10 +88,6 @@ class LbRuntime:
     deps: str | None = None  # of its dependencies at the last successful pass
     running_deps: str | None = None  # of its dependencies at the start of the pass running now
     wanted: tuple[str, str] | None = None  # (own, deps) fingerprints of the last accepted state
-    # The haproxy config rendered for some inputs (own + deps fingerprints): a
-    # resync pass over an unchanged load balancer compares it with the disk
-    # without rendering again.
-    rendered: tuple[str, HaproxyConfig] | None = None
     look: HostLook | None = None  # what a look needs of what the host part of its last pass converged
     unhealthy: dict[str, set[str]] | None = None  # the UDP members that pass left out
     # `OvnHost.snapshot` as a resync read it before a whole pass that then left it
@@ -457,7 +453,7 @@ class OvnWorker(ReadinessWatch):
                 inputs_kept = (own, runtime.running_deps) == (runtime.own, runtime.deps) and (
                     self._unhealthy(lb.id) == runtime.unhealthy
                 )
-                await self._converge(lb, own + runtime.running_deps, resync and inputs_kept)
+                await self._converge(lb, resync and inputs_kept)
             else:
                 await self._remove_data_path(lb_id)
                 runtime.observation = None
@@ -469,7 +465,7 @@ class OvnWorker(ReadinessWatch):
             if lb_id in self.runtime:
                 self.runtime[lb_id].running_deps = None
 
-    async def _converge(self, lb: LoadBalancer, fingerprint: str, resync: bool) -> None:
+    async def _converge(self, lb: LoadBalancer, resync: bool) -> None:
         """`resync`: the inputs are those of the last successful pass, and nothing
         asked for this one. It first reads the load balancer's data path at once
         (`OvnHost.snapshot`): the same as after a pass that found nothing to
@@ -487,7 +483,7 @@ class OvnWorker(ReadinessWatch):
                 return
         runtime.baseline = None
         writes = writes_so_far()
-        await self._converge_fully(lb, fingerprint)
+        await self._converge_fully(lb)
         # Also no write meanwhile, by any pass: a repair that someone undid
         # before the second look would otherwise make their state the baseline.
         after = await self._snapshot(lb.id) if before is not None else None
@@ -506,26 +502,25 @@ class OvnWorker(ReadinessWatch):
             log.debug("lb=%s action=snapshot result=error error=%r", lb_id, str(exc))
             return None
 
-    async def _converge_fully(self, lb: LoadBalancer, fingerprint: str) -> None:
+    async def _converge_fully(self, lb: LoadBalancer) -> None:
         members = self.members(lb)
         servers = servers_in(lb, {group_id: len(group) for group_id, group in members.items()})
         if servers > MAX_SERVERS_PER_LB:  # its pods grew past it: only this one fails
             raise ServerBudgetExceeded(servers, MAX_SERVERS_PER_LB)
-        config = await self._config(lb, fingerprint, members)
+        config = await self._config(lb, members)
         if await self._handoff.converge(lb.id, config, functools.partial(self._converge_host, lb, members)):
             log.info("lb=%s object=haproxy action=reload", lb.id)
 
-    async def _config(self, lb: LoadBalancer, fingerprint: str, members: dict[str, list]) -> HaproxyConfig:
-        runtime, allocation = self.runtime[lb.id], self.allocations[lb.id]
-        if runtime.rendered is None or runtime.rendered[0] != fingerprint:
-            # On a thread: a load balancer at the server budget renders for
-            # tens of milliseconds, which the event loop must not stand still for.
-            pair6 = {"outer6": allocation.outer6 or "", "inner6": allocation.inner6 or ""} if lb.network.ip6 else {}
-            rendered = await self._renders.run(
-                render_config, lb, allocation.outer, members, inner=allocation.inner, **pair6
-            )
-            runtime.rendered = (fingerprint, rendered)
-        return runtime.rendered[1]
+    async def _config(self, lb: LoadBalancer, members: dict[str, list]) -> HaproxyConfig:
+        """Rendered for each whole pass, which a converged load balancer's resyncs
+        do not run: kept between passes, the texts (and the certificates of
+        https listeners) of every load balancer would be held for the few
+        passes that find drift with unchanged inputs."""
+        allocation = self.allocations[lb.id]
+        # On a thread: a load balancer at the server budget renders for tens
+        # of milliseconds, which the event loop must not stand still for.
+        pair6 = {"outer6": allocation.outer6 or "", "inner6": allocation.inner6 or ""} if lb.network.ip6 else {}
+        return await self._renders.run(render_config, lb, allocation.outer, members, inner=allocation.inner, **pair6)
 
     async def _converge_host(self, lb: LoadBalancer, members: dict[str, list]) -> None:
         # The slots bound the host work only: haproxy checks candidates in bulk

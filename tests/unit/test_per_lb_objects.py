@@ -7,16 +7,15 @@ import pytest
 
 from lbagent.desired.memberoptions import NO_OPTIONS, GroupMember, TrafficOptions
 from lbagent.desired.members import Member
-from lbagent.haproxy.views import HaproxyConfig
 from lbagent.naming import interface_names
-from lbagent.ovnhost.host import HostObservation
+from lbagent.ovnhost.host import HostLook, HostObservation
+from lbagent.ovnhost.iptables import WantedNat
 from lbagent.ovnhost.nat import NatRule
 from lbagent.state import Allocation
 from lbagent.workers.ovn_worker import LbRuntime
 from lbagent.workers.plan import Target, members_by_group
 
 KEPT = [
-    NatRule("LB-PRE", "listener", "DNAT", to="169.254.0.3:80"),
     Allocation("169.254.0.2", "169.254.0.3", ports={"be-1": 1025}),
     Target("be-1", "198.18.0.20", 80, 1),
     Member("be-1", "198.18.0.20", 80, 1, "off", False, 1025),
@@ -24,7 +23,8 @@ KEPT = [
     TrafficOptions(backup=True),
     interface_names("lb-1"),
     HostObservation("o-port", True),
-    HaproxyConfig("global\n"),
+    HostLook("lb-1", "lb-lb-1", None, WantedNat("0" * 64, frozenset())),  # links: any value will do here
+    WantedNat("0" * 64, frozenset()),
     LbRuntime(),
 ]
 
