@@ -74,6 +74,9 @@ class UdpHealthChecker:
         # namespace, and a failed one says nothing of the member.
         self._carries_traffic = carries_traffic
         self._probes: dict[Key, Probe] = {}
+        # lb id -> its keys: a pass asks for its own members' health, which a
+        # walk of every load balancer's would make grow with the host.
+        self._keys: dict[str, set[Key]] = {}
         self._tasks: dict[Key, asyncio.Task] = {}
         self._up: dict[Key, bool] = {}
         self._reason: dict[Key, str] = {}  # the last probe's
@@ -96,34 +99,35 @@ class UdpHealthChecker:
                     check.rise,
                     check.fall,
                 )
-        for key in [k for k in self._probes if k[0] == lb_id and wanted.get(k) != self._probes[k]]:
+        for key in [k for k in self._keys.get(lb_id, ()) if wanted.get(k) != self._probes[k]]:
             self._drop(key)
         for key, probe in wanted.items():
             if key not in self._probes:
                 self._probes[key] = probe
+                self._keys.setdefault(lb_id, set()).add(key)
                 self._up[key] = True  # like haproxy: a new member starts up
                 self._since[key] = datetime.now(UTC)
                 self._tasks[key] = asyncio.create_task(self._run(key, probe), name=f"udp-check-{key}")
 
     def unhealthy(self, lb_id: str) -> dict[str, set[str]]:
         down: dict[str, set[str]] = {}
-        for (lb, listener, member), up in self._up.items():
-            if lb == lb_id and not up:
-                down.setdefault(listener, set()).add(member)
+        for key in self._keys.get(lb_id, ()):
+            if not self._up[key]:
+                down.setdefault(key[1], set()).add(key[2])
         return down
 
     def health(self, lb_id: str) -> dict[str, ServerHealth]:
         """Member key -> "up"/"down" for the members of this load balancer's UDP listeners
         (up if any listener's check says so), with the reason of its last probe."""
         merged: dict[str, ServerHealth] = {}
-        for key, up in self._up.items():
-            lb, _, member = key
-            if lb == lb_id and merged.get(member) != "up":
+        for key in sorted(self._keys.get(lb_id, ())):
+            member, up = key[2], self._up[key]
+            if merged.get(member) != "up":
                 merged[member] = ServerHealth("up" if up else "down", self._reason.get(key), self._since.get(key))
         return merged
 
     def forget(self, lb_id: str) -> None:
-        for key in [k for k in self._probes if k[0] == lb_id]:
+        for key in list(self._keys.get(lb_id, ())):
             self._drop(key)
 
     async def stop(self) -> None:
@@ -134,6 +138,11 @@ class UdpHealthChecker:
 
     def _drop(self, key: Key) -> None:
         self._probes.pop(key, None)
+        keys = self._keys.get(key[0])
+        if keys is not None:
+            keys.discard(key)
+            if not keys:
+                del self._keys[key[0]]
         self._up.pop(key, None)
         self._reason.pop(key, None)
         self._since.pop(key, None)

@@ -161,3 +161,31 @@ def test_failures_while_the_load_balancer_carries_no_traffic_do_not_count():
     assert health_before == {"be-1": "up"} and reason_of(health_before["be-1"]) is None and unhealthy_before == {}
     assert health == {"be-1": "down"} and unhealthy == {"dns": {"be-1"}}
     assert reason_of(health["be-1"]) == "connect_refused"
+
+
+def test_each_load_balancer_sees_its_own_members_and_forgets_them_alone(answering):
+    down = GroupMember("be-1", "127.0.0.1", closed_udp_port(), 1, "off", False, 2000)
+    alive = GroupMember("be-2", "127.0.0.1", answering, 1, "off", False, 2001)
+    check_model = HealthCheck(type="udp", udp_request="ping", udp_expect="pong", rise=1, fall=1, interval=1, timeout=1)
+
+    async def scenario():
+        changed = asyncio.Event()
+        checker = UdpHealthChecker(HostNamespaces(), lambda lb_id: changed.set())
+        checker.sync("lb-1", "ns-1", [("dns", check_model, [down])])
+        checker.sync("lb-2", "ns-2", [("dns", check_model, [alive]), ("dns2", check_model, [alive])])
+        try:
+            async with asyncio.timeout(WAIT):
+                await changed.wait()
+            seen = [(checker.unhealthy(lb), checker.health(lb)) for lb in ("lb-1", "lb-2")]
+            checker.forget("lb-1")
+            checker.sync("lb-2", "ns-2", [("dns", check_model, [alive])])  # one listener's check left
+            after = [(checker.unhealthy(lb), checker.health(lb)) for lb in ("lb-1", "lb-2")]
+            checker.sync("lb-2", "ns-2", [])
+            return seen, after, checker.health("lb-2"), len(checker._tasks)
+        finally:
+            await checker.stop()
+
+    seen, after, emptied, tasks = asyncio.run(scenario())
+    assert seen == [({"dns": {"be-1"}}, {"be-1": "down"}), ({}, {"be-2": "up"})]
+    assert after == [({}, {}), ({}, {"be-2": "up"})]
+    assert emptied == {} and tasks == 0
