@@ -108,14 +108,18 @@ class ReadinessWatch:
     def carries_traffic(self, lb_id: str) -> bool:
         """Whether what is sent from the load balancer's namespace can reach its
         members: its port is installed and bound here (not a standby's) and,
-        with traffic probes, its gateway answered through it."""
+        with traffic probes, its gateway answered through it (out of contact
+        with the Northbound database, installed suffices)."""
         lb, runtime = self._lb(lb_id), self.runtime.get(lb_id)
         observation = runtime.observation if runtime is not None else None
         if lb is None or observation is None or not observation.ovn_installed:
             return False
-        if lb.ha is not None and self.ha_role(lb_id) != "active":
-            return False
-        return self.traffic is None or self.traffic.confirmed(lb_id)
+        role = self.ha_role(lb_id) if lb.ha is not None else "active"
+        if role == "unknown":
+            # Out of contact it serves as it was, its traffic no longer probed:
+            # a port ovn-controller has installed here is taken to be bound here.
+            return True
+        return role == "active" and (self.traffic is None or self.traffic.confirmed(lb_id))
 
     def _forget_traffic(self, lb_id: str) -> None:
         if self.traffic is not None:

@@ -153,14 +153,27 @@ class UdpHealthChecker:
     async def _run(self, key: Key, probe: Probe) -> None:
         passed = failed = 0
         while True:
+            carried = self._carries(key[0])
             reason = await self.check_once(probe)
             if key not in self._probes:
                 return  # dropped while probing
-            if reason == OK or self._carries_traffic(key[0]):
+            if carried and self._carries(key[0]):
                 self._reason[key] = reason
                 passed, failed = (passed + 1, 0) if reason == OK else (0, failed + 1)
                 self._count(key, probe, passed, failed)
+            else:
+                # Sent or answered while nothing could pass the load balancer's
+                # port: a failure says nothing of the member, and neither does a
+                # silence that a check without `udp_expect` takes for an answer.
+                passed = failed = 0
             await asyncio.sleep(probe.interval)  # the check's own period, not a wait for a condition
+
+    def _carries(self, lb_id: str) -> bool:
+        try:
+            return self._carries_traffic(lb_id)
+        except Exception:  # a defect there must not end this member's checks: judged as before
+            log.warning("lb=%s action=carries_traffic result=error", lb_id, exc_info=True)
+            return True
 
     def _count(self, key: Key, probe: Probe, passed: int, failed: int) -> None:
         """The member turns after `fall` failures in a row, or back after `rise` passes."""

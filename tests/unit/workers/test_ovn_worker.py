@@ -682,6 +682,10 @@ async def test_a_standby_is_ready_once_built_and_the_active_one_once_installed(w
     roles["a"] = "unknown"  # out of contact: it serves as it was
     worker.ha_role_changed("a")
     assert a.state == "ready"
+    assert not worker.carries_traffic("a")  # its port never installed here
+    roles["b"] = "unknown"
+    worker.ha_role_changed("b")
+    assert b.state == "ready" and worker.carries_traffic("b")  # installed here: its UDP members still judged
     assert set(worker.ha_loadbalancers()) == {"a", "b"}
     assert worker.ha_loadbalancers()["a"].hosts == ["gw-1", "gw-2"]
     await worker.stop()

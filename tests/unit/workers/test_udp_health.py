@@ -126,41 +126,109 @@ def test_an_ipv6_member_is_probed_over_ipv6():
         assert asyncio.run(both())[0] == "ok"
 
 
+FAST = {"rise": 1, "fall": 1, "interval": 1, "timeout": 1}
+
+
+class Recorded:
+    """A checker of one member of lb-1 whose load balancer carries traffic while
+    `carries` says so; `probed` gets each probe's reason once the checker has
+    taken it in, `changed` is set when the member turns."""
+
+    def __init__(self, port: int, carries: bool, expect: str = "pong"):
+        self.carries, self.changed, self.probed = carries, asyncio.Event(), asyncio.Queue[str]()
+        self.checker = UdpHealthChecker(HostNamespaces(), lambda lb_id: self.changed.set(), lambda lb_id: self.carries)
+        check_once = self.checker.check_once
+
+        async def recorded(probe: Probe) -> str:
+            reason = await check_once(probe)
+            self.probed.put_nowait(reason)
+            return reason
+
+        self.checker.check_once = recorded  # type: ignore[method-assign]
+        member = GroupMember("be-1", "127.0.0.1", port, 1, "off", False, 2000)
+        check_model = HealthCheck(type="udp", udp_request="ping", udp_expect=expect, **FAST)
+        self.checker.sync("lb-1", "ns", [("dns", check_model, [member])])
+
+    def health(self):
+        return self.checker.health("lb-1")["be-1"], self.checker.unhealthy("lb-1")
+
+    async def turned(self):
+        self.changed.clear()
+        await self.changed.wait()
+
+
 def test_failures_while_the_load_balancer_carries_no_traffic_do_not_count():
     """A new load balancer's port does not forward yet (nor does a standby's):
     its probes fail whatever the member, which stays up, with no reason
     recorded, until probes through a port that carries traffic fail."""
-    member = GroupMember("be-1", "127.0.0.1", closed_udp_port(), 1, "off", False, 2000)
-    check_model = HealthCheck(type="udp", udp_request="ping", udp_expect="pong", rise=1, fall=1, interval=1, timeout=1)
-    carries = {"lb-1": False}
 
     async def scenario():
-        changed, probed = asyncio.Event(), asyncio.Queue[str]()
-        checker = UdpHealthChecker(HostNamespaces(), lambda lb_id: changed.set(), carries.__getitem__)
-        check_once = checker.check_once
-
-        async def recorded(probe: Probe) -> str:
-            reason = await check_once(probe)
-            probed.put_nowait(reason)
-            return reason
-
-        checker.check_once = recorded  # type: ignore[method-assign]
-        checker.sync("lb-1", "ns", [("dns", check_model, [member])])
+        recorded = Recorded(closed_udp_port(), carries=False)
         try:
             async with asyncio.timeout(WAIT):
-                first = await probed.get()  # the checker has taken it in by now
-                before = checker.health("lb-1"), checker.unhealthy("lb-1")
-                carries["lb-1"] = True
-                await changed.wait()
-            return first, before, checker.health("lb-1"), checker.unhealthy("lb-1")
+                first = await recorded.probed.get()
+                before = recorded.health()
+                recorded.carries = True
+                await recorded.turned()
+            return first, before, recorded.health()
         finally:
-            await checker.stop()
+            await recorded.checker.stop()
 
-    first, (health_before, unhealthy_before), health, unhealthy = asyncio.run(scenario())
+    first, (health_before, unhealthy_before), (health, unhealthy) = asyncio.run(scenario())
     assert first == "connect_refused"
-    assert health_before == {"be-1": "up"} and reason_of(health_before["be-1"]) is None and unhealthy_before == {}
-    assert health == {"be-1": "down"} and unhealthy == {"dns": {"be-1"}}
-    assert reason_of(health["be-1"]) == "connect_refused"
+    assert health_before == "up" and reason_of(health_before) is None and unhealthy_before == {}
+    assert health == "down" and unhealthy == {"dns": {"be-1"}}
+    assert reason_of(health) == "connect_refused"
+
+
+def test_a_probe_sent_before_the_port_carried_traffic_does_not_count():
+    """The port starts to forward while a probe is out: its timeout is no verdict either."""
+    with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as silent:
+        silent.bind(("127.0.0.1", 0))
+
+        async def scenario():
+            recorded = Recorded(silent.getsockname()[1], carries=False)
+            try:
+                async with asyncio.timeout(WAIT):
+                    await asyncio.sleep(0.2)  # the first probe is out, waiting for an answer
+                    recorded.carries = True
+                    first = await recorded.probed.get()
+                    before = recorded.health()
+                    await recorded.turned()  # the next probe, sent through a port that carries traffic
+                return first, before, recorded.health()
+            finally:
+                await recorded.checker.stop()
+
+        first, (health_before, _), (health, _) = asyncio.run(scenario())
+    assert first == "timeout" and health_before == "up"
+    assert health == "down" and reason_of(health) == "timeout"
+
+
+def test_a_down_member_comes_back_only_through_a_port_that_carries_traffic():
+    """Without `udp_expect` silence passes: through a port that forwards nothing
+    every member would be silent, so passes do not count there either."""
+    port = closed_udp_port()
+
+    async def scenario():
+        recorded = Recorded(port, carries=True, expect="")
+        try:
+            async with asyncio.timeout(WAIT):
+                await recorded.turned()  # refused: down
+                recorded.carries = False
+                with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as silent:
+                    silent.bind(("127.0.0.1", port))  # from now on each probe passes
+                    while (await recorded.probed.get()) != "ok":
+                        pass
+                    during = recorded.health()
+                    recorded.carries = True
+                    await recorded.turned()
+            return during, recorded.health()
+        finally:
+            await recorded.checker.stop()
+
+    (health_during, unhealthy_during), (health, unhealthy) = asyncio.run(scenario())
+    assert health_during == "down" and unhealthy_during == {"dns": {"be-1"}}
+    assert health == "up" and unhealthy == {}
 
 
 def test_each_load_balancer_sees_its_own_members_and_forgets_them_alone(answering):
