@@ -26,14 +26,21 @@ class _InitOnDemand(types.ModuleType):
     _lock = threading.RLock()
 
     def __getattr__(self, name: str) -> object:
-        # A submodule not imported yet: the import system imports it when
-        # the attribute is missing, without the rest of the package.
+        # A submodule not imported yet is imported alone, as the `__init__`
+        # would have imported it, without the rest of the package.
         if importlib.util.find_spec(f"{self.__name__}.{name}") is not None:
-            raise AttributeError(name)
+            return importlib.import_module(f"{self.__name__}.{name}")
         with self._lock:
-            if not self.__dict__.get("_init_ran"):
-                self.__dict__["_init_ran"] = True
-                self.__spec__.loader.exec_module(self)  # type: ignore[union-attr]
+            if "_init_outcome" not in self.__dict__:
+                self.__dict__["_init_outcome"] = None  # set first: the `__init__` may ask for names itself
+                try:
+                    self.__spec__.loader.exec_module(self)  # type: ignore[union-attr]
+                except BaseException as exc:
+                    self.__dict__["_init_outcome"] = exc
+                    raise
+        failed = self.__dict__["_init_outcome"]
+        if failed is not None:
+            raise ImportError(f"{self.__name__}'s __init__ failed: {failed!r}", name=self.__name__) from failed
         try:
             return self.__dict__[name]
         except KeyError:

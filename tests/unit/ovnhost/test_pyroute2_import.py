@@ -79,6 +79,26 @@ def test_the_init_runs_once_for_the_first_name_asked_from_any_thread(package):
     assert package.lean_probe_runs == 1
 
 
+def test_a_submodule_asked_as_a_name_is_imported_alone(package):
+    pyroute2_import.register("lean_probe_pkg")
+    import lean_probe_pkg
+
+    assert lean_probe_pkg.part.VALUE == "from part"
+    assert package.lean_probe_runs == 0
+
+
+def test_an_init_that_fails_says_so_to_every_later_asker(package, tmp_path):
+    (tmp_path / "lean_probe_pkg" / "__init__.py").write_text("raise RuntimeError('no such library')\n")
+    pyroute2_import.register("lean_probe_pkg")
+    import lean_probe_pkg
+
+    with pytest.raises(RuntimeError, match="no such library"):
+        _ = lean_probe_pkg.NAME
+    with pytest.raises(ImportError, match="__init__ failed: RuntimeError") as later:
+        _ = lean_probe_pkg.OTHER
+    assert isinstance(later.value.__cause__, RuntimeError)
+
+
 def test_a_package_imported_already_is_not_registered_again(package):
     already = types.ModuleType("lean_probe_pkg")
     sys.modules["lean_probe_pkg"] = already
