@@ -17,7 +17,7 @@ import json
 from datetime import UTC, datetime
 from functools import cached_property
 from ipaddress import IPv4Network, IPv6Network, ip_network
-from typing import Any, ClassVar, Literal
+from typing import Any, ClassVar, Literal, Self
 
 from pydantic import (
     BaseModel,
@@ -95,6 +95,7 @@ from lbagent.desired.fields import (
     UriPath,
     Weight,
 )
+from lbagent.desired.fieldsets import shared_fields_set
 from lbagent.desired.ha import HighAvailability
 from lbagent.desired.listener_types import (
     ListenerKind,
@@ -123,6 +124,11 @@ class _Model(BaseModel):
     # Fields of the API that this version refuses, and what they would bring:
     # their refusal says so instead of guessing at a typo.
     NOT_YET_ACCEPTED: ClassVar[dict[str, str]] = {}
+
+    @model_validator(mode="after")
+    def _share_fields_set(self) -> Self:
+        object.__setattr__(self, "__pydantic_fields_set__", shared_fields_set(self.__pydantic_fields_set__))
+        return self
 
 
 class _DualStackModel(_Model):
