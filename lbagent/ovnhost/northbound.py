@@ -21,11 +21,15 @@ where the stale write finds its expectation broken and drops out: of two
 agents taking the same lease, one wins and the other learns it lost. All
 the writes of one tick go in one transaction.
 
-The IDL watches only `Logical_Switch_Port`'s name, options, external_ids and up.
-The replica keeps every port decoded (`PortLease`) and decodes again only
-the rows the server changed, as the IDL reports them: a tick that reads a
-thousand ports after one heartbeat decodes one. A reconnection, or a row
-count that does not match, decodes them all again.
+The IDL watches only `Logical_Switch_Port`'s name, options, external_ids and
+up, and only the ports it is told to (`watch`: a monitor condition on their
+names), not every port of the region: a region's other hosts and its
+tenants' own ports would otherwise cost this agent a row each. A port
+watched since less than a round trip is `pending` in a read: its row may be
+on its way. The replica keeps every port decoded (`PortLease`) and decodes
+again only the rows the server changed, as the IDL reports them: a tick
+that reads a thousand ports after one heartbeat decodes one. A
+reconnection, or a row count that does not match, decodes them all again.
 Every call blocks; the caller runs it on its own thread (`BlockingPool`).
 """
 
@@ -67,6 +71,14 @@ class PortLease:
 
 
 @dataclass(frozen=True)
+class PortsRead:
+    """What a read found: the ports that exist, and those not known yet either way."""
+
+    ports: dict[str, PortLease]
+    pending: frozenset[str] = frozenset()  # watched, but the server has not answered the watch yet
+
+
+@dataclass(frozen=True)
 class Guard:
     """A condition on another port: its key `key` still has `value` (None: absent)."""
 
@@ -94,6 +106,11 @@ def _own_keys(row) -> dict[str, str]:
     return {k: v for k, v in row.external_ids.items() if k.startswith(KEY_PREFIX)}
 
 
+def _condition(names: frozenset[str]) -> list:
+    """The monitor condition that matches these ports (python-ovs: [] matches none)."""
+    return [["name", "==", name] for name in sorted(names)]
+
+
 def _decode(row) -> PortLease:
     up = row.up[0] if row.up else None  # an optional boolean: a list of none or one
     return PortLease(row.name, _own_keys(row), row.options.get(REQUESTED_CHASSIS, ""), up)
@@ -110,6 +127,8 @@ class _PortIdl(connection.OvsdbIdl):
         self._uuids: dict[str, object] = {}  # port name -> uuid
         self._session_seqno: int | None = None
         self.decodes = 0  # rows decoded so far: what the cache saves shows here
+        self._covered_by: object = None
+        self._covered: frozenset[str] | None = None
 
     def notify(self, event, row, updates=None):
         if row._table.name == PORT_TABLE:
@@ -142,6 +161,16 @@ class _PortIdl(connection.OvsdbIdl):
         self._uuids = {port.name: uuid for uuid, port in self._decoded.items()}
         return self._uuids
 
+    def covered(self) -> frozenset[str] | None:
+        """The names of the condition the server has answered (None: every port):
+        their rows, those that exist, are in the replica."""
+        acked = self.tables[PORT_TABLE].condition_state.acked
+        if acked is not self._covered_by:
+            self._covered_by = acked
+            everything = acked == [True]
+            self._covered = None if everything else frozenset(c[2] for c in acked if isinstance(c, list))
+        return self._covered
+
     def port(self, name: str) -> PortLease | None:
         uuid = self.ports().get(name)
         return self._decoded.get(uuid) if uuid is not None else None
@@ -158,12 +187,28 @@ class _ReadPorts(command.ReadOnlyCommand):
 
     def run_idl(self, txn):
         idl = self.api.idl
-        found = {}
+        covered = idl.covered()
+        found, pending = {}, set()
         for name in self.names:
+            if covered is not None and name not in covered:
+                pending.add(name)
+                continue
             port = idl.port(name)
             if port is not None:
                 found[name] = port
-        self.result = found
+        self.result = PortsRead(found, frozenset(pending))
+
+
+class _Watch(command.BaseCommand):
+    """Changes the monitor condition. A transaction (that writes nothing) and
+    not a read: it runs on the IDL's thread, whose loop then sends the change."""
+
+    def __init__(self, api, names: frozenset[str]):
+        super().__init__(api)
+        self.names = names
+
+    def run_idl(self, txn):
+        self.api.idl.cond_change(PORT_TABLE, _condition(self.names))
 
 
 class _WriteLeases(command.BaseCommand):
@@ -300,6 +345,7 @@ class NorthboundClient:
         self._timeout = timeout  # seconds one read or transaction may take
         self._api: _NbApi | None = None
         self._conn: connection.Connection | None = None
+        self._watched: frozenset[str] = frozenset()
 
     def connect(self) -> None:
         """Connect and wait for the first copy of the ports; OvsdbUnavailable if
@@ -312,10 +358,13 @@ class NorthboundClient:
                 # noticed within four (python-ovs would wait 10 s).
                 probe_ms = max(1000, int(self._timeout * 2000))
                 idl = _PortIdl(self.remote, _schema_helper(self.remote), probe_interval=probe_ms)
+                # Before the first monitor request, which then asks for these ports alone.
+                idl.cond_change(PORT_TABLE, _condition(self._watched))
                 self._conn = connection.Connection(idl=idl, timeout=self._timeout)
             self._api = _api_class()(self._conn, start=True)
         except Exception as exc:  # ovsdbapp raises bare Exceptions on connect failures
             raise OvsdbUnavailable(f"cannot reach the OVN Northbound database at {self.remote}: {exc}") from exc
+        self.watch(self._watched)  # what was asked for while a first connect was under way
 
     def connected(self) -> bool:
         """Whether the IDL holds a live session now (its replica is then current)."""
@@ -325,10 +374,13 @@ class NorthboundClient:
         # python-ovs has no public accessor; the state says the monitor's reply is in.
         return idl._session.is_connected() and idl.state == idl.IDL_S_MONITORING
 
-    def generation(self) -> int:
-        """A number that changes whenever the replica does (-1 before a connection):
-        a read of the same ports at the same generation would find the same."""
-        return self._conn.idl.change_seqno if self._conn is not None else -1
+    def generation(self) -> tuple[int, int]:
+        """Numbers that change whenever the replica or what it watches does
+        ((-1, -1) before a connection): a read of the same ports at the same
+        generation would find the same."""
+        if self._conn is None:
+            return (-1, -1)
+        return (self._conn.idl.change_seqno, self._conn.idl.cond_seqno)
 
     def decoded_rows(self) -> int:
         """How many rows the replica has decoded since it was made (0 before a connection)."""
@@ -344,9 +396,21 @@ class NorthboundClient:
             raise OvsdbUnavailable(f"not connected to the OVN Northbound database at {self.remote}")
         return self._api
 
+    def watch(self, names: Iterable[str]) -> None:
+        """Replicate these logical switch ports, and no others, from now on
+        (kept across reconnections; before a connection, for the first one)."""
+        self._watched = frozenset(names)
+        if self._api is not None:
+            self._run(_Watch(self._api, self._watched))
+
+    def read(self, names: Iterable[str]) -> PortsRead:
+        """Those of these logical switch ports that exist, as the replica shows
+        them now, and those whose watch the server has not answered yet."""
+        return _ReadPorts(self._require(), names).execute(check_error=True, log_errors=False)
+
     def ports(self, names: Iterable[str]) -> dict[str, PortLease]:
         """Those of these logical switch ports that exist, as the replica shows them now."""
-        return _ReadPorts(self._require(), names).execute(check_error=True, log_errors=False)
+        return self.read(names).ports
 
     def commit(self, writes: list[LeaseWrite]) -> list[bool]:
         """Apply `writes` in one transaction; for each, whether it applied (False:

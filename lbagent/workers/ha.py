@@ -49,7 +49,7 @@ from lbagent.desired.ha import HighAvailability
 from lbagent.errors import LbAgentError
 from lbagent.metrics import HA_FAILOVERS, HA_RENEW_SECONDS
 from lbagent.naming import iface_id
-from lbagent.ovnhost.northbound import Guard, LeaseWrite, NorthboundClient, PortLease
+from lbagent.ovnhost.northbound import Guard, LeaseWrite, NorthboundClient, PortLease, PortsRead
 from lbagent.support.blocking import BlockingPool
 from lbagent.workers.lease import (
     BEAT,
@@ -149,9 +149,10 @@ class HaKeeper:
         # Since when this host's lease transactions go unanswered (a partition the
         # session has not noticed yet: its probes take seconds): None while they commit.
         self._unanswered_since: float | None = None
-        self._last_read: tuple[int, tuple[str, ...], dict[str, PortLease]] | None = None
+        self._last_read: tuple[object, tuple[str, ...], PortsRead] | None = None
         self._names_for: dict[str, HighAvailability] | None = None  # the load balancers `_names` are of
         self._names: tuple[str, ...] = ()
+        self._watching: frozenset[str] | None = None  # the ports the replica was last told to watch
         self._next_connect = 0.0
         self._heard: dict[str, Heard] = {}  # other holders' heartbeats
         self._heard_beats: dict[str, dict[str, str | None]] = {}  # holder -> its ports -> beat, as last seen
@@ -216,9 +217,12 @@ class HaKeeper:
                 self._set_role(lb_id, self._role_of(lb_id, now), UNKNOWN, None, "out of contact with the Northbound")
             return
         leaving = {lb_id: state for lb_id, state in gone.items() if state.role == ACTIVE}
+        names = self._port_names(wanted, leaving)
+        await self._watch(names)
         if not wanted and not leaving:
             return
-        ports = await self._read(self._port_names(wanted, leaving))
+        read = await self._read(names)
+        ports = read.ports
         now = self._clock()  # after the read: what it saw is at least this recent
         self._listen(ports, now)
         chassis = self._chassis()
@@ -230,7 +234,8 @@ class HaKeeper:
             state.ha = ha
             port = ports.get(state.port_name)
             if port is None:
-                self._set_role(lb_id, state, STANDBY, Lease(), "no logical switch port")
+                if state.port_name not in read.pending:  # else: its row may be on its way
+                    self._set_role(lb_id, state, STANDBY, Lease(), "no logical switch port")
                 continue
             if port.keys.get(HOLDER) == self.host:
                 held.append((port, ha))
@@ -345,7 +350,14 @@ class HaKeeper:
             self._names = tuple(iface_id(lb_id) for lb_id in [*wanted, *leaving])
         return self._names
 
-    async def _read(self, names: tuple[str, ...]) -> dict[str, PortLease]:
+    async def _watch(self, names: tuple[str, ...]) -> None:
+        """Have the replica hold these ports alone (a set of names that changes is told again)."""
+        watched = frozenset(names)
+        if watched != self._watching:
+            await self._pool.run(self._nb.watch, watched)
+            self._watching = watched
+
+    async def _read(self, names: tuple[str, ...]) -> PortsRead:
         """The ports, from the replica; the last read again while the replica has not
         changed since (most ticks: a standby's replica changes at each renewal only,
         and reading a thousand rows out of python-ovs is most of a tick's cost)."""
@@ -353,9 +365,9 @@ class HaKeeper:
         last = self._last_read
         if last is not None and last[0] == generation and (last[1] is names or last[1] == names):
             return last[2]
-        ports = await self._pool.run(self._nb.ports, names)
-        self._last_read = (generation, names, ports)
-        return ports
+        read = await self._pool.run(self._nb.read, names)
+        self._last_read = (generation, names, read)
+        return read
 
     def _unknown_while_unanswered(self, wanted: dict[str, HighAvailability], now: float) -> None:
         """Transactions unanswered for a lease time: a standby may hold the lease by

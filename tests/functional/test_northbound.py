@@ -68,8 +68,9 @@ def northbound(tmp_path):
     nb.nbctl("set", "Logical_Switch_Port", PORT, "external_ids:owner=region")
     clients: list[NorthboundClient] = []
 
-    def client() -> NorthboundClient:
+    def client(*watched: str) -> NorthboundClient:
         made = NorthboundClient(nb.remote, timeout=3.0)
+        made.watch(watched or [PORT])  # before connecting: the first copy holds them alone
         made.connect()
         clients.append(made)
         return made
@@ -157,7 +158,7 @@ def test_a_guarded_write_applies_only_while_the_other_port_still_has_the_beat_it
     """A takeover decided on silence checks the holder's beacon in the same transaction."""
     beacon = "iface/lb/nb-test-beacon"
     northbound.nbctl("lsp-add", "nb-test", beacon)
-    holder, standby = northbound.client(), northbound.client()
+    holder, standby = northbound.client(PORT, beacon), northbound.client(PORT, beacon)
     assert holder.commit([LeaseWrite(PORT, {}, {"lbagent:term": "1", "lbagent:holder": "gw-1"})]) == [True]
     assert holder.commit([LeaseWrite(beacon, {}, {"lbagent:beat": "1"})]) == [True]
     wait_for(lambda: standby.ports([beacon]).get(beacon, None) is not None, 5, "the standby's replica")
@@ -192,7 +193,8 @@ def test_the_replica_follows_ports_made_changed_and_deleted_and_decodes_only_wha
     prefix = "iface/lb/nb-follow-"
     names = [f"{prefix}{i:02d}" for i in range(40)]
     northbound.nbctl(*[arg for name in names for arg in ("--", "lsp-add", "nb-test", name)])
-    client = northbound.client()
+    other = "iface/lb/nb-other-added"
+    client = northbound.client(*names, f"{prefix}new", other)
 
     def follows() -> bool:
         mine = {name: port.keys for name, port in client.ports([*names, f"{prefix}new"]).items()}
@@ -204,7 +206,7 @@ def test_the_replica_follows_ports_made_changed_and_deleted_and_decodes_only_wha
     wait_for(follows, 10, "the replica to follow a change")
     assert client.ports([names[3]])[names[3]].keys == {"lbagent:beat": "7"}
     assert client.decoded_rows() - decoded <= 2  # one row changed: one decoded, not forty
-    other = "iface/lb/nb-other-added"  # made alone: the count changes, and still only it is decoded
+    # Made alone: the count changes, and still only it is decoded.
     decoded = client.decoded_rows()
     northbound.nbctl("lsp-add", "nb-test", other)
     wait_for(lambda: other in client.ports([other]), 10, "the replica to have a port made alone")
@@ -231,3 +233,34 @@ def test_an_unreachable_server_is_unavailable_at_connect(tmp_path):
     with pytest.raises(OvsdbUnavailable):
         client.ports([PORT])
     client.close()
+
+
+def test_the_replica_holds_the_watched_ports_alone(northbound):
+    """A region's other ports (other hosts', tenants') cost this agent nothing."""
+    others = [f"iface/lb/nb-region-{i:02d}" for i in range(30)]
+    northbound.nbctl(*[arg for name in others for arg in ("--", "lsp-add", "nb-test", name)])
+    client = northbound.client()
+
+    read = client.read([PORT, others[0]])
+    assert set(read.ports) == {PORT} and read.pending == {others[0]}  # unwatched: not known either way
+    assert client.decoded_rows() == 1
+
+    client.watch([PORT, others[0], "iface/lb/nb-none"])
+    wait_for(lambda: others[0] in client.ports([others[0]]), 10, "the watched port's row")
+    read = client.read([PORT, others[0], "iface/lb/nb-none", others[1]])
+    assert set(read.ports) == {PORT, others[0]} and read.pending == {others[1]}  # nb-none: watched, absent
+    assert client.decoded_rows() == 2
+
+    client.watch([others[0]])
+    wait_for(lambda: client.read([PORT]).pending == {PORT}, 10, "the unwatched port to go")
+    northbound.stop()
+    wait_for(lambda: not client.connected(), 10, "the client to notice the server is gone")
+    northbound.start()
+    wait_for(client.connected, 30, "the client to reconnect")
+    wait_for(lambda: others[0] in client.ports([others[0]]), 10, "the watched port after the reconnection")
+    assert client.read([PORT, others[1]]).pending == {PORT, others[1]}  # the watch outlived the session
+    decoded = client.decoded_rows()
+    northbound.nbctl("set", "Logical_Switch_Port", others[1], 'external_ids:"lbagent:beat"="1"')
+    northbound.nbctl("set", "Logical_Switch_Port", others[0], 'external_ids:"lbagent:beat"="1"')
+    wait_for(lambda: client.ports([others[0]])[others[0]].keys == {"lbagent:beat": "1"}, 10, "the change")
+    assert client.decoded_rows() - decoded == 1  # the unwatched port's change never came

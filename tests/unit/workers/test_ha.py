@@ -8,7 +8,7 @@ import pytest
 
 from lbagent.desired.ha import HighAvailability
 from lbagent.ovnhost.errors import OvsdbUnavailable
-from lbagent.ovnhost.northbound import Guard, LeaseWrite, PortLease
+from lbagent.ovnhost.northbound import Guard, LeaseWrite, PortLease, PortsRead
 from lbagent.workers.ha import ACTIVE, STANDBY, UNKNOWN, HaKeeper, copy_state
 from lbagent.workers.lease import BEAT, GRACE, HOLDER, TERM, UNWELL, Copy, Timing
 
@@ -60,6 +60,8 @@ class NorthboundView:
         self.reachable = True
         self.is_connected = False
         self.closed = False
+        self.watched: frozenset[str] = frozenset()
+        self.unanswered: set[str] = set()
 
     def generation(self):
         self.db.reads += 1  # a new number each time: the keeper reads the ports again
@@ -72,6 +74,15 @@ class NorthboundView:
 
     def connected(self):
         return self.is_connected and self.reachable
+
+    def watch(self, names):
+        self._check()
+        self.watched = frozenset(names)
+
+    def read(self, names):
+        # A port watched since less than a round trip: as the real replica says of it.
+        pending = frozenset(n for n in names if n in self.unanswered)
+        return PortsRead(self.ports([n for n in names if n not in pending]), pending)
 
     def ports(self, names):
         self._check()
@@ -152,6 +163,40 @@ async def test_the_preferred_host_takes_a_new_lease_and_the_other_stands_by(worl
     assert gw2.keeper.status("lb-1")["active_host"] == "gw-1"
     assert gw1.roles == [ACTIVE]  # took it in its first tick
     assert gw2.roles == [STANDBY]
+
+
+async def test_the_replica_watches_the_ports_of_the_load_balancers_with_ha_alone(world):
+    db, clock, gw1, _ = world
+    lb2 = "iface/lb/lb-2"
+    db.ports_by_name[lb2] = PortLease(lb2)
+    await tick_all(clock, gw1, seconds=0.3)
+    assert gw1.nb.watched == {PORT} and gw1.keeper.role("lb-1") == ACTIVE
+
+    gw1.keeper._loadbalancers = lambda: {"lb-1": HA, "lb-2": HA}
+    await tick_all(clock, gw1, seconds=0.3)
+    assert gw1.nb.watched == {PORT, lb2} and gw1.keeper.role("lb-2") == ACTIVE
+
+    gw1.keeper._loadbalancers = dict  # both gone: offered away, then nothing watched
+    await tick_all(clock, gw1, seconds=0.3)
+    assert gw1.nb.watched == frozenset()
+
+
+async def test_a_port_whose_watch_is_unanswered_is_not_taken_for_missing(world):
+    db, clock, gw1, _ = world
+    await tick_all(clock, gw1, seconds=0.3)
+    lb2 = "iface/lb/lb-2"
+    db.ports_by_name[lb2] = PortLease(lb2)
+    gw1.nb.unanswered.add(lb2)  # watched from this tick on; its row not in the replica yet
+    gw1.keeper._loadbalancers = lambda: {"lb-1": HA, "lb-2": HA}
+    before = db.transactions
+    await tick_all(clock, gw1, seconds=0.3)
+    assert gw1.keeper.role("lb-2") is None  # not "standby: no logical switch port"
+    assert HOLDER not in db.ports_by_name[lb2].keys and gw1.keeper.role("lb-1") == ACTIVE
+    assert db.transactions > before  # the other leases carry on meanwhile
+
+    gw1.nb.unanswered.clear()
+    await tick_all(clock, gw1, seconds=0.3)
+    assert gw1.keeper.role("lb-2") == ACTIVE and db.ports_by_name[lb2].keys[HOLDER] == "gw-1"
 
 
 async def test_one_heartbeat_on_one_beacon_keeps_every_lease_and_leases_are_not_rewritten(world):
