@@ -59,6 +59,9 @@ class BenchConfig:
     reloads: int = 20
     wrk_seconds: float = 10.0
     connections: int = 32
+    # P4: the agent's leg and its reference legs run one after the other this many times, each
+    # for wrk_seconds; the figure is the median of the rounds' ratios (bench/p4rounds.py).
+    p4_rounds: int = 3
     converge_timeout: float = 300.0
     policy_rules: bool = True
     p1_only: bool = False  # for profiling convergence: no P2-P6
@@ -77,6 +80,8 @@ class BenchConfig:
             raise ValueError("every N must be between 1 and 60000")
         if self.p1_runs < 1:
             raise ValueError("p1_runs must be at least 1")
+        if self.p4_rounds < 1:
+            raise ValueError("p4_rounds must be at least 1")
 
 
 _T0 = time.monotonic()

@@ -4,6 +4,7 @@ with the direct and OVN native paths as context), P5 (requests during reloads an
 
 from __future__ import annotations
 
+import contextlib
 import statistics
 import subprocess
 import threading
@@ -11,7 +12,7 @@ import time
 
 import psutil
 
-from bench import nslegs, report
+from bench import nslegs, p4rounds, report
 from bench.common import (
     BACKEND_HOSTS,
     DRIFT_REPAIR_LIMIT,
@@ -143,10 +144,23 @@ class TrafficLegs:
         return entry
 
     def _p4(self, n: int) -> None:
-        vip = self.lbs[0]["network"]["ip"]
-        self.results["p4"] = {"n": n}
-        self._p4_leg("loadbalancer", [(vip, 80)] * 4)
+        """Direct to the backends (context), then the agent's leg in rounds with its references."""
+        self.results["p4"] = {"n": n, "rounds": self.config.p4_rounds}
         self._p4_leg("direct", [(ip, BACKEND_PORT) for ip in BACKEND_HOSTS.values()])
+        self._p4_rounds()
+
+    def _p4_load(self, label: str, targets: list[tuple[str, int]], more: dict[str, list[int]] | None = None) -> dict:
+        """Keep-alive load on `targets` for wrk_seconds, and where the machine's cores went meanwhile."""
+        seconds, conns = self.config.wrk_seconds, self.config.connections
+        say(f"==> P4 {label}: {conns} keep-alive connections for {seconds:.0f} s")
+        split = CpuSplit({**self._processes(), **(more or {})})
+        result = run_load(self.client, targets, seconds, conns, pool=self.pool)
+        figures = {**result.as_dict(), "cpu_cores": split.finish()}
+        say(
+            f"    {result.rps:,.0f} requests/s ({result.errors} errors); cores busy: "
+            + ", ".join(f"{k} {v:.2f}" for k, v in figures["cpu_cores"].items())
+        )
+        return figures
 
     def _p4_leg(
         self,
@@ -155,28 +169,26 @@ class TrafficLegs:
         more: dict[str, list[int]] | None = None,
         into: dict | None = None,
     ) -> None:
-        """One leg of P4: keep-alive load on `targets`, and where the machine's cores went meanwhile.
-        Its figures go to `into`[leg], results["p4"][leg] by default."""
-        seconds, conns = self.config.wrk_seconds, self.config.connections
-        say(f"==> P4 {leg}: {conns} keep-alive connections for {seconds:.0f} s")
-        split = CpuSplit({**self._processes(), **(more or {})})
-        result = run_load(self.client, targets, seconds, conns, pool=self.pool)
-        figures = {**result.as_dict(), "cpu_cores": split.finish()}
-        (self.results["p4"] if into is None else into)[leg] = figures
-        say(
-            f"    {result.rps:,.0f} requests/s ({result.errors} errors); cores busy: "
-            + ", ".join(f"{k} {v:.2f}" for k, v in figures["cpu_cores"].items())
-        )
+        """One leg of P4, once; its figures go to `into`[leg], results["p4"][leg] by default."""
+        (self.results["p4"] if into is None else into)[leg] = self._p4_load(leg, targets, more)
 
-    def _p4_in_namespace(self) -> None:
-        """The reference legs (bench/nslegs.py), after the agent's own: a proxy in the load balancer's
-        namespace on the VIP, at a port the agent's NAT leaves alone. The client's path through OVN is
-        the agent leg's; only the veth hop to the host and the NAT are missing."""
+    def _p4_rounds(self) -> None:
+        """The agent's leg and the reference legs (bench/nslegs.py) back to back, p4_rounds times
+        (bench/p4rounds.py). A reference is a proxy in the load balancer's namespace on the VIP, at
+        a port the agent's NAT leaves alone: the client's path through OVN is the agent leg's; only
+        the veth hop to the host and the NAT are missing. A reference that fails is reported as
+        not measured; the others go on."""
         lb = self.agent.lb(self.lbs[0]["id"])
-        for leg in ("ns_haproxy", "nginx_stream"):
-            try:
-                server, port = self._namespace_server(leg, lb)
-                with server:
+        legs: dict[str, tuple[list[tuple[str, int]], dict[str, list[int]]]] = {
+            "loadbalancer": ([(self.lbs[0]["network"]["ip"], 80)] * 4, {})
+        }
+        servers: dict[str, nslegs.InNamespace] = {}
+        rounds: dict[str, list[dict]] = {}
+        with contextlib.ExitStack() as running:
+            for leg in report.P4_REFERENCES:
+                try:
+                    server, port = self._namespace_server(leg, lb)
+                    servers[leg] = running.enter_context(server)
                     wait_for(
                         lambda server=server, port=port: (
                             server.check_running() or self.pool.call(http_text, lb["vip"], port) in BACKEND_HOSTS
@@ -184,11 +196,26 @@ class TrafficLegs:
                         15,
                         f"{leg} answering on {lb['vip']}:{port} in {lb['netns']}",
                     )
-                    self._p4_leg(leg, [(lb["vip"], port)] * 4, {leg: [server.pid]})
-                self.results["p4"][leg]["pid"] = server.pid  # stopped by now
-            except (RuntimeError, OSError, TimeoutError, ValueError) as exc:
-                self.results["p4"][leg] = {"rps": 0.0, "error": str(exc)[:300]}
-                say(f"    {leg} not measured: {exc}")
+                    legs[leg] = ([(lb["vip"], port)] * 4, {leg: [server.pid]})
+                except (RuntimeError, OSError, TimeoutError, ValueError) as exc:
+                    self._p4_not_measured(leg, exc)
+            for number in range(1, self.config.p4_rounds + 1):
+                for leg, (targets, more) in list(legs.items()):
+                    try:
+                        rounds.setdefault(leg, []).append(self._p4_load(f"{leg}, round {number}", targets, more))
+                    except (RuntimeError, OSError, ValueError) as exc:
+                        if leg == "loadbalancer":
+                            raise
+                        del legs[leg], rounds[leg]
+                        self._p4_not_measured(leg, exc)
+        for leg in legs:
+            self.results["p4"][leg] = p4rounds.summary(rounds[leg])
+            if leg in servers:
+                self.results["p4"][leg]["pid"] = servers[leg].pid  # stopped by now
+
+    def _p4_not_measured(self, leg: str, exc: Exception) -> None:
+        self.results["p4"][leg] = {"rps": 0.0, "error": str(exc)[:300]}
+        say(f"    {leg} not measured: {exc}")
 
     def _namespace_server(self, leg: str, lb: dict) -> tuple[nslegs.InNamespace, int]:
         directory = self.workdir / leg

@@ -11,7 +11,7 @@ from typing import Any
 
 import psutil
 
-from bench import loopstall
+from bench import loopstall, p4rounds
 from devtools.sandbox import which
 
 REPO = Path(__file__).resolve().parent.parent
@@ -383,7 +383,8 @@ P4_TARGET = 0.9  # of each reference: what lbagent's own hops (a veth pair, NAT)
 
 
 def p4_rows(p4: dict[str, Any]) -> list[tuple[str, str, str, bool | None, str]]:
-    """The agent's throughput against each reference leg (the targets); direct and OVN native as context.
+    """The agent's throughput against each reference leg (the targets): the median of the rounds'
+    ratios (bench/p4rounds.py), each leg's median rate beside it; direct and OVN native as context.
 
     A request through any of them crosses the userspace datapath twice, so
     against direct the ratio is bounded near 0.5× by the datapath, not by lbagent.
@@ -402,18 +403,20 @@ def p4_rows(p4: dict[str, Any]) -> list[tuple[str, str, str, bool | None, str]]:
         reference = p4.get(leg, {})
         figure = f"P4 HTTP req/s via load balancer vs {name}, N={p4.get('n', '?')}"
         target = f"≥ {P4_TARGET}× {name}"
-        if not reference.get("rps"):
+        ratio = p4rounds.paired_ratio(p4["loadbalancer"], reference) if reference.get("rps") else None
+        if ratio is None:
             why = reference.get("error", "not run")
             rows.append((figure, f"{lb:,.0f} (reference not measured)", target, False, f"{why}; {context}"))
             continue
-        ratio = lb / reference["rps"]
+        by_round = p4rounds.round_ratios(p4["loadbalancer"], reference)
+        spread = f"median of {len(by_round)} rounds: " + ", ".join(f"{r:.2f}" for r in by_round) + "; "
         rows.append(
             (
                 figure,
                 f"{lb:,.0f} ({ratio:.2f}× {reference['rps']:,.0f})",
                 target,
                 ratio >= P4_TARGET,
-                context,
+                (spread if len(by_round) > 1 else "") + context,
             )
         )
     return rows

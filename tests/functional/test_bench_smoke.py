@@ -26,6 +26,7 @@ def test_benchmark_runs_at_small_n_and_produces_sane_figures(sandbox, prefix, tm
         reloads=2,
         wrk_seconds=1,
         connections=4,
+        p4_rounds=2,
         converge_timeout=120,
         policy_rules=False,
         p1_runs=2,
@@ -63,6 +64,8 @@ def test_benchmark_runs_at_small_n_and_produces_sane_figures(sandbox, prefix, tm
         assert p4[leg]["rps"] > 0 and p4[leg]["errors"] == 0, (leg, p4[leg])
     for leg in ("ns_haproxy", "nginx_stream"):  # each counted as its own process, and stopped
         assert p4[leg]["cpu_cores"][leg] > 0 and not pid_alive(p4[leg]["pid"]), (leg, p4[leg])
+    for leg in ("loadbalancer", "ns_haproxy", "nginx_stream"):  # run back to back, round after round
+        assert [r["rps"] > 0 for r in p4[leg]["rounds"]] == [True, True], (leg, p4[leg])
 
     p5 = results["p5"]
     assert p5["reloads"] == 2 and p5["requests"] > 0, p5
