@@ -61,8 +61,3 @@ def netlink_error(op: str, code: int, target: str = "") -> NetlinkError:
     """The typed exception for a netlink request the kernel answered with errno `code`."""
     cls = {errno_mod.ENODEV: LinkNotFound, errno_mod.EEXIST: AlreadyExists}.get(code, NetlinkError)
     return cls(op, code, target)
-
-
-def translate_netlink(op: str, exc: BaseException, target: str = "") -> NetlinkError:
-    """Turn pyroute2's NetlinkError (or an OSError) into our typed exception."""
-    return netlink_error(op, getattr(exc, "code", None) or getattr(exc, "errno", None) or errno_mod.EIO, target)

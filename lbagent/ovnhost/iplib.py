@@ -1,10 +1,10 @@
 """Small netlink primitives over one pyroute2 socket, in the style of neutron's ip_lib.
 
 A `Netlink` is opened on a thread inside the right namespace (see
-`netns.py`). The reads a pass makes go over a raw socket (`rtnl_socket`);
-writes and the rarer reads over pyroute2's `IPRoute`, made the first time
-one needs it. Reads return plain values; every write is counted and every
-netlink failure becomes a typed `NetlinkError` naming the operation.
+`netns.py`). Its reads and writes go over one raw socket (`rtnl_socket`),
+encoded with struct (`rtnl_requests`, `rtnl_writes`) and decoded by
+`rtnl_messages`. Reads return plain values; every write is counted and
+every netlink failure becomes a typed `NetlinkError` naming the operation.
 
 Addresses, routes and policy rules are of either family: a write takes its
 family from the address it names, a read of addresses, routes or rules
@@ -26,23 +26,20 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
 
-from pyroute2.iproute.linux import IPRoute
-from pyroute2.netlink.exceptions import NetlinkError as PyrouteNetlinkError
 from pyroute2.netlink.rtnl import RTM_GETADDR, RTM_GETLINK, RTM_GETROUTE, RTM_GETRULE
 
 from lbagent.metrics import count_write
-from lbagent.ovnhost import rtnl_requests, rtnl_socket
-from lbagent.ovnhost.errors import AlreadyExists, LinkNotFound, NetlinkError, translate_netlink
+from lbagent.ovnhost import rtnl_requests, rtnl_socket, rtnl_writes
+from lbagent.ovnhost.errors import AlreadyExists, LinkNotFound, NetlinkError
 from lbagent.ovnhost.families import family_of, host_prefixlen, unspecified
 from lbagent.ovnhost.rtnl_messages import ADDRESS, LINK, ROUTE, RULE, Message, decoder
-
-IFA_F_NODAD = 0x02
-IFA_F_NOPREFIXROUTE = 0x200
-IFF_UP = 0x1
-MAIN_TABLE = 254
-RTN_UNICAST = 1
-RT_SCOPE_LINK = 253
-FIB_RULE_INVERT = 0x2
+from lbagent.ovnhost.rtnl_writes import (
+    IFA_F_NOPREFIXROUTE,
+    IFF_UP,
+    MAIN_TABLE,
+    RTN_UNICAST,
+    Write,
+)
 
 
 @dataclass(frozen=True)
@@ -109,52 +106,35 @@ UNREACHABLE = (errno.ENETUNREACH, errno.EHOSTUNREACH, errno.EINVAL)  # a route l
 
 
 class Netlink:
-    def __init__(self, ipr: IPRoute | None = None, sock: socket.socket | None = None):
-        self._made_ipr = ipr
+    def __init__(self, sock: socket.socket | None = None):
         self._sock = sock
-
-    @property
-    def _ipr(self) -> IPRoute:
-        if self._made_ipr is None:
-            # strict_check: the kernel filters dumps (by index, table) instead of
-            # sending everything for pyroute2 to decode and drop.
-            ipr = IPRoute(strict_check=True)
-            # pyroute2 0.9's synchronous nlm_request reads this key but never sets it.
-            ipr.status.setdefault("nlm_generator", False)
-            self._made_ipr = ipr
-        return self._made_ipr
 
     @classmethod
     @contextmanager
     def open(cls) -> Iterator[Netlink]:
-        """Sockets in the calling thread's current namespace, closed on exit."""
+        """A socket in the calling thread's current namespace, closed on exit."""
         nl = cls(sock=rtnl_socket.open_socket(strict=True))
         try:
             yield nl
         finally:
             if nl._sock is not None:
                 nl._sock.close()
-            if nl._made_ipr is not None:
-                nl._made_ipr.close()
 
-    def _request(self, op: str, target: str, msg, kind: int, decoder, dump: bool = False) -> list:
+    def _request(self, op: str, target: str, msg, kind: int, decoder, dump: bool = False, flags: int = 0) -> list:
         if self._sock is None:
+            # strict: the kernel filters dumps (by index, table) instead of sending everything.
             self._sock = rtnl_socket.open_socket(strict=True)
-        return rtnl_socket.request(self._sock, op, target, msg, kind, decoder, dump=dump)
+        return rtnl_socket.request(self._sock, op, target, msg, kind, decoder, dump=dump, flags=flags)
 
-    def _call(self, op: str, target: str, fn, *args, write: bool = False, **kwargs):
-        try:
-            result = fn(*args, **kwargs)
-        except PyrouteNetlinkError as exc:
-            raise translate_netlink(op, exc, target) from exc
-        if write:
-            count_write("netlink", what=f"{op} {target}".strip())
-        return result
+    def _write(self, write: Write) -> None:
+        """Send one write and wait for its acknowledgement; a refusal is a typed NetlinkError."""
+        self._request(write.op, write.target, write.body, write.kind, bytes, flags=write.flags)
+        count_write("netlink", what=f"{write.op} {write.target}".strip())
 
     # --- reads -----------------------------------------------------------
 
     def links(self) -> dict[str, Link]:
-        msgs = self._call("dump links", "", self._ipr.get_links)
+        msgs = self._request("dump links", "", rtnl_requests.dump_links(), RTM_GETLINK, decoder(LINK), dump=True)
         return {link.name: link for link in map(_to_link, msgs)}
 
     def link(self, name: str) -> Link | None:
@@ -191,12 +171,13 @@ class Netlink:
         """Every address of either family in this namespace (what an allocation must avoid)."""
         found: set[str] = set()
         for family in (socket.AF_INET, socket.AF_INET6):
-            found.update(m.get("address") for m in self._call("dump addresses", "", self._ipr.get_addr, family=family))
+            for msg in self._address_dump(0, family):  # index 0: every link's
+                found.update(a for a in (msg.get("IFA_ADDRESS"), msg.get("IFA_LOCAL")) if a)
         return found
 
     def _address_dump(self, index: int, family: int):
         body = rtnl_requests.dump_addresses(index, family)
-        return self._filtered_dump("dump addresses", str(index), body, RTM_GETADDR)
+        return self._filtered_dump("dump addresses", str(index) if index else "", body, RTM_GETADDR)
 
     def routes(self, table: int = MAIN_TABLE, family: int = socket.AF_INET) -> set[KernelRoute]:
         """Unicast routes of one table."""
@@ -231,24 +212,14 @@ class Netlink:
     def add_skip_rules(self, src: str, src_len: int, first: int, target: int) -> None:
         """`not from src/len goto target` at `first`, and a no-op rule at `target`
         for it to land on, in the family of `src`; either one already there is left alone."""
-        family = family_of(src)
-        self._add_rule_once(f"nop at {target}", priority=target, action="FR_ACT_NOP", family=family)
-        self._add_rule_once(
-            f"not from {src}/{src_len} goto {target}",
-            priority=first,
-            src=src,
-            src_len=src_len,
-            flags=FIB_RULE_INVERT,
-            action="FR_ACT_GOTO",
-            goto=target,
-            family=family,
-        )
+        for write in rtnl_writes.skip_rules(src, src_len, first, target):
+            self._add_rule_once(write)
 
-    def _add_rule_once(self, description: str, **rule) -> bool:
+    def _add_rule_once(self, write: Write) -> bool:
         """Add a policy rule unless an identical one exists; True if it was added.
         The kernel compares (NLM_F_EXCL), so no dump of the host's rules is needed."""
         try:
-            self._call("add rule", description, self._ipr.rule, "add", write=True, **rule)
+            self._write(write)
         except AlreadyExists:
             return False
         return True
@@ -256,30 +227,25 @@ class Netlink:
     def delete_rules_at(self, priority: int, family: int = socket.AF_INET) -> int:
         deleted = 0
         while priority in self.rule_priorities(family):
-            self._call(
-                "delete rule", f"at {priority}", self._ipr.rule, "del", write=True, priority=priority, family=family
-            )
+            self._write(rtnl_writes.delete_rule_at(priority, family))
             deleted += 1
         return deleted
 
     def add_source_rule(self, rule: SourceRule) -> bool:
         """Add `rule` unless it is there already; True if it was added."""
-        return self._add_rule_once(f"from {rule.src} lookup {rule.table}", **_source_rule_args(rule))
+        return self._add_rule_once(rtnl_writes.source_rule(rule.src, rule.table, rule.priority))
 
     def delete_source_rule(self, rule: SourceRule) -> None:
-        target = f"from {rule.src} lookup {rule.table}"
-        self._call("delete rule", target, self._ipr.rule, "del", write=True, **_source_rule_args(rule))
+        self._write(rtnl_writes.source_rule(rule.src, rule.table, rule.priority, delete=True))
 
     # --- writes ----------------------------------------------------------
 
     def add_veth(self, name: str, peer: str, peer_netns_fd: int | None = None) -> None:
-        peer_spec: dict = {"ifname": peer}
-        if peer_netns_fd is not None:
-            peer_spec["net_ns_fd"] = peer_netns_fd
-        self._call("add veth", name, self._ipr.link, "add", ifname=name, kind="veth", peer=peer_spec, write=True)
+        """A veth pair, both ends down, `peer` in the namespace of `peer_netns_fd` if given."""
+        self._write(rtnl_writes.add_veth(name, peer, peer_netns_fd))
 
     def delete_link(self, name: str) -> None:
-        self._call("delete link", name, self._ipr.link, "del", ifname=name, write=True)
+        self._write(rtnl_writes.delete_link(name))
 
     def set_link(
         self,
@@ -290,54 +256,29 @@ class Netlink:
         up: bool | None = None,
         alias: str | None = None,
     ) -> None:
-        attrs: dict = {}
-        if alias is not None:
-            attrs["ifalias"] = alias
-        if mac is not None:
-            attrs["address"] = mac
-        if mtu is not None:
-            attrs["mtu"] = mtu
-        if up is not None:
-            attrs["state"] = "up" if up else "down"
-        self._call("set link", link.name, self._ipr.link, "set", index=link.index, write=True, **attrs)
+        self._write(rtnl_writes.set_link(link.index, link.name, alias=alias, mac=mac, mtu=mtu, up=up))
 
     def add_address(self, link: Link, addr: Address) -> None:
-        flags = (IFA_F_NOPREFIXROUTE if addr.noprefixroute else 0) | (
-            IFA_F_NODAD if addr.family == socket.AF_INET6 else 0
-        )
-        extra: dict = {"flags": flags, "family": addr.family} if flags else {}
-        if addr.broadcast:
-            extra["broadcast"] = addr.broadcast
-        self._call(
-            "add address",
-            f"{addr.cidr} {link.name}",
-            self._ipr.addr,
-            "add",
-            index=link.index,
-            address=addr.address,
-            prefixlen=addr.prefixlen,
-            write=True,
-            **extra,
+        self._write(
+            rtnl_writes.add_address(
+                link.index,
+                link.name,
+                addr.address,
+                addr.prefixlen,
+                noprefixroute=addr.noprefixroute,
+                broadcast=addr.broadcast,
+            )
         )
 
     def delete_address(self, link: Link, addr: Address) -> None:
         """Deletes the address `addr.cidr`, whatever its broadcast and flags."""
-        self._call(
-            "delete address",
-            f"{addr.cidr} {link.name}",
-            self._ipr.addr,
-            "del",
-            index=link.index,
-            address=addr.address,
-            prefixlen=addr.prefixlen,
-            write=True,
-        )
+        self._write(rtnl_writes.delete_address(link.index, link.name, addr.address, addr.prefixlen))
 
     def replace_route(self, route: KernelRoute) -> None:
-        self._call("replace route", route.dst, self._ipr.route, "replace", write=True, **_route_args(route))
+        self._write(rtnl_writes.replace_route(route.dst, route.table, **_kernel_route_args(route)))
 
     def delete_route(self, route: KernelRoute) -> None:
-        self._call("delete route", route.dst, self._ipr.route, "del", write=True, **_route_args(route))
+        self._write(rtnl_writes.delete_route(route.dst, route.table, **_kernel_route_args(route)))
 
     # --- routes that move between links (provider bridges) -----------------
 
@@ -351,24 +292,10 @@ class Netlink:
 
     def replace_movable_route(self, link: Link, route: MovableRoute) -> None:
         """Add `route` out of `link`; a route with the same key elsewhere is moved here."""
-        self._call(
-            "replace route",
-            f"{route.dst} {link.name}",
-            self._ipr.route,
-            "replace",
-            write=True,
-            **_movable_route_args(link, route),
-        )
+        self._write(rtnl_writes.replace_route(route.dst, MAIN_TABLE, **_movable_route_args(link, route)))
 
     def delete_movable_route(self, link: Link, route: MovableRoute) -> None:
-        self._call(
-            "delete route",
-            f"{route.dst} {link.name}",
-            self._ipr.route,
-            "del",
-            write=True,
-            **_movable_route_args(link, route),
-        )
+        self._write(rtnl_writes.delete_route(route.dst, MAIN_TABLE, **_movable_route_args(link, route)))
 
 
 def _to_link(msg) -> Link:
@@ -411,25 +338,6 @@ def _to_route(msg) -> KernelRoute:
     )
 
 
-def _source_rule_args(rule: SourceRule) -> dict:
-    family = family_of(rule.src)
-    src_len = host_prefixlen(family)
-    return {"src": rule.src, "src_len": src_len, "table": rule.table, "priority": rule.priority, "family": family}
-
-
-def _route_args(route: KernelRoute) -> dict:
-    args: dict = {"dst": route.dst, "table": route.table, "family": family_of(route.dst)}
-    if route.gateway:
-        args["gateway"] = route.gateway
-    else:
-        args["scope"] = RT_SCOPE_LINK  # a device route: a gateway behind it must be reachable
-    if route.oif:
-        args["oif"] = route.oif
-    if route.prefsrc:
-        args["prefsrc"] = route.prefsrc
-    return args
-
-
 # --- routes that move between links -------------------------------------------------
 
 RTPROT_KERNEL = 2
@@ -462,8 +370,18 @@ def _to_movable_route(msg) -> MovableRoute:
     )
 
 
+def _kernel_route_args(route: KernelRoute) -> dict:
+    # No scope: a route without a gateway is a device route (scope link), see rtnl_writes.
+    return {"oif": route.oif, "gateway": route.gateway, "prefsrc": route.prefsrc}
+
+
 def _movable_route_args(link: Link, route: MovableRoute) -> dict:
-    args: dict = {"dst": route.dst, "table": MAIN_TABLE, "oif": link.index, "scope": route.scope, "proto": route.proto}
-    optional = {"gateway": route.gateway, "prefsrc": route.prefsrc, "priority": route.metric}
-    args.update({k: v for k, v in optional.items() if v is not None})
-    return args
+    return {
+        "oif": link.index,
+        "gateway": route.gateway,
+        "prefsrc": route.prefsrc,
+        "metric": route.metric,
+        "scope": route.scope,
+        "proto": route.proto,
+        "target": f"{route.dst} {link.name}",
+    }

@@ -3,8 +3,9 @@
 pyroute2's `__init__` imports every part of the library to offer its names
 at the top: NDB with sqlite3, IPDB, the wireless, devlink, IPVS, plan9 and
 event sockets, 65 modules and 5 MB of the agent's resident memory. The
-agent uses the netlink messages, `netns` and `IPRoute`, which it imports
-from their own modules. So the package is registered with its `__init__` not
+agent uses its netlink constants and message classes and `netns`, which
+it imports from their own modules (its rtnetlink requests it encodes
+itself: `rtnl_requests`, `rtnl_writes`). So the package is registered with its `__init__` not
 run: its submodules import as they always do, and the first name asked of
 the package itself (`from pyroute2 import NDB`, in a test or a tool that
 shares the process) runs the `__init__` then.

@@ -3,9 +3,10 @@
 pyroute2's `IPRoute` spends about 0.3 ms of Python on every request (its
 argument processing and an asyncio loop run per call) and more to set itself
 up; a converged pass makes about a dozen reads, which that made the larger
-part of its cost. Here a request is encoded with pyroute2's message classes,
-written to a plain socket, and its answers handed to a decoder
-(`rtnl_messages`, which reads them as pyroute2 would).
+part of its cost. Here a request encoded with struct (`rtnl_requests`,
+`rtnl_writes`) is written to a plain socket, and its answers handed to a
+decoder (`rtnl_messages`, which reads them as pyroute2 would); a write
+returns once the kernel acknowledged it.
 
 The socket belongs to the namespace of the thread that opened it. With
 `strict` the kernel filters dumps by the header fields and attributes of the
@@ -57,13 +58,21 @@ def open_socket(strict: bool = False) -> socket.socket:
 
 
 def request(
-    sock: socket.socket, op: str, target: str, body: bytes, kind: int, decoder: Callable, dump: bool = False
+    sock: socket.socket,
+    op: str,
+    target: str,
+    body: bytes,
+    kind: int,
+    decoder: Callable,
+    dump: bool = False,
+    flags: int = 0,
 ) -> list:
     """Send `body` (a request after its netlink header, from `rtnl_requests`) as a request of
     type `kind` (a dump with `dump`) and return its answers, each the whole netlink message
-    given to `decoder`. A refusal is the typed `NetlinkError` of `op` on `target`."""
+    given to `decoder`. A refusal is the typed `NetlinkError` of `op` on `target`. A write
+    (`rtnl_writes`, its `flags` asking for an acknowledgement) returns once acknowledged."""
     sequence = next(_SEQUENCE) & 0xFFFFFFFF
-    flags = NLM_F_REQUEST | (NLM_F_DUMP if dump else 0)
+    flags |= NLM_F_REQUEST | (NLM_F_DUMP if dump else 0)
     data = HEADER.pack(HEADER.size + len(body), kind, flags, sequence, 0) + body
     try:
         sock.send(data)

@@ -14,7 +14,8 @@ LEAN = """
 import sys
 import lbagent.ovnhost.iplib, lbagent.ovnhost.netns, lbagent.ovnhost.conntrack
 # Parts only the package's __init__ imports (not sqlite3: coverage, under `make test`, has it loaded).
-FULL_ONLY = ("pyroute2.ndb.main", "pyroute2.ipdb", "pyroute2.iwutil", "pyroute2.plan9.client")
+# IPRoute too: the agent encodes its own requests (rtnl_requests, rtnl_writes).
+FULL_ONLY = ("pyroute2.ndb.main", "pyroute2.ipdb", "pyroute2.iwutil", "pyroute2.plan9.client", "pyroute2.iproute.linux")
 print(sorted(m for m in FULL_ONLY if m in sys.modules))
 from pyroute2 import NDB, IPRoute
 import pyroute2, pyroute2.iproute.linux
