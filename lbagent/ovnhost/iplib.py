@@ -275,10 +275,10 @@ class Netlink:
         self._write(rtnl_writes.delete_address(link.index, link.name, addr.address, addr.prefixlen))
 
     def replace_route(self, route: KernelRoute) -> None:
-        self._write(rtnl_writes.replace_route(route.dst, route.table, **_kernel_route_args(route)))
+        self._write(rtnl_writes.replace_route(route_to_write(route)))
 
     def delete_route(self, route: KernelRoute) -> None:
-        self._write(rtnl_writes.delete_route(route.dst, route.table, **_kernel_route_args(route)))
+        self._write(rtnl_writes.delete_route(route_to_write(route)))
 
     # --- routes that move between links (provider bridges) -----------------
 
@@ -292,10 +292,10 @@ class Netlink:
 
     def replace_movable_route(self, link: Link, route: MovableRoute) -> None:
         """Add `route` out of `link`; a route with the same key elsewhere is moved here."""
-        self._write(rtnl_writes.replace_route(route.dst, MAIN_TABLE, **_movable_route_args(link, route)))
+        self._write(rtnl_writes.replace_route(_movable_route(link, route), f"{route.dst} {link.name}"))
 
     def delete_movable_route(self, link: Link, route: MovableRoute) -> None:
-        self._write(rtnl_writes.delete_route(route.dst, MAIN_TABLE, **_movable_route_args(link, route)))
+        self._write(rtnl_writes.delete_route(_movable_route(link, route), f"{route.dst} {link.name}"))
 
 
 def _to_link(msg) -> Link:
@@ -370,18 +370,19 @@ def _to_movable_route(msg) -> MovableRoute:
     )
 
 
-def _kernel_route_args(route: KernelRoute) -> dict:
-    # No scope: a route without a gateway is a device route (scope link), see rtnl_writes.
-    return {"oif": route.oif, "gateway": route.gateway, "prefsrc": route.prefsrc}
+def route_to_write(route: KernelRoute) -> rtnl_writes.Route:
+    """The agent's own route as a write (a device route has link scope: a gateway behind it must be reachable)."""
+    return rtnl_writes.Route(route.dst, route.table, oif=route.oif, gateway=route.gateway, prefsrc=route.prefsrc)
 
 
-def _movable_route_args(link: Link, route: MovableRoute) -> dict:
-    return {
-        "oif": link.index,
-        "gateway": route.gateway,
-        "prefsrc": route.prefsrc,
-        "metric": route.metric,
-        "scope": route.scope,
-        "proto": route.proto,
-        "target": f"{route.dst} {link.name}",
-    }
+def _movable_route(link: Link, route: MovableRoute) -> rtnl_writes.Route:
+    return rtnl_writes.Route(
+        route.dst,
+        MAIN_TABLE,
+        oif=link.index,
+        gateway=route.gateway,
+        prefsrc=route.prefsrc,
+        metric=route.metric,
+        scope=route.scope,
+        proto=route.proto,
+    )

@@ -22,6 +22,7 @@ from __future__ import annotations
 import errno
 import socket
 from dataclasses import dataclass
+from typing import Any
 
 from pyroute2.netlink import NLMSG_ERROR
 from pyroute2.netlink.rtnl import RTM_GETROUTE
@@ -29,7 +30,7 @@ from pyroute2.netlink.rtnl import RTM_GETROUTE
 from lbagent.metrics import count_write
 from lbagent.ovnhost import rtnl_requests, rtnl_socket, rtnl_writes
 from lbagent.ovnhost.errors import NetlinkError, netlink_error
-from lbagent.ovnhost.iplib import UNREACHABLE, KernelRoute
+from lbagent.ovnhost.iplib import UNREACHABLE, KernelRoute, route_to_write
 from lbagent.ovnhost.rtnl_messages import ROUTE, decoder
 from lbagent.ovnhost.rtnl_socket import ERRNO, HEADER
 from lbagent.ovnhost.rtnl_writes import Write
@@ -55,35 +56,11 @@ class RtnlBatch:
         header = HEADER.pack(HEADER.size + len(write.body), write.kind, write.flags, len(self._requests) + 1, 0)
         self._requests.append(_Request(write, header + write.body))
 
-    def add_veth(
-        self,
-        name: str,
-        peer: str,
-        peer_netns_fd: int,
-        *,
-        mtu: int | None = None,
-        mac: str | None = None,
-        peer_mtu: int | None = None,
-        peer_mac: str | None = None,
-        index: int = 0,
-        peer_index: int = 0,
-    ) -> None:
+    def add_veth(self, name: str, peer: str, peer_netns_fd: int, **options: Any) -> None:
         """A veth pair, `name` up, `peer` made directly in the namespace of
-        `peer_netns_fd` and down (set up by a later request; see rtnl_writes)."""
-        self._add(
-            rtnl_writes.add_veth(
-                name,
-                peer,
-                peer_netns_fd,
-                up=True,
-                mtu=mtu,
-                mac=mac,
-                peer_mtu=peer_mtu,
-                peer_mac=peer_mac,
-                index=index,
-                peer_index=peer_index,
-            )
-        )
+        `peer_netns_fd` and down (set up by a later request); `options` as
+        `rtnl_writes.add_veth`'s (MTUs, MACs, indexes)."""
+        self._add(rtnl_writes.add_veth(name, peer, peer_netns_fd, up=True, **options))
 
     def set_up(self, index: int, name: str, alias: str = "") -> None:
         """The link up and, if given, its `ifalias` set in the same request
@@ -97,11 +74,7 @@ class RtnlBatch:
         self._add(rtnl_writes.add_address(index, name, address, prefixlen, noprefixroute=noprefixroute))
 
     def replace_route(self, route: KernelRoute) -> None:
-        self._add(
-            rtnl_writes.replace_route(
-                route.dst, route.table, oif=route.oif, gateway=route.gateway, prefsrc=route.prefsrc
-            )
-        )
+        self._add(rtnl_writes.replace_route(route_to_write(route)))
 
     def add_source_rule(self, src: str, table: int, priority: int) -> None:
         """`from src/32` (`/128`) `lookup table`; an identical rule already there is fine."""

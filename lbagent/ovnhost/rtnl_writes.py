@@ -186,71 +186,50 @@ def delete_address(index: int, name: str, address: str, prefixlen: int) -> Write
 # --- routes ------------------------------------------------------------------------
 
 
-def replace_route(
-    dst: str,
-    table: int,
-    *,
-    oif: int | None = None,
-    gateway: str | None = None,
-    prefsrc: str | None = None,
-    metric: int | None = None,
-    scope: int | None = None,
-    proto: int = RTPROT_STATIC,
-    target: str = "",
-) -> Write:
-    """Add the route, or replace the one with its key (destination, table,
-    metric). Without a gateway it is a device route (scope link) unless told."""
-    if scope is None:
-        scope = 0 if gateway else RT_SCOPE_LINK
-    body = _route_body(dst, table, oif, gateway, prefsrc, metric, scope=scope, proto=proto, kind=RTN_UNICAST)
-    return Write("replace route", target or dst, RTM_NEWROUTE, REPLACE, body)
+@dataclass(frozen=True, slots=True)
+class Route:
+    """A route to write: what is None is left out (scope None: link scope
+    without a gateway, universe with one; proto None: static when added, any
+    when deleted)."""
+
+    dst: str  # "a.b.c.d/len"
+    table: int
+    oif: int | None = None
+    gateway: str | None = None
+    prefsrc: str | None = None
+    metric: int | None = None
+    scope: int | None = None
+    proto: int | None = None
 
 
-def delete_route(
-    dst: str,
-    table: int,
-    *,
-    oif: int | None = None,
-    gateway: str | None = None,
-    prefsrc: str | None = None,
-    metric: int | None = None,
-    scope: int | None = None,
-    proto: int = 0,
-    target: str = "",
-) -> Write:
+def replace_route(route: Route, target: str = "") -> Write:
+    """Add the route, or replace the one with its key (destination, table, metric)."""
+    body = _route_body(route, route.proto if route.proto is not None else RTPROT_STATIC, RTN_UNICAST)
+    return Write("replace route", target or route.dst, RTM_NEWROUTE, REPLACE, body)
+
+
+def delete_route(route: Route, target: str = "") -> Write:
     """Delete the route that matches what is given (protocol and type 0: any)."""
-    if scope is None:
-        scope = 0 if gateway else RT_SCOPE_LINK
-    body = _route_body(dst, table, oif, gateway, prefsrc, metric, scope=scope, proto=proto, kind=0)
-    return Write("delete route", target or dst, RTM_DELROUTE, SET, body)
+    body = _route_body(route, route.proto or 0, 0)
+    return Write("delete route", target or route.dst, RTM_DELROUTE, SET, body)
 
 
-def _route_body(
-    dst: str,
-    table: int,
-    oif: int | None,
-    gateway: str | None,
-    prefsrc: str | None,
-    metric: int | None,
-    *,
-    scope: int,
-    proto: int,
-    kind: int,
-) -> bytes:
-    destination, _, length = dst.partition("/")
-    header_table = table if table <= 255 else MAIN_TABLE
+def _route_body(route: Route, proto: int, kind: int) -> bytes:
+    destination, _, length = route.dst.partition("/")
+    scope = route.scope if route.scope is not None else (0 if route.gateway else RT_SCOPE_LINK)
+    header_table = route.table if route.table <= 255 else MAIN_TABLE
     body = RTMSG.pack(family_of(destination), int(length), 0, 0, header_table, proto, scope, kind, 0)
     if int(length):
         body += attribute(RTA_DST, address_bytes(destination))
-    if gateway:
-        body += attribute(RTA_GATEWAY, address_bytes(gateway))
-    if oif:
-        body += attribute(RTA_OIF, U32.pack(oif))
-    if prefsrc:
-        body += attribute(RTA_PREFSRC, address_bytes(prefsrc))
-    if metric is not None:
-        body += attribute(RTA_PRIORITY, U32.pack(metric))
-    return body + attribute(RTA_TABLE, U32.pack(table))
+    if route.gateway:
+        body += attribute(RTA_GATEWAY, address_bytes(route.gateway))
+    if route.oif:
+        body += attribute(RTA_OIF, U32.pack(route.oif))
+    if route.prefsrc:
+        body += attribute(RTA_PREFSRC, address_bytes(route.prefsrc))
+    if route.metric is not None:
+        body += attribute(RTA_PRIORITY, U32.pack(route.metric))
+    return body + attribute(RTA_TABLE, U32.pack(route.table))
 
 
 # --- policy rules ----------------------------------------------------------------

@@ -84,19 +84,21 @@ def test_all_addresses_are_those_of_both_families_on_every_link():
         ),
         (
             lambda nl: nl.replace_route(KernelRoute("0.0.0.0/0", "169.254.0.100", 5, None, 1000)),
-            rtnl_writes.replace_route("0.0.0.0/0", 1000, oif=5, gateway="169.254.0.100"),
+            rtnl_writes.replace_route(rtnl_writes.Route("0.0.0.0/0", 1000, oif=5, gateway="169.254.0.100")),
         ),
         (
             lambda nl: nl.delete_route(KernelRoute("169.254.0.100/32", None, 5, "169.254.0.101", 1000)),
-            rtnl_writes.delete_route("169.254.0.100/32", 1000, oif=5, prefsrc="169.254.0.101"),
+            rtnl_writes.delete_route(rtnl_writes.Route("169.254.0.100/32", 1000, oif=5, prefsrc="169.254.0.101")),
         ),
         (
             lambda nl: nl.replace_movable_route(LINK, MovableRoute("198.18.0.0/16", "198.18.0.1", metric=10)),
-            rtnl_writes.replace_route("198.18.0.0/16", 254, oif=5, gateway="198.18.0.1", metric=10, scope=0, proto=3),
+            rtnl_writes.replace_route(
+                rtnl_writes.Route("198.18.0.0/16", 254, oif=5, gateway="198.18.0.1", metric=10, scope=0, proto=3)
+            ),
         ),
         (
             lambda nl: nl.delete_movable_route(LINK, MovableRoute("198.18.0.0/16", scope=253)),
-            rtnl_writes.delete_route("198.18.0.0/16", 254, oif=5, scope=253, proto=3),
+            rtnl_writes.delete_route(rtnl_writes.Route("198.18.0.0/16", 254, oif=5, scope=253, proto=3)),
         ),
         (
             lambda nl: nl.delete_source_rule(SourceRule("169.254.0.101", 1000, 31000)),

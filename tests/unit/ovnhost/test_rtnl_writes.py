@@ -65,24 +65,33 @@ def _ours(write: rtnl_writes.Write) -> bytes:
             lambda c: c.addr("del", index=5, address="2001:db8::1", prefixlen=64),
         ),
         (
-            rtnl_writes.replace_route("198.18.0.0/24", 254, oif=5, prefsrc="198.18.0.1"),
+            rtnl_writes.replace_route(rtnl_writes.Route("198.18.0.0/24", 254, oif=5, prefsrc="198.18.0.1")),
             lambda c: c.route("replace", dst="198.18.0.0/24", oif=5, prefsrc="198.18.0.1", table=254, scope=253),
         ),
         (
-            rtnl_writes.replace_route("0.0.0.0/0", TABLE, oif=5, gateway="169.254.0.100"),
+            rtnl_writes.replace_route(rtnl_writes.Route("0.0.0.0/0", TABLE, oif=5, gateway="169.254.0.100")),
             lambda c: c.route("replace", dst="0.0.0.0/0", gateway="169.254.0.100", oif=5, table=TABLE),
         ),
         (
-            rtnl_writes.delete_route("198.18.0.0/24", 254, oif=5),
+            rtnl_writes.delete_route(rtnl_writes.Route("198.18.0.0/24", 254, oif=5)),
             lambda c: c.route("del", dst="198.18.0.0/24", oif=5, table=254, scope=253),
         ),
         (
-            rtnl_writes.delete_route("::/0", TABLE, oif=5, gateway="fd4c:4241::2"),
+            rtnl_writes.delete_route(rtnl_writes.Route("::/0", TABLE, oif=5, gateway="fd4c:4241::2")),
             lambda c: c.route("del", dst="::/0", gateway="fd4c:4241::2", oif=5, table=TABLE),
         ),
         (  # a provider network's route, moved between its uplink and its bridge
             rtnl_writes.replace_route(
-                "198.18.0.0/24", 254, oif=5, gateway="198.18.0.1", prefsrc="198.18.0.2", metric=100, scope=0, proto=3
+                rtnl_writes.Route(
+                    "198.18.0.0/24",
+                    254,
+                    oif=5,
+                    gateway="198.18.0.1",
+                    prefsrc="198.18.0.2",
+                    metric=100,
+                    scope=0,
+                    proto=3,
+                )
             ),
             lambda c: c.route(
                 "replace",
@@ -97,7 +106,7 @@ def _ours(write: rtnl_writes.Write) -> bytes:
             ),
         ),
         (
-            rtnl_writes.delete_route("198.18.0.0/24", 254, oif=5, metric=100, scope=253, proto=3),
+            rtnl_writes.delete_route(rtnl_writes.Route("198.18.0.0/24", 254, oif=5, metric=100, scope=253, proto=3)),
             lambda c: c.route("del", dst="198.18.0.0/24", oif=5, priority=100, table=254, scope=253, proto=3),
         ),
         (
@@ -127,7 +136,10 @@ def test_an_ipv6_address_is_added_with_its_local_end_too():
 
 def test_adds_ask_for_a_new_object_and_sets_and_deletes_only_for_an_answer():
     assert rtnl_writes.add_veth("a0", "a1").flags == rtnl_writes.CREATE
-    assert rtnl_writes.replace_route("0.0.0.0/0", 254, gateway="198.18.0.1").flags == rtnl_writes.REPLACE
+    assert (
+        rtnl_writes.replace_route(rtnl_writes.Route("0.0.0.0/0", 254, gateway="198.18.0.1")).flags
+        == rtnl_writes.REPLACE
+    )
     for write in (
         rtnl_writes.delete_link("a0"),
         rtnl_writes.set_link(1, "lo", up=True),
