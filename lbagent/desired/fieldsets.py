@@ -9,7 +9,10 @@ validated; `shared_fields_set` gives every model with the same fields the
 same set, and that set refuses to be changed, so that code that changes one
 (`model.__pydantic_fields_set__.add(...)`, for thousands of models at once)
 fails at once instead. A copy of it (`model_copy`, `copy`, `pickle`) is an
-ordinary set of its own, which pydantic may change.
+ordinary set of its own, which pydantic may change. The refusal is Python's
+only: C code that adds to a set directly (`set.add(shared, name)`,
+pydantic-core's `validate_assignment`, which pydantic calls only for models
+that are not frozen) would change it for every model that shares it.
 """
 
 from __future__ import annotations

@@ -187,6 +187,11 @@ class _ReadPorts(command.ReadOnlyCommand):
 
     def run_idl(self, txn):
         idl = self.api.idl
+        if idl.state != idl.IDL_S_MONITORING:
+            # Reconnecting: the condition counts as answered before the server's
+            # new copy of the rows is in, so no port can be told absent yet.
+            self.result = PortsRead({}, frozenset(self.names))
+            return
         covered = idl.covered()
         found, pending = {}, set()
         for name in self.names:
@@ -253,14 +258,13 @@ class _WriteLeases(command.BaseCommand):
 
 
 class _Probe(command.BaseCommand):
-    """Reads one column of one port from the server (a `select`: nothing is
-    written), to learn whether the server answers."""
+    """A `select` that matches no port (nothing is written, nothing read
+    into the replica), to learn whether the server answers: sent even when
+    the replica holds no row to fetch, which python-ovs would not send."""
 
     def run_idl(self, txn):
-        row = next(iter(self.api.idl.tables[PORT_TABLE].rows.values()), None)
-        if row is not None:
-            row.fetch("name")
-        self.result = row is not None
+        txn.add_op({"op": "select", "table": PORT_TABLE, "where": [["name", "==", ""]], "columns": ["name"]})
+        self.result = True
 
 
 class _BoundedTransaction(transaction.Transaction):

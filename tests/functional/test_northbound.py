@@ -7,6 +7,8 @@ it needs no OVS and no sandbox lock.
 from __future__ import annotations
 
 import json
+import os
+import signal
 import threading
 from pathlib import Path
 
@@ -264,3 +266,19 @@ def test_the_replica_holds_the_watched_ports_alone(northbound):
     northbound.nbctl("set", "Logical_Switch_Port", others[0], 'external_ids:"lbagent:beat"="1"')
     wait_for(lambda: client.ports([others[0]])[others[0]].keys == {"lbagent:beat": "1"}, 10, "the change")
     assert client.decoded_rows() - decoded == 1  # the unwatched port's change never came
+
+
+def test_a_probe_with_no_port_in_the_replica_still_asks_the_server(northbound):
+    """A host whose watched ports do not exist yet has an empty replica: its probe
+    must still reach the server, or a silent server would pass for one that answers."""
+    client = northbound.client("iface/lb/nb-not-made-yet")
+    assert client.ports(["iface/lb/nb-not-made-yet"]) == {}
+    client.probe()
+    pid = int(northbound.pidfile.read_text())
+    os.kill(pid, signal.SIGSTOP)  # a partition the session has not noticed yet
+    try:
+        with pytest.raises(OvsdbUnavailable):
+            client.probe()
+    finally:
+        os.kill(pid, signal.SIGCONT)
+    wait_for(lambda: client.connected() and client.probe() is None, 30, "the server to answer again")
