@@ -4,7 +4,6 @@ with the direct and OVN native paths as context), P5 (requests during reloads an
 
 from __future__ import annotations
 
-import contextlib
 import statistics
 import subprocess
 import threading
@@ -173,7 +172,8 @@ class TrafficLegs:
         (self.results["p4"] if into is None else into)[leg] = self._p4_load(leg, targets, more)
 
     def _p4_rounds(self) -> None:
-        """The agent's leg and the reference legs (bench/nslegs.py) back to back, p4_rounds times
+        """The agent's leg and the reference legs (bench/nslegs.py) back to back, p4_rounds times,
+        every other round in the reverse order, so that a drift within a round favours no leg
         (bench/p4rounds.py). A reference is a proxy in the load balancer's namespace on the VIP, at
         a port the agent's NAT leaves alone: the client's path through OVN is the agent leg's; only
         the veth hop to the host and the NAT are missing. A reference that fails is reported as
@@ -183,35 +183,65 @@ class TrafficLegs:
             "loadbalancer": ([(self.lbs[0]["network"]["ip"], 80)] * 4, {})
         }
         servers: dict[str, nslegs.InNamespace] = {}
-        rounds: dict[str, list[dict]] = {}
-        with contextlib.ExitStack() as running:
+        try:
             for leg in report.P4_REFERENCES:
-                try:
-                    server, port = self._namespace_server(leg, lb)
-                    servers[leg] = running.enter_context(server)
-                    wait_for(
-                        lambda server=server, port=port: (
-                            server.check_running() or self.pool.call(http_text, lb["vip"], port) in BACKEND_HOSTS
-                        ),
-                        15,
-                        f"{leg} answering on {lb['vip']}:{port} in {lb['netns']}",
-                    )
-                    legs[leg] = ([(lb["vip"], port)] * 4, {leg: [server.pid]})
-                except (RuntimeError, OSError, TimeoutError, ValueError) as exc:
-                    self._p4_not_measured(leg, exc)
-            for number in range(1, self.config.p4_rounds + 1):
-                for leg, (targets, more) in list(legs.items()):
-                    try:
-                        rounds.setdefault(leg, []).append(self._p4_load(f"{leg}, round {number}", targets, more))
-                    except (RuntimeError, OSError, ValueError) as exc:
-                        if leg == "loadbalancer":
-                            raise
-                        del legs[leg], rounds[leg]
-                        self._p4_not_measured(leg, exc)
+                started = self._start_reference(leg, lb)
+                if started is not None:
+                    servers[leg], legs[leg] = started
+            rounds = self._run_rounds(legs)
+        finally:
+            for leg, server in servers.items():
+                self._stop_reference(leg, server)
         for leg in legs:
-            self.results["p4"][leg] = p4rounds.summary(rounds[leg])
+            self.results["p4"][leg] = {**p4rounds.summary(rounds[leg]), **self.results["p4"].get(leg, {})}
             if leg in servers:
                 self.results["p4"][leg]["pid"] = servers[leg].pid  # stopped by now
+
+    def _run_rounds(self, legs: dict[str, tuple[list[tuple[str, int]], dict[str, list[int]]]]) -> dict[str, list]:
+        """Each leg's figures, round by round; a reference that fails leaves `legs` (the agent's leg raises)."""
+        rounds: dict[str, list[dict]] = {leg: [] for leg in legs}
+        for number in range(1, self.config.p4_rounds + 1):
+            order = list(legs) if number % 2 else list(reversed(legs))
+            for leg in order:
+                targets, more = legs[leg]
+                try:
+                    rounds[leg].append(self._p4_load(f"{leg}, round {number}", targets, more))
+                except (RuntimeError, OSError, ValueError) as exc:
+                    if leg == "loadbalancer":
+                        raise
+                    del legs[leg], rounds[leg]
+                    self._p4_not_measured(leg, exc)
+        return rounds
+
+    def _start_reference(
+        self, leg: str, lb: dict
+    ) -> tuple[nslegs.InNamespace, tuple[list[tuple[str, int]], dict[str, list[int]]]] | None:
+        """The reference proxy started and answering, with its leg's targets; None (reported) if not."""
+        try:
+            server, port = self._namespace_server(leg, lb)
+            server.__enter__()
+        except (RuntimeError, OSError, ValueError) as exc:
+            self._p4_not_measured(leg, exc)
+            return None
+        try:
+            wait_for(
+                lambda: server.check_running() or self.pool.call(http_text, lb["vip"], port) in BACKEND_HOSTS,
+                15,
+                f"{leg} answering on {lb['vip']}:{port} in {lb['netns']}",
+            )
+        except (RuntimeError, OSError, TimeoutError, ValueError) as exc:
+            self._stop_reference(leg, server)
+            self._p4_not_measured(leg, exc)
+            return None
+        return server, ([(lb["vip"], port)] * 4, {leg: [server.pid]})
+
+    def _stop_reference(self, leg: str, server: nslegs.InNamespace) -> None:
+        """Stop it by its pid; a stop that fails is said and kept with the leg's figures, not raised."""
+        try:
+            server.__exit__(None, None, None)
+        except (RuntimeError, OSError, TimeoutError, subprocess.TimeoutExpired) as exc:
+            self.results["p4"].setdefault(leg, {})["stop_error"] = str(exc)[:300]
+            say(f"    {leg} not stopped cleanly: {exc}")
 
     def _p4_not_measured(self, leg: str, exc: Exception) -> None:
         self.results["p4"][leg] = {"rps": 0.0, "error": str(exc)[:300]}

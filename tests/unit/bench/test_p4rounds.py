@@ -3,6 +3,8 @@
 import pytest
 
 from bench import p4rounds
+from bench.common import BenchConfig
+from bench.legs import TrafficLegs
 from bench.report import p4_rows
 
 
@@ -42,3 +44,42 @@ def test_the_row_gives_each_rounds_ratio():
     assert rows[0][1:4] == ("900 (0.90× 1,000)", "≥ 0.9× haproxy in its namespace", True)
     assert rows[0][4].startswith("median of 3 rounds: 0.95, 0.85, 0.90; direct 2,000")
     assert rows[1][3] is False and rows[1][4].startswith("not run;")
+
+
+class Rounds(TrafficLegs):
+    """The rounds alone: each leg's load says which leg ran, in order; `failing` legs raise."""
+
+    def __init__(self, rounds: int, failing: tuple[str, ...] = ()):
+        self.config = BenchConfig(p4_rounds=rounds, output=None)
+        self.results = {"p4": {}}
+        self.ran: list[str] = []
+        self.failing = failing
+
+    def _p4_load(self, label, targets, more=None):
+        leg = label.split(",")[0]
+        self.ran.append(leg)
+        if leg in self.failing:
+            raise RuntimeError(f"{leg} exited")
+        return run(1000)
+
+
+def legs(*names: str) -> dict:
+    return {name: ([("198.18.0.4", 80)], {}) for name in names}
+
+
+def test_every_other_round_runs_the_legs_in_reverse_order():
+    rounds = Rounds(3)
+    figures = rounds._run_rounds(legs("loadbalancer", "ns_haproxy", "nginx_stream"))
+    forward, backward = ["loadbalancer", "ns_haproxy", "nginx_stream"], ["nginx_stream", "ns_haproxy", "loadbalancer"]
+    assert rounds.ran == forward + backward + forward
+    assert {leg: len(runs) for leg, runs in figures.items()} == {"loadbalancer": 3, "ns_haproxy": 3, "nginx_stream": 3}
+
+
+def test_a_reference_that_fails_is_not_measured_and_the_agents_leg_raises():
+    rounds = Rounds(2, failing=("ns_haproxy",))
+    running = legs("loadbalancer", "ns_haproxy", "nginx_stream")
+    figures = rounds._run_rounds(running)
+    assert set(figures) == set(running) == {"loadbalancer", "nginx_stream"}
+    assert rounds.results["p4"]["ns_haproxy"] == {"rps": 0.0, "error": "ns_haproxy exited"}
+    with pytest.raises(RuntimeError, match="loadbalancer exited"):
+        Rounds(1, failing=("loadbalancer",))._run_rounds(legs("loadbalancer"))
