@@ -97,11 +97,11 @@ class RtnlBatch:
         except OSError as exc:
             raise NetlinkError("send batch", exc.errno or errno.EIO, requests[0].write.target) from exc
         failure = None
-        for request, code in ((r.write, code) for r, code in zip(requests, codes)):
+        for write, code in zip((r.write for r in requests), codes):
             if code == 0:
-                count_write("netlink", what=f"{request.op} {request.target}")
-            elif not (code == errno.EEXIST and request.exists_ok) and failure is None:
-                failure = netlink_error(request.op, code, request.target)
+                count_write("netlink", what=f"{write.op} {write.target}")
+            elif not (code == errno.EEXIST and write.exists_ok) and failure is None:
+                failure = netlink_error(write.op, code, write.target)
         if failure is not None:
             raise failure
 

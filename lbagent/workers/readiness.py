@@ -88,7 +88,7 @@ class ReadinessWatch:
             return f"{HAPROXY_DOWN}: {error}" if error else HAPROXY_DOWN
         # A standby's port is never bound (requested-chassis names the active
         # host): it is ready once built. Out of contact, it serves as it was.
-        role = self.ha_role(lb_id) if lb.ha is not None else "active"
+        role = self._role_here(lb)
         if role is None:
             return WAITING_FOR_LEASE
         observation = runtime.observation
@@ -114,12 +114,16 @@ class ReadinessWatch:
         observation = runtime.observation if runtime is not None else None
         if lb is None or observation is None or not observation.ovn_installed:
             return False
-        role = self.ha_role(lb_id) if lb.ha is not None else "active"
+        role = self._role_here(lb)
         if role == "unknown":
             # Out of contact it serves as it was, its traffic no longer probed:
             # a port ovn-controller has installed here is taken to be bound here.
             return True
         return role == "active" and (self.traffic is None or self.traffic.confirmed(lb_id))
+
+    def _role_here(self, lb: LoadBalancer) -> str | None:
+        """This host's role for the load balancer: "active" without `ha`."""
+        return self.ha_role(lb.id) if lb.ha is not None else "active"
 
     def _forget_traffic(self, lb_id: str) -> None:
         if self.traffic is not None:
